@@ -1,0 +1,85 @@
+//! Encode and reassemble a ResNet-50 round, beside a plain copy of the same
+//! bytes measured in the same run (DESIGN 2; issue: encode and reassemble at
+//! least 0.25x the copy's throughput on one core).
+//!
+//! `cargo bench --bench core_round`
+
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use gradlane::encode::{Encoder, EncoderConfig};
+use gradlane::presets;
+use gradlane::reassembly::{Channel, Reassembler, ReassemblyConfig};
+use std::time::{Duration, Instant};
+
+fn grads(layout: &gradlane::layout::Layout) -> Vec<Vec<f32>> {
+    let mut s = 1u64;
+    (0..layout.len())
+        .map(|t| {
+            (0..layout.tensor_len(t))
+                .map(|_| {
+                    s = gradlane::classify::splitmix64(s);
+                    ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 1e-2
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let layout = presets::resnet50();
+    let grads = grads(&layout);
+    let mut g = c.benchmark_group("resnet50_round");
+    g.throughput(Throughput::Bytes(layout.total_bytes()));
+    g.sample_size(20);
+
+    let mut dst: Vec<Vec<f32>> = grads.iter().map(|t| vec![0.0; t.len()]).collect();
+    g.bench_function("copy", |b| {
+        b.iter(|| {
+            for (d, s) in dst.iter_mut().zip(&grads) {
+                d.copy_from_slice(s);
+            }
+        })
+    });
+
+    // Steady state of a training loop: each side hands its buffers back
+    // after a round (Encoder::recycle, Reassembler::recycle).
+    let mut enc = Encoder::new(&layout, EncoderConfig::default()).unwrap();
+    let mut round = 0;
+    g.bench_function("encode", |b| {
+        b.iter(|| {
+            round += 1;
+            let out = enc.encode(round, &grads, 1414).unwrap();
+            enc.recycle(out);
+        })
+    });
+
+    let encoded = enc.encode(0, &grads, 1414).unwrap();
+    let mut spare: Option<Vec<Vec<f32>>> = None;
+    g.bench_function("reassemble", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                // A fresh receiver per iteration because the packets all
+                // belong to round 0; making it is not what we measure.
+                let mut rx = Reassembler::new(layout.clone(), ReassemblyConfig::default()).unwrap();
+                if let Some(t) = spare.take() {
+                    rx.recycle(t).unwrap();
+                }
+                let t0 = Instant::now();
+                rx.push(&encoded.reliable, Channel::Reliable).unwrap();
+                for d in encoded.lossy.iter().flatten() {
+                    rx.push(d, Channel::Lossy).unwrap();
+                }
+                let round = rx.deliver(0).unwrap();
+                total += t0.elapsed();
+                spare = Some(round.tensors);
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

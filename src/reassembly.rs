@@ -1,0 +1,707 @@
+//! The receiver's state machine: buffers, completion, zero fill, late merge
+//! (seed 002, S35).
+//!
+//! Segments are pushed in any order, from the reliable stream or from
+//! datagrams. Each open round owns zeroed tensors; every received byte range
+//! is copied in place, so whatever never arrives stays zero. A round is
+//! *complete* once its [`RoundEnd`] has arrived and every important chunk it
+//! announces is held — checked by count, bytes and an id digest, not assumed.
+//! The caller (the transport, which owns the clock) then [`delivers`] it,
+//! perhaps after a grace period for datagrams in flight.
+//!
+//! A segment of a round already delivered is *late*: it is kept (in a buffer
+//! bounded in bytes) and added element-wise into the next round delivered —
+//! the delayed update of the seed. A byte range already received is a
+//! duplicate and ignored; that is tracked with one bit per value, kept for a
+//! few rounds after delivery so that late duplicates are caught too.
+//!
+//! Nothing is dropped silently: every refusal has a counter in
+//! [`ReceiverCounters`].
+//!
+//! [`delivers`]: Reassembler::deliver
+
+use crate::classify::{Class, IMPORTANT};
+use crate::layout::{ChunkOptions, ChunkPlan, Layout, LayoutError};
+use crate::wire::{
+    self, get_f32s, id_digest, DataHeader, RoundEnd, Segment, WireError, CLASS_SLOTS,
+};
+use std::collections::{BTreeMap, VecDeque};
+use thiserror::Error;
+
+/// Receiver-side limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReassemblyConfig {
+    /// How tensors are cut into chunks; must match the sender's.
+    pub chunking: ChunkOptions,
+    /// Most rounds buffered at once; a segment that would open one more is
+    /// dropped and counted. Each open round holds a full copy of the model.
+    pub max_open_rounds: usize,
+    /// Most payload bytes of late segments kept for the next round.
+    pub late_buffer_bytes: usize,
+    /// How many delivered rounds still accept late segments.
+    pub late_window: u32,
+}
+
+impl Default for ReassemblyConfig {
+    fn default() -> Self {
+        Self {
+            chunking: ChunkOptions::default(),
+            max_open_rounds: 3,
+            late_buffer_bytes: 64 << 20,
+            late_window: 4,
+        }
+    }
+}
+
+/// Which channel a packet came on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// The reliable, ordered stream.
+    Reliable,
+    /// An unreliable datagram.
+    Lossy,
+}
+
+/// Why the receiver refused input or a request.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ReassemblyError {
+    /// A segment could not be decoded or does not fit the layout.
+    #[error("malformed segment: {0}")]
+    Wire(#[from] WireError),
+    /// The layout cannot be chunked with these options.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// Important data or a round end came as a datagram.
+    #[error("{0} arrived on the lossy channel")]
+    WrongChannel(&'static str),
+    /// A second round end for one round.
+    #[error("round {0} ended twice")]
+    DuplicateEnd(u32),
+    /// A round end for a round already delivered.
+    #[error("round end for round {0}, which was already delivered")]
+    EndAfterDelivery(u32),
+    /// The round end announces important chunks that are not held.
+    #[error("round {round}: {missing} important chunks missing")]
+    ImportantMissing {
+        /// Round index.
+        round: u32,
+        /// How many of the announced important chunks are not held.
+        missing: u64,
+    },
+    /// The round end's important digest or bytes differ from what is held.
+    #[error("round {0}: important chunks held differ from those announced")]
+    ImportantMismatch(u32),
+    /// Deliver was asked for a round that is not complete.
+    #[error("round {0} is not complete")]
+    NotComplete(u32),
+    /// Deliver was asked for a round at or below the last delivered one.
+    #[error("round {round} is not after the last delivered round {last}")]
+    AlreadyDelivered {
+        /// The round asked for.
+        round: u32,
+        /// The last delivered round.
+        last: u32,
+    },
+}
+
+/// Per-class counts of one delivered round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClassStats {
+    /// Chunks the sender sent in this class.
+    pub sent_chunks: u64,
+    /// Payload bytes the sender sent in this class.
+    pub sent_bytes: u64,
+    /// Packets the sender sent in this class.
+    pub sent_packets: u64,
+    /// Chunks held whole at delivery.
+    pub received_chunks: u64,
+    /// Payload bytes held at delivery.
+    pub received_bytes: u64,
+    /// Chunks of which only part was held (the rest zero-filled).
+    pub partial_chunks: u64,
+    /// Bytes sent but not held at delivery: delivered as zeros.
+    pub zero_filled_bytes: u64,
+    /// Bytes of earlier rounds' late segments added into this round.
+    pub late_merged_bytes: u64,
+    /// Late segments of earlier rounds added into this round.
+    pub late_merged_segments: u64,
+}
+
+/// What the receiver refused or ignored, counted since it was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReceiverCounters {
+    /// Packets refused as malformed (bad header, wrong layout, wrong
+    /// channel), and segments claiming a second class for a chunk.
+    pub malformed: u64,
+    /// Segments whose bytes were already held.
+    pub duplicates: u64,
+    /// Late segments kept for merging into the next round.
+    pub late_buffered: u64,
+    /// Late segments dropped because the late buffer was full.
+    pub late_dropped_full: u64,
+    /// Payload bytes dropped because the late buffer was full.
+    pub late_dropped_bytes: u64,
+    /// Segments of rounds delivered longer ago than the late window.
+    pub too_old: u64,
+    /// Segments of new rounds dropped because too many rounds were open.
+    pub too_many_open: u64,
+    /// Rounds skipped over (a later round was delivered first); their data
+    /// was discarded.
+    pub abandoned_rounds: u64,
+    /// Payload bytes discarded with abandoned rounds.
+    pub abandoned_bytes: u64,
+}
+
+/// Statistics of one delivered round.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RoundStats {
+    /// Per class: index 0 important, `l` lossy level `l`.
+    pub classes: [ClassStats; CLASS_SLOTS],
+    /// Lossy levels the sender used.
+    pub levels: u8,
+    /// Late bytes merged into this round, by the round they belonged to.
+    pub late_from: Vec<(u32, u64)>,
+    /// The receiver's counters at delivery (cumulative).
+    pub counters: ReceiverCounters,
+}
+
+impl RoundStats {
+    /// Sums the lossy levels.
+    pub fn lossy(&self) -> ClassStats {
+        let mut s = ClassStats::default();
+        for c in &self.classes[1..] {
+            s.sent_chunks += c.sent_chunks;
+            s.sent_bytes += c.sent_bytes;
+            s.sent_packets += c.sent_packets;
+            s.received_chunks += c.received_chunks;
+            s.received_bytes += c.received_bytes;
+            s.partial_chunks += c.partial_chunks;
+            s.zero_filled_bytes += c.zero_filled_bytes;
+            s.late_merged_bytes += c.late_merged_bytes;
+            s.late_merged_segments += c.late_merged_segments;
+        }
+        s
+    }
+}
+
+/// A delivered round: the rebuilt tensors, in layout order, and what happened.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Round {
+    /// Round index.
+    pub index: u32,
+    /// One vector per tensor of the layout; missing bytes are zeros, late
+    /// bytes of earlier rounds are added in.
+    pub tensors: Vec<Vec<f32>>,
+    /// Counts per class.
+    pub stats: RoundStats,
+}
+
+/// What [`Reassembler::push`] did with a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PushOutcome {
+    /// Segments placed into an open round.
+    pub accepted: u32,
+    /// Segments of delivered rounds kept for the next one.
+    pub late: u32,
+    /// Segments ignored as duplicates.
+    pub duplicates: u32,
+    /// Segments dropped for a limit (late buffer, window, open rounds).
+    pub dropped: u32,
+    /// A round end in this packet, and whether that round is now complete.
+    pub ended: Option<u32>,
+}
+
+/// One bit per value of the model.
+#[derive(Debug, Clone)]
+struct Bitmap(Vec<u64>);
+
+enum RangeState {
+    Empty,
+    Full,
+    Partial,
+}
+
+impl Bitmap {
+    fn new(bits: u64) -> Self {
+        Bitmap(vec![0; bits.div_ceil(64) as usize])
+    }
+
+    /// Applies `f(word_index, mask)` over the words covering `[start, start+len)`.
+    fn for_words(start: u64, len: u64, mut f: impl FnMut(usize, u64)) {
+        let end = start + len;
+        let mut i = start;
+        while i < end {
+            let w = i / 64;
+            let lo = i % 64;
+            let hi = (end - w * 64).min(64);
+            let mask = if hi - lo == 64 {
+                !0
+            } else {
+                ((1u64 << (hi - lo)) - 1) << lo
+            };
+            f(w as usize, mask);
+            i = (w + 1) * 64;
+        }
+    }
+
+    fn state(&self, start: u64, len: u64) -> RangeState {
+        let (mut any, mut all) = (false, true);
+        Self::for_words(start, len, |w, m| {
+            let bits = self.0[w] & m;
+            any |= bits != 0;
+            all &= bits == m;
+        });
+        match (any, all) {
+            (false, _) => RangeState::Empty,
+            (true, true) => RangeState::Full,
+            _ => RangeState::Partial,
+        }
+    }
+
+    fn set(&mut self, start: u64, len: u64) {
+        Self::for_words(start, len, |w, m| self.0[w] |= m);
+    }
+}
+
+#[derive(Debug)]
+struct OpenRound {
+    tensors: Vec<Vec<f32>>,
+    seen: Bitmap,
+    /// Bytes held per chunk.
+    chunk_bytes: Vec<u32>,
+    /// Class per chunk as first claimed; `NO_CLASS` before any byte.
+    chunk_class: Vec<Class>,
+    received_chunks: [u64; CLASS_SLOTS],
+    received_bytes: [u64; CLASS_SLOTS],
+    important_digest: u64,
+    end: Option<RoundEnd>,
+}
+
+const NO_CLASS: Class = u8::MAX;
+
+#[derive(Debug)]
+struct LateSegment {
+    round: u32,
+    class: Class,
+    tensor: u32,
+    offset: u32,
+    values: Vec<f32>,
+}
+
+/// Rebuilds rounds from segments; see the module docs.
+#[derive(Debug)]
+pub struct Reassembler {
+    layout: Layout,
+    plan: ChunkPlan,
+    config: ReassemblyConfig,
+    open: BTreeMap<u32, OpenRound>,
+    last_delivered: Option<u32>,
+    /// Bitmaps of recently delivered rounds, oldest first.
+    recent: VecDeque<(u32, Bitmap)>,
+    late: Vec<LateSegment>,
+    late_bytes: usize,
+    counters: ReceiverCounters,
+    /// Tensor sets handed back by the caller, reused for new rounds: fresh
+    /// memory costs a page fault per 4 KiB on first write, which is slower
+    /// than clearing memory already mapped.
+    spare_tensors: Vec<Vec<Vec<f32>>>,
+    spare_bitmaps: Vec<Bitmap>,
+}
+
+impl Reassembler {
+    /// A receiver for `layout`.
+    pub fn new(layout: Layout, config: ReassemblyConfig) -> Result<Self, ReassemblyError> {
+        let plan = layout.plan(config.chunking)?;
+        Ok(Self {
+            layout,
+            plan,
+            config: ReassemblyConfig {
+                max_open_rounds: config.max_open_rounds.max(1),
+                ..config
+            },
+            open: BTreeMap::new(),
+            last_delivered: None,
+            recent: VecDeque::new(),
+            late: Vec::new(),
+            late_bytes: 0,
+            counters: ReceiverCounters::default(),
+            spare_tensors: Vec::new(),
+            spare_bitmaps: Vec::new(),
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The chunk plan.
+    pub fn plan(&self) -> &ChunkPlan {
+        &self.plan
+    }
+
+    /// What was refused or ignored so far.
+    pub fn counters(&self) -> ReceiverCounters {
+        self.counters
+    }
+
+    /// The last delivered round.
+    pub fn last_delivered(&self) -> Option<u32> {
+        self.last_delivered
+    }
+
+    /// Payload bytes in the late buffer now.
+    pub fn late_buffered_bytes(&self) -> usize {
+        self.late_bytes
+    }
+
+    /// Rounds open now.
+    pub fn open_rounds(&self) -> impl Iterator<Item = u32> + '_ {
+        self.open.keys().copied()
+    }
+
+    /// Takes one packet: a datagram or a run of stream segments.
+    ///
+    /// The whole packet is decoded and checked before anything is applied, so
+    /// a malformed packet changes nothing but the `malformed` counter.
+    pub fn push(
+        &mut self,
+        packet: &[u8],
+        channel: Channel,
+    ) -> Result<PushOutcome, ReassemblyError> {
+        let mut segments: Vec<Segment<'_>> = Vec::new();
+        if let Err(e) = self.check_packet(packet, channel, &mut segments) {
+            self.counters.malformed += 1;
+            return Err(e);
+        }
+        let mut out = PushOutcome::default();
+        for seg in segments {
+            match seg {
+                Segment::Data(h, payload) => self.place(h, payload, &mut out),
+                Segment::RoundEnd(end) => {
+                    self.end_round(end)?;
+                    out.ended = Some(end.round);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn check_packet<'a>(
+        &self,
+        packet: &'a [u8],
+        channel: Channel,
+        segments: &mut Vec<Segment<'a>>,
+    ) -> Result<(), ReassemblyError> {
+        if packet.is_empty() {
+            return Err(WireError::Truncated {
+                need: wire::PREFIX_LEN,
+                have: 0,
+            }
+            .into());
+        }
+        for seg in wire::decode_all(packet) {
+            let seg = seg?;
+            match (&seg, channel) {
+                (Segment::RoundEnd(_), Channel::Lossy) => {
+                    return Err(ReassemblyError::WrongChannel("a round end"))
+                }
+                (Segment::Data(h, _), Channel::Lossy) if h.class == IMPORTANT => {
+                    return Err(ReassemblyError::WrongChannel("important data"))
+                }
+                (Segment::Data(h, _), _) => h.validate(&self.plan)?,
+                _ => {}
+            }
+            segments.push(seg);
+        }
+        Ok(())
+    }
+
+    fn global_value(&self, h: &DataHeader) -> u64 {
+        self.layout.value_offset(h.tensor as usize) + h.byte_offset as u64 / 4
+    }
+
+    fn place(&mut self, h: DataHeader, payload: &[u8], out: &mut PushOutcome) {
+        let start = self.global_value(&h);
+        let n = payload.len() as u64 / 4;
+        if self.last_delivered.is_some_and(|d| h.round <= d) {
+            return self.place_late(h, payload, start, n, out);
+        }
+        if !self.open.contains_key(&h.round) {
+            if self.open.len() >= self.config.max_open_rounds {
+                self.counters.too_many_open += 1;
+                out.dropped += 1;
+                return;
+            }
+            let fresh = self.new_round();
+            self.open.insert(h.round, fresh);
+        }
+        let Some(r) = self.open.get_mut(&h.round) else {
+            return;
+        };
+        match r.seen.state(start, n) {
+            RangeState::Empty => {}
+            _ => {
+                self.counters.duplicates += 1;
+                out.duplicates += 1;
+                return;
+            }
+        }
+        // Every chunk the range touches must keep the class it was first
+        // given: one chunk cannot be both important and lossy in a round.
+        let chunks = self.plan.chunks();
+        let last = self
+            .plan
+            .chunk_at(h.tensor as usize, h.byte_offset + h.payload_len - 4);
+        let ids = h.chunk as usize..=last.unwrap_or(h.chunk as usize);
+        if ids
+            .clone()
+            .any(|id| r.chunk_class[id] != NO_CLASS && r.chunk_class[id] != h.class)
+        {
+            self.counters.malformed += 1;
+            out.dropped += 1;
+            return;
+        }
+        let class = h.class as usize;
+        r.seen.set(start, n);
+        let t = h.tensor as usize;
+        let off = h.byte_offset as usize / 4;
+        get_f32s(&mut r.tensors[t][off..off + n as usize], payload);
+        r.received_bytes[class] += payload.len() as u64;
+        let (mut id, mut byte, end) = (
+            h.chunk as usize,
+            h.byte_offset,
+            h.byte_offset + h.payload_len,
+        );
+        while byte < end {
+            let c = &chunks[id];
+            let upto = (c.byte_start() + c.byte_len()).min(end);
+            if r.chunk_class[id] == NO_CLASS {
+                r.chunk_class[id] = h.class;
+            }
+            r.chunk_bytes[id] += upto - byte;
+            if r.chunk_bytes[id] == c.byte_len() {
+                r.received_chunks[r.chunk_class[id] as usize] += 1;
+                if r.chunk_class[id] == IMPORTANT {
+                    r.important_digest = r.important_digest.wrapping_add(id_digest(id as u32));
+                }
+            }
+            byte = upto;
+            id += 1;
+        }
+        out.accepted += 1;
+    }
+
+    fn place_late(
+        &mut self,
+        h: DataHeader,
+        payload: &[u8],
+        start: u64,
+        n: u64,
+        out: &mut PushOutcome,
+    ) {
+        let Some((_, seen)) = self.recent.iter_mut().find(|(r, _)| *r == h.round) else {
+            self.counters.too_old += 1;
+            out.dropped += 1;
+            return;
+        };
+        if !matches!(seen.state(start, n), RangeState::Empty) {
+            self.counters.duplicates += 1;
+            out.duplicates += 1;
+            return;
+        }
+        if self.late_bytes + payload.len() > self.config.late_buffer_bytes {
+            self.counters.late_dropped_full += 1;
+            self.counters.late_dropped_bytes += payload.len() as u64;
+            out.dropped += 1;
+            return;
+        }
+        seen.set(start, n);
+        let mut values = vec![0f32; n as usize];
+        get_f32s(&mut values, payload);
+        self.late_bytes += payload.len();
+        self.late.push(LateSegment {
+            round: h.round,
+            class: h.class,
+            tensor: h.tensor,
+            offset: h.byte_offset,
+            values,
+        });
+        self.counters.late_buffered += 1;
+        out.late += 1;
+    }
+
+    fn new_round(&mut self) -> OpenRound {
+        let tensors = match self.spare_tensors.pop() {
+            Some(mut t) => {
+                t.iter_mut().for_each(|v| v.fill(0.0));
+                t
+            }
+            // vec![0.0; n] comes from zeroed pages.
+            None => (0..self.layout.len())
+                .map(|t| vec![0f32; self.layout.tensor_len(t)])
+                .collect(),
+        };
+        let seen = match self.spare_bitmaps.pop() {
+            Some(mut b) => {
+                b.0.fill(0);
+                b
+            }
+            None => Bitmap::new(self.layout.total_values()),
+        };
+        OpenRound {
+            tensors,
+            seen,
+            chunk_bytes: vec![0; self.plan.len()],
+            chunk_class: vec![NO_CLASS; self.plan.len()],
+            received_chunks: [0; CLASS_SLOTS],
+            received_bytes: [0; CLASS_SLOTS],
+            important_digest: 0,
+            end: None,
+        }
+    }
+
+    /// Hands a delivered round's tensors back for reuse by a later round,
+    /// which saves mapping fresh memory every round. Tensors that do not
+    /// match the layout are refused (returned), so a mix-up cannot corrupt a
+    /// round.
+    pub fn recycle(&mut self, tensors: Vec<Vec<f32>>) -> Result<(), Vec<Vec<f32>>> {
+        let fits = tensors.len() == self.layout.len()
+            && tensors
+                .iter()
+                .enumerate()
+                .all(|(t, v)| v.len() == self.layout.tensor_len(t));
+        if !fits || self.spare_tensors.len() >= self.config.max_open_rounds {
+            return Err(tensors);
+        }
+        self.spare_tensors.push(tensors);
+        Ok(())
+    }
+
+    /// Records the end of a round's important data and checks that every
+    /// important chunk it announces is held.
+    fn end_round(&mut self, end: RoundEnd) -> Result<(), ReassemblyError> {
+        if self.last_delivered.is_some_and(|d| end.round <= d) {
+            return Err(ReassemblyError::EndAfterDelivery(end.round));
+        }
+        if !self.open.contains_key(&end.round) {
+            if self.open.len() >= self.config.max_open_rounds {
+                // The stream is ordered and flow-controlled: a round end can
+                // only outrun delivery if the caller stopped delivering.
+                self.counters.too_many_open += 1;
+                return Err(ReassemblyError::NotComplete(end.round));
+            }
+            let fresh = self.new_round();
+            self.open.insert(end.round, fresh);
+        }
+        let Some(r) = self.open.get_mut(&end.round) else {
+            return Ok(());
+        };
+        if r.end.is_some() {
+            return Err(ReassemblyError::DuplicateEnd(end.round));
+        }
+        let held = r.received_chunks[0];
+        let want = end.chunks[0] as u64;
+        if held < want {
+            return Err(ReassemblyError::ImportantMissing {
+                round: end.round,
+                missing: want - held,
+            });
+        }
+        if held != want
+            || r.important_digest != end.important_digest
+            || r.received_bytes[0] != end.bytes[0]
+        {
+            return Err(ReassemblyError::ImportantMismatch(end.round));
+        }
+        r.end = Some(end);
+        Ok(())
+    }
+
+    /// True when round `round` has its end and every important chunk.
+    pub fn is_complete(&self, round: u32) -> bool {
+        self.open.get(&round).is_some_and(|r| r.end.is_some())
+    }
+
+    /// The lowest complete round, if any: the next one to deliver.
+    pub fn next_complete(&self) -> Option<u32> {
+        self.open
+            .iter()
+            .find(|(_, r)| r.end.is_some())
+            .map(|(&i, _)| i)
+    }
+
+    /// Delivers a complete round: its tensors with zeros where nothing
+    /// arrived, plus every buffered late segment added in. Open rounds
+    /// below it are abandoned (counted).
+    pub fn deliver(&mut self, round: u32) -> Result<Round, ReassemblyError> {
+        if let Some(last) = self.last_delivered.filter(|&d| round <= d) {
+            return Err(ReassemblyError::AlreadyDelivered { round, last });
+        }
+        if !self.is_complete(round) {
+            return Err(ReassemblyError::NotComplete(round));
+        }
+        let _span = tracing::debug_span!("deliver", round).entered();
+        let below: Vec<u32> = self.open.range(..round).map(|(&i, _)| i).collect();
+        for q in below {
+            if let Some(r) = self.open.remove(&q) {
+                self.counters.abandoned_rounds += 1;
+                self.counters.abandoned_bytes += r.received_bytes.iter().sum::<u64>();
+            }
+        }
+        let Some(mut r) = self.open.remove(&round) else {
+            return Err(ReassemblyError::NotComplete(round));
+        };
+        let Some(end) = r.end else {
+            return Err(ReassemblyError::NotComplete(round));
+        };
+        let mut stats = RoundStats {
+            levels: end.levels,
+            ..Default::default()
+        };
+        for (c, s) in stats.classes.iter_mut().enumerate() {
+            s.sent_chunks = end.chunks[c] as u64;
+            s.sent_bytes = end.bytes[c];
+            s.sent_packets = end.packets[c] as u64;
+            s.received_chunks = r.received_chunks[c];
+            s.received_bytes = r.received_bytes[c];
+            s.zero_filled_bytes = end.bytes[c].saturating_sub(r.received_bytes[c]);
+        }
+        for (id, &class) in r.chunk_class.iter().enumerate() {
+            if class != NO_CLASS && r.chunk_bytes[id] < self.plan.chunks()[id].byte_len() {
+                stats.classes[class as usize].partial_chunks += 1;
+            }
+        }
+        for seg in self.late.drain(..) {
+            let t = &mut r.tensors[seg.tensor as usize];
+            let off = seg.offset as usize / 4;
+            for (d, v) in t[off..off + seg.values.len()].iter_mut().zip(&seg.values) {
+                *d += v;
+            }
+            let bytes = seg.values.len() as u64 * 4;
+            let s = &mut stats.classes[seg.class as usize];
+            s.late_merged_bytes += bytes;
+            s.late_merged_segments += 1;
+            match stats.late_from.iter_mut().find(|(o, _)| *o == seg.round) {
+                Some((_, b)) => *b += bytes,
+                None => stats.late_from.push((seg.round, bytes)),
+            }
+        }
+        self.late_bytes = 0;
+        self.last_delivered = Some(round);
+        self.recent.push_back((round, r.seen));
+        while self.recent.len() > self.config.late_window as usize {
+            if let Some((_, b)) = self.recent.pop_front() {
+                if self.spare_bitmaps.len() < self.config.max_open_rounds {
+                    self.spare_bitmaps.push(b);
+                }
+            }
+        }
+        stats.counters = self.counters;
+        Ok(Round {
+            index: round,
+            tensors: r.tensors,
+            stats,
+        })
+    }
+}

@@ -1,0 +1,368 @@
+//! The receiver rebuilds rounds exactly from whatever subset of packets arrives.
+
+mod common;
+
+use gradlane::classify::{splitmix64, ClassifyConfig};
+use gradlane::encode::{EncodedRound, Encoder, EncoderConfig};
+use gradlane::layout::{ChunkOptions, Layout, TensorSpec};
+use gradlane::presets;
+use gradlane::reassembly::{Channel, Reassembler, ReassemblyConfig, ReassemblyError};
+use gradlane::wire::{self, Segment, WireError};
+use proptest::prelude::*;
+
+fn encode(layout: &Layout, round: u32, grads: &[Vec<f32>], datagram: usize) -> EncodedRound {
+    let mut enc = Encoder::new(layout, EncoderConfig::default()).unwrap();
+    enc.encode(round, grads, datagram).unwrap()
+}
+
+fn receiver(layout: &Layout) -> Reassembler {
+    Reassembler::new(layout.clone(), ReassemblyConfig::default()).unwrap()
+}
+
+/// Pushes the reliable segments one by one, the datagrams for which `keep`
+/// says yes, and returns which datagrams were dropped.
+fn push_round(
+    rx: &mut Reassembler,
+    enc: &EncodedRound,
+    mut keep: impl FnMut(usize) -> bool,
+) -> Vec<bytes::Bytes> {
+    let mut dropped = Vec::new();
+    for seg in common::split_segments(&enc.reliable) {
+        rx.push(seg, Channel::Reliable).unwrap();
+    }
+    for (i, d) in enc.lossy.iter().flatten().enumerate() {
+        if keep(i) {
+            rx.push(d, Channel::Lossy).unwrap();
+        } else {
+            dropped.push(d.clone());
+        }
+    }
+    dropped
+}
+
+/// Marks the values each datagram in `dropped` carried.
+fn dropped_mask(layout: &Layout, dropped: &[bytes::Bytes]) -> Vec<Vec<bool>> {
+    let mut mask: Vec<Vec<bool>> = (0..layout.len())
+        .map(|t| vec![false; layout.tensor_len(t)])
+        .collect();
+    for d in dropped {
+        for seg in wire::decode_all(d) {
+            if let Segment::Data(h, _) = seg.unwrap() {
+                let off = h.byte_offset as usize / 4;
+                mask[h.tensor as usize][off..off + h.payload_len as usize / 4].fill(true);
+            }
+        }
+    }
+    mask
+}
+
+#[test]
+fn all_packets_rebuild_bit_exact_tensors() {
+    let layout = presets::resnet18();
+    let grads = common::grads(&layout, 1);
+    let enc = encode(&layout, 0, &grads, 1414);
+    let mut rx = receiver(&layout);
+    push_round(&mut rx, &enc, |_| true);
+    assert_eq!(rx.next_complete(), Some(0));
+    let round = rx.deliver(0).unwrap();
+    assert_eq!(round.index, 0);
+    for (t, (got, want)) in round.tensors.iter().zip(&grads).enumerate() {
+        assert!(
+            got.iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "tensor {t} differs"
+        );
+    }
+    let s = &round.stats;
+    assert_eq!(s.classes[0].received_chunks, enc.end.chunks[0] as u64);
+    assert_eq!(s.lossy().zero_filled_bytes, 0);
+    assert_eq!(s.lossy().received_bytes, s.lossy().sent_bytes);
+    let total: u64 = s.classes.iter().map(|c| c.received_bytes).sum();
+    assert_eq!(total, layout.total_bytes());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    #[test]
+    fn dropped_datagrams_zero_exactly_their_bytes(
+        seed in any::<u64>(),
+        loss_permille in 0u64..1000,
+        datagram in 200usize..2000,
+        shuffle in any::<bool>(),
+    ) {
+        let layout = presets::tiny();
+        let grads = common::grads(&layout, seed);
+        let enc = encode(&layout, 5, &grads, datagram);
+        let mut rx = receiver(&layout);
+        // Packets in a seeded random order, important ones included; the
+        // round end last, as the reliable stream guarantees.
+        let mut packets: Vec<(bytes::Bytes, Channel)> = Vec::new();
+        let segs = common::split_segments(&enc.reliable);
+        let (end, important) = segs.split_last().unwrap();
+        for s in important {
+            packets.push((bytes::Bytes::copy_from_slice(s), Channel::Reliable));
+        }
+        let mut s = seed;
+        let mut dropped = Vec::new();
+        for d in enc.lossy.iter().flatten() {
+            s = splitmix64(s);
+            if s % 1000 < loss_permille {
+                dropped.push(d.clone());
+            } else {
+                packets.push((d.clone(), Channel::Lossy));
+            }
+        }
+        if shuffle {
+            common::shuffle(&mut packets, seed);
+        }
+        for (p, ch) in &packets {
+            rx.push(p, *ch).unwrap();
+        }
+        rx.push(end, Channel::Reliable).unwrap();
+        let round = rx.deliver(5).unwrap();
+        let mask = dropped_mask(&layout, &dropped);
+        for t in 0..layout.len() {
+            for (i, (got, want)) in round.tensors[t].iter().zip(&grads[t]).enumerate() {
+                if mask[t][i] {
+                    prop_assert_eq!(*got, 0.0, "tensor {} value {} should be zero", t, i);
+                } else {
+                    prop_assert_eq!(got.to_bits(), want.to_bits(), "tensor {} value {}", t, i);
+                }
+            }
+        }
+        let dropped_bytes: u64 = mask.iter().flatten().filter(|&&m| m).count() as u64 * 4;
+        prop_assert_eq!(round.stats.lossy().zero_filled_bytes, dropped_bytes);
+        prop_assert_eq!(round.stats.classes[0].zero_filled_bytes, 0);
+    }
+}
+
+#[test]
+fn late_packets_are_added_into_the_next_round() {
+    let layout = presets::tiny();
+    let g0 = common::grads(&layout, 10);
+    let g1 = common::grads(&layout, 11);
+    let mut enc = Encoder::new(&layout, EncoderConfig::default()).unwrap();
+    let e0 = enc.encode(0, &g0, 1200).unwrap();
+    let e1 = enc.encode(1, &g1, 1200).unwrap();
+    let mut rx = receiver(&layout);
+
+    // Round 0 without its first three datagrams; deliver it.
+    let late = push_round(&mut rx, &e0, |i| i >= 3);
+    let r0 = rx.deliver(0).unwrap();
+    let mask = dropped_mask(&layout, &late);
+    // They arrive now, after delivery: kept for round 1.
+    for d in &late {
+        let out = rx.push(d, Channel::Lossy).unwrap();
+        assert_eq!(out.late as usize, wire::decode_all(d).count());
+    }
+    // A second copy of a late datagram is a duplicate, not added twice.
+    let again = rx.push(&late[0], Channel::Lossy).unwrap();
+    assert_eq!(
+        (again.late, again.duplicates as usize),
+        (0, wire::decode_all(&late[0]).count())
+    );
+
+    push_round(&mut rx, &e1, |_| true);
+    let r1 = rx.deliver(1).unwrap();
+    let late_bytes = mask.iter().flatten().filter(|&&m| m).count() as u64 * 4;
+    assert!(late_bytes > 0);
+    assert_eq!(r1.stats.lossy().late_merged_bytes, late_bytes);
+    assert_eq!(r1.stats.late_from, vec![(0, late_bytes)]);
+    for t in 0..layout.len() {
+        for i in 0..layout.tensor_len(t) {
+            if mask[t][i] {
+                assert_eq!(r0.tensors[t][i], 0.0);
+                assert_eq!(
+                    r1.tensors[t][i],
+                    g1[t][i] + g0[t][i],
+                    "tensor {t} value {i}"
+                );
+            } else {
+                assert_eq!(r1.tensors[t][i].to_bits(), g1[t][i].to_bits());
+            }
+        }
+    }
+}
+
+#[test]
+fn duplicates_in_an_open_round_are_ignored() {
+    let layout = presets::tiny();
+    let grads = common::grads(&layout, 2);
+    let enc = encode(&layout, 0, &grads, 1200);
+    let mut rx = receiver(&layout);
+    let first = &enc.lossy[0][0];
+    let n = wire::decode_all(first).count() as u32;
+    assert_eq!(rx.push(first, Channel::Lossy).unwrap().accepted, n);
+    assert_eq!(rx.push(first, Channel::Lossy).unwrap().duplicates, n);
+    push_round(&mut rx, &enc, |i| i != 0);
+    let round = rx.deliver(0).unwrap();
+    assert_eq!(round.stats.counters.duplicates, n as u64);
+    assert!(round
+        .tensors
+        .iter()
+        .flatten()
+        .zip(grads.iter().flatten())
+        .all(|(a, b)| a == b));
+}
+
+#[test]
+fn the_late_buffer_is_bounded_and_counts_what_it_drops() {
+    let layout = presets::tiny();
+    let grads = common::grads(&layout, 3);
+    let enc = encode(&layout, 0, &grads, 1200);
+    let cap = 4096;
+    let mut rx = Reassembler::new(
+        layout.clone(),
+        ReassemblyConfig {
+            late_buffer_bytes: cap,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let late = push_round(&mut rx, &enc, |_| false);
+    rx.deliver(0).unwrap();
+    let mut late_payload = 0u64;
+    for d in &late {
+        rx.push(d, Channel::Lossy).unwrap();
+        late_payload += d.len() as u64 - 40 * wire::decode_all(d).count() as u64;
+        assert!(rx.late_buffered_bytes() <= cap);
+    }
+    let c = rx.counters();
+    assert!(c.late_dropped_full > 0);
+    // Every late byte is either buffered or counted as dropped.
+    assert_eq!(
+        c.late_dropped_bytes + rx.late_buffered_bytes() as u64,
+        late_payload
+    );
+    assert!(
+        rx.late_buffered_bytes() > cap / 2,
+        "the buffer is used up to its cap"
+    );
+}
+
+#[test]
+fn missing_important_chunks_fail_the_round_end() {
+    let layout = presets::tiny();
+    let grads = common::grads(&layout, 4);
+    let enc = encode(&layout, 0, &grads, 1200);
+    let segs = common::split_segments(&enc.reliable);
+    let mut rx = receiver(&layout);
+    // Skip one important segment, then send the end.
+    for s in &segs[1..] {
+        let r = rx.push(s, Channel::Reliable);
+        if s.len() == wire::ROUND_END_LEN {
+            assert!(
+                matches!(r, Err(ReassemblyError::ImportantMissing { round: 0, .. })),
+                "{r:?}"
+            );
+        } else {
+            r.unwrap();
+        }
+    }
+    assert!(!rx.is_complete(0));
+    assert_eq!(rx.deliver(0).unwrap_err(), ReassemblyError::NotComplete(0));
+
+    // A forged digest is caught even when the counts match.
+    let mut rx = receiver(&layout);
+    for s in &segs[..segs.len() - 1] {
+        rx.push(s, Channel::Reliable).unwrap();
+    }
+    let mut end = enc.end;
+    end.important_digest ^= 1;
+    assert_eq!(
+        rx.push(&end.to_bytes(), Channel::Reliable).unwrap_err(),
+        ReassemblyError::ImportantMismatch(0)
+    );
+}
+
+#[test]
+fn malformed_and_misrouted_packets_are_counted_and_change_nothing() {
+    let layout = presets::tiny();
+    let grads = common::grads(&layout, 5);
+    let enc = encode(&layout, 0, &grads, 1200);
+    let mut rx = receiver(&layout);
+    // A good segment followed by garbage: the whole packet is refused.
+    let mut bad = enc.lossy[0][0].to_vec();
+    bad.extend_from_slice(&[0x47, 0x4C, 1, 1, 0, 0, 0, 0]);
+    assert!(matches!(
+        rx.push(&bad, Channel::Lossy),
+        Err(ReassemblyError::Wire(WireError::Truncated { .. }))
+    ));
+    assert_eq!(rx.open_rounds().count(), 0, "nothing applied");
+    // Important data and round ends must come on the reliable channel.
+    let segs = common::split_segments(&enc.reliable);
+    assert!(matches!(
+        rx.push(segs[0], Channel::Lossy),
+        Err(ReassemblyError::WrongChannel(_))
+    ));
+    assert!(matches!(
+        rx.push(segs.last().unwrap(), Channel::Lossy),
+        Err(ReassemblyError::WrongChannel(_))
+    ));
+    // A segment for another layout.
+    let other = Layout::new(vec![TensorSpec::dense("x", [50_000])]).unwrap();
+    let mut e2 = Encoder::new(&other, EncoderConfig::default()).unwrap();
+    let foreign = e2.encode(0, &[vec![1.0; 50_000]], 1200).unwrap();
+    assert!(matches!(
+        rx.push(&foreign.lossy[0][0], Channel::Lossy),
+        Err(ReassemblyError::Wire(_))
+    ));
+    assert_eq!(rx.counters().malformed, 4);
+    assert!(rx.push(&[], Channel::Lossy).is_err());
+    // The receiver still works.
+    push_round(&mut rx, &enc, |_| true);
+    let round = rx.deliver(0).unwrap();
+    assert!(round
+        .tensors
+        .iter()
+        .flatten()
+        .zip(grads.iter().flatten())
+        .all(|(a, b)| a == b));
+}
+
+#[test]
+fn open_rounds_are_bounded() {
+    let layout = Layout::new(vec![TensorSpec::dense("w", [4096])]).unwrap();
+    let grads = vec![vec![1.0f32; 4096]];
+    let mut rx = receiver(&layout);
+    let mut enc = Encoder::new(
+        &layout,
+        EncoderConfig {
+            classify: ClassifyConfig {
+                ratio: 0.0,
+                ..Default::default()
+            },
+            chunking: ChunkOptions::default(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut dropped = 0;
+    for r in 0..10 {
+        let e = enc.encode(r, &grads, 1200).unwrap();
+        dropped += rx.push(&e.lossy[0][0], Channel::Lossy).unwrap().dropped;
+    }
+    assert_eq!(rx.open_rounds().count(), 3);
+    assert_eq!(dropped, 7);
+    assert_eq!(rx.counters().too_many_open, 7);
+}
+
+#[test]
+fn delivery_is_in_order_and_skipped_rounds_are_counted() {
+    let layout = presets::tiny();
+    let grads = common::grads(&layout, 6);
+    let mut enc = Encoder::new(&layout, EncoderConfig::default()).unwrap();
+    let e0 = enc.encode(0, &grads, 1200).unwrap();
+    let e1 = enc.encode(1, &grads, 1200).unwrap();
+    let mut rx = receiver(&layout);
+    rx.push(&e0.lossy[0][0], Channel::Lossy).unwrap();
+    push_round(&mut rx, &e1, |_| true);
+    let r1 = rx.deliver(1).unwrap();
+    assert_eq!(r1.stats.counters.abandoned_rounds, 1);
+    assert_eq!(
+        rx.deliver(0).unwrap_err(),
+        ReassemblyError::AlreadyDelivered { round: 0, last: 1 }
+    );
+}
