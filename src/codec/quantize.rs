@@ -1,0 +1,141 @@
+//! Reciprocal log quantization of the kept values (seed 000, step 2).
+//!
+//! With `S = sum |v|` over the kept values, each value becomes
+//! `r = S / |v| >= 1` and `q = ceil(log_b r)`, so `b^(q-1) < r <= b^q`. The
+//! decoder returns `S / b^(q - 1/2)`, the geometric middle of that bucket,
+//! which minimises the worst-case *ratio* error: the decoded magnitude `m`
+//! satisfies `|v| / sqrt(b) < m <= sqrt(b) * |v|`. `q = 0` only when
+//! `r == 1` (the value holds all the mass) and decodes to `S` exactly.
+//!
+//! `q` is computed from a logarithm in f64 and then *verified* against the
+//! powers `b^(q-1)` and `b^q` (adjusting by one where rounding put it in a
+//! neighbouring bucket), so the bucket inequality holds for the f64 values
+//! the decoder will use.
+
+use super::{EncodeError, MAX_BASE, MIN_BASE};
+
+/// Quantized magnitudes of one set of kept values.
+pub(crate) struct Quantized {
+    /// Sum of kept magnitudes, in f64 so it is exact enough and cannot overflow.
+    pub(crate) sum: f64,
+    /// Smallest q; the frame stores `q - q_min`.
+    pub(crate) q_min: u32,
+    /// Bits per stored `q - q_min`.
+    pub(crate) q_width: u32,
+    /// One q per value.
+    pub(crate) qs: Vec<u32>,
+}
+
+/// Checks a base for encoding.
+pub(crate) fn check_base(base: f64) -> Result<(), EncodeError> {
+    if !(MIN_BASE..=MAX_BASE).contains(&base) {
+        return Err(EncodeError::BadBase(base));
+    }
+    Ok(())
+}
+
+/// Quantizes finite non-zero values.
+pub(crate) fn quantize(values: &[f32], base: f64) -> Quantized {
+    let sum: f64 = values.iter().map(|v| f64::from(v.abs())).sum();
+    let ln_b = base.ln();
+    let mut qs = Vec::with_capacity(values.len());
+    let (mut lo, mut hi) = (u32::MAX, 0u32);
+    for &v in values {
+        let r = sum / f64::from(v.abs());
+        // `r >= 1` because the rounded sum is at least each of its terms;
+        // `max(0)` guards the logarithm of an `r` that rounding put at 1-.
+        let q = (r.ln() / ln_b).ceil().max(0.0) as u32;
+        lo = lo.min(q);
+        hi = hi.max(q);
+        qs.push(q);
+    }
+    if qs.is_empty() {
+        return Quantized {
+            sum: 0.0,
+            q_min: 0,
+            q_width: 0,
+            qs,
+        };
+    }
+    // Verify against exact powers, from a small table over the observed range
+    // (plus one on each side for the corrections), so the expensive `powf`
+    // runs a few dozen times rather than once per value.
+    let lo_t = lo.saturating_sub(1);
+    let hi_t = hi.saturating_add(1);
+    let pow: Vec<f64> = (lo_t..=hi_t).map(|q| base.powf(f64::from(q))).collect();
+    let p = |q: u32| pow[(q - lo_t) as usize];
+    let (mut q_min, mut q_max) = (u32::MAX, 0u32);
+    for (q, &v) in qs.iter_mut().zip(values) {
+        let r = sum / f64::from(v.abs());
+        if *q < hi_t && p(*q) < r {
+            *q += 1;
+        } else if *q > lo_t && *q > 0 && p(*q - 1) >= r {
+            *q -= 1;
+        }
+        q_min = q_min.min(*q);
+        q_max = q_max.max(*q);
+    }
+    let q_width = 32 - (q_max - q_min).leading_zeros();
+    Quantized {
+        sum,
+        q_min,
+        q_width,
+        qs,
+    }
+}
+
+/// Decoded magnitude for quantization integer `q`.
+#[inline]
+pub(crate) fn dequantize(sum: f64, base: f64, q: u64) -> f64 {
+    if q == 0 {
+        sum
+    } else {
+        sum / base.powf(q as f64 - 0.5)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn within_bound(v: f32, m: f64, base: f64) -> bool {
+        let a = f64::from(v.abs());
+        let s = base.sqrt();
+        m <= a * s * (1.0 + 1e-12) && m > a / s * (1.0 - 1e-12)
+    }
+
+    #[test]
+    fn bound_holds_over_many_magnitudes() {
+        for &base in &[1.01, 1.5, 2.0, 2.5, 4.0, 1000.0] {
+            let values: Vec<f32> = (0..2000)
+                .map(|i| {
+                    (1.0001f64.powi(i * 37) * 1e-30) as f32 * if i % 3 == 0 { -1.0 } else { 1.0 }
+                })
+                .chain([f32::MIN_POSITIVE / 4.0, 3.0e38])
+                .collect();
+            let qz = quantize(&values, base);
+            for (&v, &q) in values.iter().zip(&qz.qs) {
+                let m = dequantize(qz.sum, base, q.into());
+                assert!(within_bound(v, m, base), "base {base} v {v} q {q} m {m}");
+                assert!(q - qz.q_min < (1u32 << qz.q_width).max(1) || qz.q_width == 32);
+            }
+        }
+    }
+
+    #[test]
+    fn single_and_dominant_values_are_exact() {
+        let qz = quantize(&[-3.5], 2.0);
+        assert_eq!(qz.qs, vec![0]);
+        assert_eq!(dequantize(qz.sum, 2.0, 0), 3.5);
+        let qz = quantize(&[1.0, 1e-30], 2.0);
+        assert_eq!(qz.qs[0], 0);
+        assert_eq!(dequantize(qz.sum, 2.0, 0), 1.0);
+    }
+
+    #[test]
+    fn all_equal_share_one_bucket() {
+        let qz = quantize(&[0.25; 8], 2.0);
+        assert!(qz.qs.iter().all(|&q| q == 3));
+        assert_eq!(qz.q_width, 0);
+    }
+}
