@@ -89,9 +89,6 @@ pub enum DecodeError {
     /// A key delta of zero after the first key: keys must strictly increase.
     #[error("non-increasing keys")]
     NonIncreasingKeys,
-    /// A decoded value does not fit in f32.
-    #[error("value overflow")]
-    ValueOverflow,
     /// Bytes (or non-zero padding bits) remain after the last element.
     #[error("trailing bytes")]
     TrailingBytes,

@@ -196,7 +196,7 @@ pub(crate) fn walk(
         // Only as many entries as could be used: small frames stay cheap.
         let size = (1u64 << qw).min(h.count) as usize;
         (0..size as u64)
-            .map(|off| dequantize(h.sum, h.base, u64::from(h.q_min) + off) as f32)
+            .map(|off| dequantize(h.sum, h.base, u64::from(h.q_min) + off))
             .collect()
     } else {
         Vec::new()
@@ -223,11 +223,8 @@ pub(crate) fn walk(
         let off = sv >> 1;
         let mag = match table.get(off as usize) {
             Some(&m) => m,
-            None => dequantize(h.sum, h.base, u64::from(h.q_min) + off) as f32,
+            None => dequantize(h.sum, h.base, u64::from(h.q_min) + off),
         };
-        if !mag.is_finite() {
-            return Err(DecodeError::ValueOverflow);
-        }
         sink(key, if sv & 1 == 1 { -mag } else { mag });
     }
     r.finish()?;

@@ -84,14 +84,19 @@ pub(crate) fn quantize(values: &[f32], base: f64) -> Quantized {
     }
 }
 
-/// Decoded magnitude for quantization integer `q`.
+/// Decoded magnitude for quantization integer `q`, as f32.
+///
+/// The f64 result is finite (`sum` is, and the divisor is > 1 for q >= 1).
+/// Above `f32::MAX` it saturates: the original was at most `f32::MAX`, so
+/// saturating only moves the result closer to it.
 #[inline]
-pub(crate) fn dequantize(sum: f64, base: f64, q: u64) -> f64 {
-    if q == 0 {
+pub(crate) fn dequantize(sum: f64, base: f64, q: u64) -> f32 {
+    let m = if q == 0 {
         sum
     } else {
         sum / base.powf(q as f64 - 0.5)
-    }
+    };
+    m.min(f64::from(f32::MAX)) as f32
 }
 
 #[cfg(test)]
@@ -101,7 +106,9 @@ mod tests {
     fn within_bound(v: f32, m: f64, base: f64) -> bool {
         let a = f64::from(v.abs());
         let s = base.sqrt();
-        m <= a * s * (1.0 + 1e-12) && m > a / s * (1.0 - 1e-12)
+        // f32 output rounding: half an ulp, or 2^-150 in the subnormal range.
+        let (rel, abs) = (1.0 + 2f64.powi(-24), 2f64.powi(-150));
+        m <= a * s * rel + abs && m >= a / s / rel - abs
     }
 
     #[test]
@@ -115,7 +122,7 @@ mod tests {
                 .collect();
             let qz = quantize(&values, base);
             for (&v, &q) in values.iter().zip(&qz.qs) {
-                let m = dequantize(qz.sum, base, q.into());
+                let m = f64::from(dequantize(qz.sum, base, q.into()));
                 assert!(within_bound(v, m, base), "base {base} v {v} q {q} m {m}");
                 assert!(q - qz.q_min < (1u32 << qz.q_width).max(1) || qz.q_width == 32);
             }
@@ -126,7 +133,7 @@ mod tests {
     fn single_and_dominant_values_are_exact() {
         let qz = quantize(&[-3.5], 2.0);
         assert_eq!(qz.qs, vec![0]);
-        assert_eq!(dequantize(qz.sum, 2.0, 0), 3.5);
+        assert_eq!(dequantize(qz.sum, 2.0, 0), 3.5f32);
         let qz = quantize(&[1.0, 1e-30], 2.0);
         assert_eq!(qz.qs[0], 0);
         assert_eq!(dequantize(qz.sum, 2.0, 0), 1.0);
