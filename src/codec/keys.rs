@@ -202,9 +202,9 @@ mod tests {
                         best = best.min(c);
                         continue;
                     }
-                    for i in start..cands.len() {
+                    for (i, &c) in cands.iter().enumerate().skip(start) {
                         let mut c2 = chosen.clone();
-                        c2.push(cands[i]);
+                        c2.push(c);
                         stack.push((i + 1, c2));
                     }
                 }

@@ -6,17 +6,17 @@
 //! still sum what matters.
 //!
 //! Pipeline:
-//! 1. [`sparsify`] keeps `|v| > threshold` or the top-k by magnitude
-//!    ([`threshold`], [`top_k`], [`SparseGradient`]).
+//! 1. [`sparsify`](crate::codec::sparsify) keeps `|v| > threshold` or the top-k by magnitude
+//!    ([`threshold`](crate::codec::threshold), [`top_k`](crate::codec::top_k), [`SparseGradient`](crate::codec::SparseGradient)).
 //! 2. `quantize`: with `S = sum |kept|`, each value becomes
 //!    `q = ceil(log_b(S / |v|))` plus a sign bit; decoding gives
 //!    `sign * S / b^(q - 1/2)` (and exactly `S` when `q = 0`).
 //! 3. `keys`: sorted keys as deltas, each with a length flag choosing one of
-//!    a few widths picked optimally per frame ([`WidthScheme`]).
+//!    a few widths picked optimally per frame ([`WidthScheme`](crate::codec::WidthScheme)).
 //! 4. `frame`: a versioned, little-endian, self-describing frame
-//!    ([`encode`], [`parse_header`]).
-//! 5. `aggregate`: decoding to pairs ([`decode`]) or streaming into a dense
-//!    accumulator ([`decode_add_into`], [`aggregate`]).
+//!    ([`encode`](crate::codec::encode), [`parse_header`](crate::codec::parse_header)).
+//! 5. `aggregate`: decoding to pairs ([`decode`](crate::codec::decode)) or streaming into a dense
+//!    accumulator ([`decode_add_into`](crate::codec::decode_add_into), [`aggregate`](crate::codec::aggregate)).
 //!
 //! # Error bound
 //! For every kept value `v` with decoded `d` (same sign):
@@ -31,7 +31,7 @@
 //! # Zeros and non-finite input
 //! Exact zeros are never kept by any path (threshold keep is strict `>`;
 //! top-k skips zeros, so it may keep fewer than `k`). Any NaN or infinity in
-//! the input is an [`EncodeError::NonFinite`] naming its index.
+//! the input is an [`EncodeError::NonFinite`](crate::codec::EncodeError::NonFinite) naming its index.
 
 mod aggregate;
 mod bits;
