@@ -25,7 +25,7 @@
 //! count is rejected before anything is allocated.
 
 use super::bits::{BitReader, BitWriter};
-use super::keys::WidthScheme;
+use super::keys::{bit_len, delta_histogram, WidthScheme};
 use super::quantize::{check_base, dequantize, quantize};
 use super::{DecodeError, EncodeError, SparseGradient, MAX_BASE, MAX_DIM, MIN_BASE};
 
@@ -69,8 +69,10 @@ pub fn encode_into(grad: &SparseGradient, base: f64, out: &mut Vec<u8>) -> Resul
     check_base(base)?;
     let keys = grad.keys();
     let qz = quantize(grad.values(), base);
-    let scheme = WidthScheme::optimal_for(keys);
-    let key_bits = scheme.cost(keys).unwrap_or(0);
+    let hist = delta_histogram(keys);
+    let scheme = WidthScheme::optimal_for_histogram(&hist);
+    let lut = scheme.lookup();
+    let key_bits = scheme.cost(&hist);
     let value_bits = keys.len() as u64 * u64::from(1 + qz.q_width);
     let payload = (key_bits + value_bits).div_ceil(8) as usize;
     out.reserve(FIXED_HEADER + scheme.widths().len() + payload + 8);
@@ -93,9 +95,7 @@ pub fn encode_into(grad: &SparseGradient, base: f64, out: &mut Vec<u8>) -> Resul
     for ((&k, &v), &q) in keys.iter().zip(grad.values()).zip(&qz.qs) {
         let delta = k - prev;
         prev = k;
-        // The scheme's last width is the largest delta's length, so this
-        // always succeeds; a miss would be a bug, but must not panic.
-        let (flag, width) = scheme.flag_for(delta).unwrap_or((0, 32));
+        let (flag, width) = lut[bit_len(delta) as usize];
         w.write(u64::from(flag) | (u64::from(delta) << fb), fb + width);
         let sign = u64::from(v.is_sign_negative());
         w.write(sign | (u64::from(q - qz.q_min) << 1), 1 + qz.q_width);

@@ -49,13 +49,7 @@ impl WidthScheme {
 
     /// Picks the cheapest scheme for these sorted keys.
     pub fn optimal_for(keys: &[u32]) -> Self {
-        let mut hist = [0u64; 33];
-        let mut prev = 0u32;
-        for &k in keys {
-            hist[bit_len(k - prev) as usize] += 1;
-            prev = k;
-        }
-        Self::optimal_for_histogram(&hist)
+        Self::optimal_for_histogram(&delta_histogram(keys))
     }
 
     /// Picks the cheapest scheme for a histogram of delta bit-lengths.
@@ -86,27 +80,40 @@ impl WidthScheme {
         )
     }
 
-    /// Smallest flag whose width holds `delta`, if any.
-    #[inline]
-    pub(crate) fn flag_for(&self, delta: u32) -> Option<(u32, u32)> {
-        let len = bit_len(delta);
-        self.widths()
-            .iter()
-            .position(|&w| u32::from(w) >= len)
-            .map(|f| (f as u32, u32::from(self.widths[f])))
+    /// For each delta bit-length 0..=32, the flag and width to write it
+    /// with: the smallest width that fits. Lengths above the largest width
+    /// (impossible for a scheme built from the same keys) map to the widest.
+    pub(crate) fn lookup(&self) -> [(u32, u32); 33] {
+        let ws = self.widths();
+        let last = ws.len() - 1;
+        std::array::from_fn(|len| {
+            let f = ws
+                .iter()
+                .position(|&w| usize::from(w) >= len)
+                .unwrap_or(last);
+            (f as u32, u32::from(ws[f]))
+        })
     }
 
-    /// Total bits of flags plus deltas for these sorted keys.
-    pub(crate) fn cost(&self, keys: &[u32]) -> Option<u64> {
-        let mut prev = 0u32;
-        let mut total = 0u64;
-        for &k in keys {
-            let (_, w) = self.flag_for(k - prev)?;
-            total += u64::from(w + self.flag_bits);
-            prev = k;
-        }
-        Some(total)
+    /// Total bits of flags plus deltas for a histogram of delta bit-lengths.
+    pub(crate) fn cost(&self, hist: &[u64; 33]) -> u64 {
+        let lut = self.lookup();
+        hist.iter()
+            .zip(lut)
+            .map(|(&c, (_, w))| c * u64::from(w + self.flag_bits))
+            .sum()
     }
+}
+
+/// Histogram of the bit-lengths of the deltas of sorted keys.
+pub(crate) fn delta_histogram(keys: &[u32]) -> [u64; 33] {
+    let mut hist = [0u64; 33];
+    let mut prev = 0u32;
+    for &k in keys {
+        hist[bit_len(k.wrapping_sub(prev)) as usize] += 1;
+        prev = k;
+    }
+    hist
 }
 
 /// Bits needed to write `x` (0 for 0).
@@ -219,8 +226,15 @@ mod tests {
     fn scheme_fits_every_delta() {
         let keys = [0u32, 1, 5, 1000, 1001, u32::MAX - 1, u32::MAX];
         let s = WidthScheme::optimal_for(&keys);
-        assert!(s.cost(&keys).is_some());
         assert_eq!(*s.widths().last().unwrap(), 32);
+        let lut = s.lookup();
+        let mut prev = 0;
+        for &k in &keys {
+            let len = bit_len(k - prev);
+            let (f, w) = lut[len as usize];
+            assert!(w >= len && s.widths()[f as usize] as u32 == w);
+            prev = k;
+        }
         let empty = WidthScheme::optimal_for(&[]);
         assert_eq!(empty.widths(), &[0]);
     }

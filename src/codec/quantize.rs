@@ -36,44 +36,52 @@ pub(crate) fn check_base(base: f64) -> Result<(), EncodeError> {
 
 /// Quantizes finite non-zero values.
 pub(crate) fn quantize(values: &[f32], base: f64) -> Quantized {
-    let sum: f64 = values.iter().map(|v| f64::from(v.abs())).sum();
-    let ln_b = base.ln();
-    let mut qs = Vec::with_capacity(values.len());
-    let (mut lo, mut hi) = (u32::MAX, 0u32);
-    for &v in values {
-        let r = sum / f64::from(v.abs());
-        // `r >= 1` because the rounded sum is at least each of its terms;
-        // `max(0)` guards the logarithm of an `r` that rounding put at 1-.
-        let q = (r.ln() / ln_b).ceil().max(0.0) as u32;
-        lo = lo.min(q);
-        hi = hi.max(q);
-        qs.push(q);
+    let (mut amin, mut amax) = (f32::INFINITY, 0f32);
+    let mut sum = 0f64;
+    for v in values {
+        let a = v.abs();
+        amin = amin.min(a);
+        amax = amax.max(a);
+        sum += f64::from(a);
     }
-    if qs.is_empty() {
+    if values.is_empty() {
         return Quantized {
             sum: 0.0,
             q_min: 0,
             q_width: 0,
-            qs,
+            qs: Vec::new(),
         };
     }
-    // Verify against exact powers, from a small table over the observed range
-    // (plus one on each side for the corrections), so the expensive `powf`
-    // runs a few dozen times rather than once per value.
-    let lo_t = lo.saturating_sub(1);
-    let hi_t = hi.saturating_add(1);
-    let pow: Vec<f64> = (lo_t..=hi_t).map(|q| base.powf(f64::from(q))).collect();
-    let p = |q: u32| pow[(q - lo_t) as usize];
+    // Every q lies between those of the largest and smallest magnitude; the
+    // exact logarithm, run twice, brackets them (with one bucket of slack on
+    // each side for its rounding) and a table of powers over that bracket
+    // is what every q is checked against.
+    let ln_b = base.ln();
+    let q_of = |r: f64| (r.ln() / ln_b).ceil().max(0.0) as u32;
+    let lo = q_of(sum / f64::from(amax)).saturating_sub(1);
+    let hi = q_of(sum / f64::from(amin)).saturating_add(1);
+    let pow: Vec<f64> = (lo..=hi).map(|q| base.powf(f64::from(q))).collect();
+    let top = pow.len() - 1;
+    let inv_log2_b = 1.0 / base.log2();
+    let mut qs = Vec::with_capacity(values.len());
     let (mut q_min, mut q_max) = (u32::MAX, 0u32);
-    for (q, &v) in qs.iter_mut().zip(values) {
+    for &v in values {
         let r = sum / f64::from(v.abs());
-        if *q < hi_t && p(*q) < r {
-            *q += 1;
-        } else if *q > lo_t && *q > 0 && p(*q - 1) >= r {
-            *q -= 1;
+        // A cheap estimate, then walk to the bucket with
+        // pow[i-1] < r <= pow[i]; the walk makes the result exact whatever
+        // the estimate's error, the estimate just makes it short.
+        let est = (fast_log2(r) * inv_log2_b).ceil() - f64::from(lo);
+        let mut i = (est.max(0.0) as usize).min(top);
+        while i > 0 && pow[i - 1] >= r {
+            i -= 1;
         }
-        q_min = q_min.min(*q);
-        q_max = q_max.max(*q);
+        while i < top && pow[i] < r {
+            i += 1;
+        }
+        let q = lo + i as u32;
+        q_min = q_min.min(q);
+        q_max = q_max.max(q);
+        qs.push(q);
     }
     let q_width = 32 - (q_max - q_min).leading_zeros();
     Quantized {
@@ -82,6 +90,20 @@ pub(crate) fn quantize(values: &[f32], base: f64) -> Quantized {
         q_width,
         qs,
     }
+}
+
+/// log2 of a finite `x >= 1` to within about 2e-5: the exponent from the
+/// bits, the mantissa's log from the atanh series
+/// `ln m = 2 (t + t^3/3 + t^5/5 + t^7/7 + ...)`, `t = (m-1)/(m+1) <= 1/3`.
+#[inline]
+fn fast_log2(x: f64) -> f64 {
+    let bits = x.to_bits();
+    let e = ((bits >> 52) & 0x7ff) as i64 - 1023;
+    let m = f64::from_bits((bits & ((1u64 << 52) - 1)) | (1023u64 << 52));
+    let t = (m - 1.0) / (m + 1.0);
+    let t2 = t * t;
+    let ln_m = 2.0 * t * (1.0 + t2 * (1.0 / 3.0 + t2 * (1.0 / 5.0 + t2 * (1.0 / 7.0))));
+    e as f64 + ln_m * std::f64::consts::LOG2_E
 }
 
 /// Decoded magnitude for quantization integer `q`, as f32.
@@ -137,6 +159,23 @@ mod tests {
         let qz = quantize(&[1.0, 1e-30], 2.0);
         assert_eq!(qz.qs[0], 0);
         assert_eq!(dequantize(qz.sum, 2.0, 0), 1.0);
+    }
+
+    #[test]
+    fn fast_log2_is_close() {
+        for i in 0..10_000 {
+            let x = 1.0 + f64::from(i) * 0.37 + 1e-3 * f64::from(i).powi(4);
+            assert!((fast_log2(x) - x.log2()).abs() < 3e-5, "{x}");
+        }
+    }
+
+    #[test]
+    fn exact_powers_land_in_their_bucket() {
+        // r exactly b^q must give q, not q+1.
+        let qz = quantize(&[1.0, 1.0, 1.0, 1.0], 2.0);
+        assert_eq!(qz.qs, vec![2; 4]);
+        let qz = quantize(&[0.5, 0.25, 0.25], 2.0);
+        assert_eq!(qz.qs, vec![1, 2, 2]);
     }
 
     #[test]

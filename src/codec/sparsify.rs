@@ -257,40 +257,49 @@ fn collect_above(values: &[f32], tb: u32) -> Result<(Vec<u32>, Vec<f32>), Encode
     const LANES: usize = 32;
     let mut keys = Vec::new();
     let mut vals = Vec::new();
-    let mut push = |i: usize, v: f32| -> Result<(), EncodeError> {
-        if v.to_bits() & MAG >= NON_FINITE {
-            return Err(EncodeError::NonFinite { index: i as u64 });
-        }
-        keys.push(i as u32);
-        vals.push(v);
-        Ok(())
-    };
     let chunks = values.chunks_exact(LANES);
     let tail_start = values.len() - chunks.remainder().len();
+    let (mut kbuf, mut vbuf) = ([0u32; LANES], [0f32; LANES]);
     for (c, chunk) in chunks.enumerate() {
-        // Branch-free test of the whole chunk vectorizes; at 1% density most
-        // chunks have nothing to keep.
         // Signed i32 compares (magnitude bits fit in 31 bits) map to SSE2's
-        // pcmpgtd; summing the 0/1 results keeps the loop branch-free.
+        // pcmpgtd; summing the 0/1 results keeps the test branch-free, and at
+        // 1% density most chunks have nothing to keep.
         let hits: u32 = chunk
             .iter()
             .map(|v| u32::from(((v.to_bits() & MAG) as i32) > tb as i32))
             .sum();
         if hits != 0 {
+            // Branch-free compaction: write every element, advance only on a
+            // keep, so scattered hits cost no mispredictions.
             let base = c * LANES;
+            let mut n = 0usize;
             for (j, &v) in chunk.iter().enumerate() {
-                if v.to_bits() & MAG > tb {
-                    push(base + j, v)?;
-                }
+                kbuf[n % LANES] = (base + j) as u32;
+                vbuf[n % LANES] = v;
+                n += usize::from(v.to_bits() & MAG > tb);
             }
+            check_finite(&kbuf[..n], &vbuf[..n])?;
+            keys.extend_from_slice(&kbuf[..n]);
+            vals.extend_from_slice(&vbuf[..n]);
         }
     }
     for (j, &v) in values[tail_start..].iter().enumerate() {
         if v.to_bits() & MAG > tb {
-            push(tail_start + j, v)?;
+            check_finite(&[(tail_start + j) as u32], &[v])?;
+            keys.push((tail_start + j) as u32);
+            vals.push(v);
         }
     }
     Ok((keys, vals))
+}
+
+fn check_finite(keys: &[u32], vals: &[f32]) -> Result<(), EncodeError> {
+    match vals.iter().position(|v| v.to_bits() & MAG >= NON_FINITE) {
+        Some(i) => Err(EncodeError::NonFinite {
+            index: keys.get(i).map_or(0, |&k| k.into()),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Positions (into `keys`/`mags`, ascending) of the `k` largest non-zero
