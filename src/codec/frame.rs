@@ -21,8 +21,8 @@
 //! delta (`widths[flag]` bits), the sign (1 = negative) and `q - q_min`
 //! (q-width bits), zero-padded to a byte. Interleaving lets a decoder stream
 //! each element straight into an accumulator in a single pass. Every element
-//! costs at least the sign bit, so a count larger than the payload's bit
-//! count is rejected before anything is allocated.
+//! costs at least `f + widths[0] + 1 + q width` bits, so a count the payload
+//! cannot hold is rejected before anything is allocated.
 
 use super::bits::{BitReader, BitWriter};
 use super::keys::{bit_len, delta_histogram, WidthScheme};
@@ -156,8 +156,11 @@ pub fn parse_header(bytes: &[u8]) -> Result<(FrameHeader, &[u8]), DecodeError> {
         .ok_or(DecodeError::Truncated)?;
     let scheme = WidthScheme::new(flag_bits, widths).ok_or(DecodeError::BadWidthScheme)?;
     let payload = &bytes[FIXED_HEADER + nw..];
-    // Every element holds at least its sign bit.
-    if count > dim || count > payload.len() as u64 * 8 {
+    // Every element holds at least its flag, the narrowest width, its sign
+    // and its q: bounding the count by that keeps any allocation sized by it
+    // proportional to the input.
+    let min_bits = u64::from(flag_bits) + u64::from(widths[0]) + 1 + u64::from(q_width);
+    if count > dim || count.saturating_mul(min_bits) > payload.len() as u64 * 8 {
         return Err(DecodeError::CountTooLarge(count));
     }
     let sum_ok = if count == 0 {

@@ -24,9 +24,10 @@
 //! `sqrt(b) - 1` upward and strictly below `1 - 1/sqrt(b)` downward
 //! (41.4% / 29.3% at `b = 2`; 11.8% / 10.6% at the default `b = 1.25`). This
 //! holds for the f64 result; converting to f32 adds at most half an ulp, and
-//! for results in the subnormal range at most `2^-150` absolute; results
-//! above `f32::MAX` saturate to it (closer to the original, so still within
-//! the bound). Dropped entries decode as zero.
+//! for results in the subnormal range at most `2^-150` absolute. Results are
+//! clamped to `[smallest subnormal, f32::MAX]` (closer to the original, so
+//! still within the bound; a kept value never decodes to zero). Dropped
+//! entries decode as zero.
 //!
 //! # Zeros and non-finite input
 //! Exact zeros are never kept by any path (threshold keep is strict `>`;

@@ -109,8 +109,10 @@ fn fast_log2(x: f64) -> f64 {
 /// Decoded magnitude for quantization integer `q`, as f32.
 ///
 /// The f64 result is finite (`sum` is, and the divisor is > 1 for q >= 1).
-/// Above `f32::MAX` it saturates: the original was at most `f32::MAX`, so
-/// saturating only moves the result closer to it.
+/// It is clamped to the f32 magnitudes a kept value can have, from the
+/// smallest subnormal to `f32::MAX`: the original lies in that range, so
+/// clamping only moves the result closer to it, and a kept value never
+/// decodes to zero (which would break re-encoding).
 #[inline]
 pub(crate) fn dequantize(sum: f64, base: f64, q: u64) -> f32 {
     let m = if q == 0 {
@@ -118,7 +120,7 @@ pub(crate) fn dequantize(sum: f64, base: f64, q: u64) -> f32 {
     } else {
         sum / base.powf(q as f64 - 0.5)
     };
-    m.min(f64::from(f32::MAX)) as f32
+    m.clamp(f64::from(f32::from_bits(1)), f64::from(f32::MAX)) as f32
 }
 
 #[cfg(test)]
