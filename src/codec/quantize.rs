@@ -70,7 +70,9 @@ pub(crate) fn quantize(values: &[f32], base: f64) -> Quantized {
         // A cheap estimate, then walk to the bucket with
         // pow[i-1] < r <= pow[i]; the walk makes the result exact whatever
         // the estimate's error, the estimate just makes it short.
-        let est = (fast_log2(r) * inv_log2_b).ceil() - f64::from(lo);
+        // Truncation rather than `ceil`, which is a libm call on baseline
+        // x86-64; the walk absorbs the difference of at most one bucket.
+        let est = fast_log2(r) * inv_log2_b - f64::from(lo) + 1.0;
         let mut i = (est.max(0.0) as usize).min(top);
         while i > 0 && pow[i - 1] >= r {
             i -= 1;
