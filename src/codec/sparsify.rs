@@ -196,7 +196,8 @@ pub fn threshold(values: &[f32], threshold: f32) -> Result<SparseGradient, Encod
 /// A strided sample estimates a magnitude a little below the k-th largest; one
 /// pass collects the candidates at or above it, and a selection over those
 /// (about `k` of them) finds the exact cut. If the estimate was too high, the
-/// pass is repeated over all non-zeros, so the result is always exact.
+/// pass is repeated with the cut halved until it holds `k` candidates (or
+/// every non-zero), so the result is always exact.
 pub fn top_k(values: &[f32], k: usize) -> Result<SparseGradient, EncodeError> {
     let n = values.len();
     let dim = n as u64;
@@ -217,7 +218,13 @@ pub fn top_k(values: &[f32], k: usize) -> Result<SparseGradient, EncodeError> {
             }
             return Ok(SparseGradient::from_trusted(dim, ck, cv));
         }
-        lower = 1;
+        // The sample was unlucky: halve the magnitude cut (one less in the
+        // f32 exponent) rather than collecting every non-zero at once.
+        lower = if lower > 2 << 23 {
+            lower - (1 << 23)
+        } else {
+            1
+        };
     }
 }
 
@@ -233,10 +240,14 @@ fn estimate_lower_cut(values: &[f32], k: usize) -> u32 {
     if n <= SAMPLES || k >= n / 8 {
         return 1;
     }
-    let stride = n / SAMPLES;
+    // Evenly spaced runs of 64 contiguous values (a few cache lines each)
+    // rather than single strided values: same coverage of every layer of the
+    // gradient, but the hardware prefetcher can follow it.
+    const RUN: usize = 64;
+    let stride = n / (SAMPLES / RUN);
     let mut sample: Vec<u32> = values
-        .iter()
-        .step_by(stride)
+        .chunks(stride)
+        .flat_map(|c| c.iter().take(RUN))
         .map(|v| v.to_bits() & MAG)
         .collect();
     let m = sample.len() as f64;
@@ -380,6 +391,35 @@ mod tests {
             want.sort_unstable();
             assert_eq!(s.keys(), &want[..], "k={k}");
         }
+    }
+
+    #[test]
+    fn top_k_recovers_from_a_misleading_sample() {
+        // Every sampled position (stride 15) is large and the rest small, so
+        // the sample's cut keeps too few: the halving retry must still find
+        // the exact top k.
+        let n = 1_000_000usize;
+        let stride = n / (1 << 16);
+        assert_eq!(stride, 15);
+        let v: Vec<f32> = (0..n)
+            .map(|i| if i % stride == 0 { 100.0 } else { -1.0 })
+            .collect();
+        let k = 100_000;
+        let s = top_k(&v, k).unwrap();
+        assert_eq!(s.len(), k);
+        let big = n.div_ceil(stride);
+        assert_eq!(s.values().iter().filter(|&&x| x == 100.0).count(), big);
+        // The rest are the lowest-index -1.0 entries.
+        let ones: Vec<u32> = (0..n as u32)
+            .filter(|&i| i as usize % stride != 0)
+            .take(k - big)
+            .collect();
+        let mut want: Vec<u32> = (0..n as u32)
+            .filter(|&i| i as usize % stride == 0)
+            .chain(ones)
+            .collect();
+        want.sort_unstable();
+        assert_eq!(s.keys(), &want[..]);
     }
 
     #[test]
