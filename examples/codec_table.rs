@@ -21,7 +21,7 @@ enum DistArg {
 
 /// Codec size / speed / error table (markdown on stdout).
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Number of dense values (default: ResNet-50's parameter count).
     #[arg(long, default_value_t = RESNET50)]
