@@ -229,7 +229,12 @@ impl ParameterServer for SyncMomentum {
             });
         }
         let inv_k = 1.0 / self.workers as f64;
-        for ((w, u), a) in self.w.iter_mut().zip(self.u.iter_mut()).zip(self.acc.iter_mut()) {
+        for ((w, u), a) in self
+            .w
+            .iter_mut()
+            .zip(self.u.iter_mut())
+            .zip(self.acc.iter_mut())
+        {
             *u = self.beta * *u + (*a * inv_k) as f32;
             *w -= self.lr * *u;
             *a = 0.0;
