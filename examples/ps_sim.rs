@@ -110,8 +110,13 @@ fn main() {
                 if *name == "asgd" {
                     asgd_lr = lr;
                 }
+                let edge = if lr == grid[0] || lr == grid[grid.len() - 1] {
+                    " (grid edge)"
+                } else {
+                    ""
+                };
                 println!(
-                    "{name:>15}: best lr {lr:.4}  steps {:>6}  pushes {:>6}  time {:>8}  mean staleness {:.2}",
+                    "{name:>15}: best lr {lr:.4}{edge}  steps {:>6}  pushes {:>6}  time {:>8}  mean staleness {:.2}",
                     t.steps_to(target).unwrap_or(0),
                     t.pushes_to(target).unwrap_or(0),
                     t.time_to(target).unwrap_or(0),

@@ -522,3 +522,45 @@ mod simulation {
         assert!(t.final_loss() < 0.1 * t.initial_loss);
     }
 }
+
+#[test]
+fn baselines_follow_the_pull_push_shape() {
+    use gradlane::ps::baselines::{Asgd, NaiveMomentumAsgd, SyncMomentum};
+
+    // Synchronous: K tickets per round, extra pulls wait, the K-th push steps.
+    let mut s = SyncMomentum::new(2, 1.0, 0.5, vec![0.0]).unwrap();
+    let a = s.pull().unwrap().unwrap().index;
+    let b = s.pull().unwrap().unwrap().index;
+    assert_eq!((a, b), (0, 0));
+    assert!(s.pull().unwrap().is_none());
+    let out = s.push(&[2.0], a).unwrap();
+    assert_eq!(out.disposition, Disposition::Buffered);
+    assert!(out.reply.is_none());
+    assert_eq!(s.params(), &[0.0]);
+    assert_eq!(s.push(&[1.0], 1).unwrap_err(), PushError::UnknownIndex(1));
+    let out = s.push(&[4.0], b).unwrap();
+    assert_eq!(out.disposition, Disposition::Applied { staleness: 0 });
+    assert_eq!(out.reply.unwrap().index, 1);
+    assert_eq!(s.params(), &[-3.0]); // u = 3, w = -3
+    assert_eq!(s.pull().unwrap().unwrap().index, 1);
+    assert!(s.pull().unwrap().is_none());
+    s.push(&[0.0], 1).unwrap();
+    s.push(&[0.0], 1).unwrap();
+    assert_eq!(s.params(), &[-4.5]); // u = 1.5, w = -4.5
+
+    // Naive momentum: u = beta u + g in arrival order, stale or not.
+    let mut n = NaiveMomentumAsgd::new(1.0, 0.5, vec![0.0]).unwrap();
+    n.push(&[2.0], 0).unwrap();
+    let out = n.push(&[2.0], 0).unwrap();
+    assert_eq!(out.disposition, Disposition::Applied { staleness: 1 });
+    assert_eq!(n.params(), &[-5.0]); // u: 2, then 3; w: -2, then -5
+
+    let mut g = Asgd::new(0.5, vec![1.0]).unwrap();
+    g.push(&[2.0], 0).unwrap();
+    assert_eq!(g.params(), &[0.0]);
+    assert_eq!(g.push(&[2.0], 5).unwrap_err(), PushError::UnknownIndex(5));
+    assert_eq!(
+        g.push(&[f32::NAN], 0).unwrap_err(),
+        PushError::NonFinite { position: 0 }
+    );
+}
