@@ -25,6 +25,18 @@
 //!   `s` from being compared with itself.
 //! * **Update rule.** Claim 7's formula is lost in the text; DESIGN's
 //!   `w -= lambda * g` is used.
+//! * **Ticket tracking.** The seed keeps the clock on the learner; the server
+//!   only refuses a clock it has not reached, so it cannot tell a replayed
+//!   push from a new one (the runtime owns learner identity).
+//!
+//! # Consequence of "remove the largest"
+//! Because every judgement evicts the sample's maximum, large values never
+//! stay long and the sample drifts to the smallest staleness seen (s = 1,
+//! fresh). From then on any `s > 1` ranks 1.0 and is dropped for every
+//! threshold below 1: the filter becomes "accept only updates with nothing in
+//! between". In the 8-worker simulation that drops about three quarters of
+//! the pushes. This is the seed as written; a sliding window (evict the
+//! oldest) would behave differently and is not what the seed says.
 
 use std::collections::BTreeMap;
 
