@@ -32,9 +32,9 @@
 //! # Consequence of "remove the largest"
 //! Because every judgement evicts the sample's maximum, large values never
 //! stay long and the sample drifts to the smallest staleness seen (s = 1,
-//! fresh). From then on any `s > 1` ranks 1.0 and is dropped for every
-//! threshold below 1: the filter becomes "accept only updates with nothing in
-//! between". In the 8-worker simulation that drops about three quarters of
+//! fresh). From then on any `s > 1` ranks at least `(n-1)/n` and is dropped
+//! for every threshold below that: the filter becomes "accept (almost) only
+//! updates with nothing in between". In the 8-worker simulation that drops about three quarters of
 //! the pushes. This is the seed as written; a sliding window (evict the
 //! oldest) would behave differently and is not what the seed says.
 
