@@ -10,6 +10,7 @@ pub mod codec;
 pub mod encode;
 pub mod layout;
 pub mod presets;
+pub mod ps;
 pub mod reassembly;
 pub mod score;
 pub mod wire;
