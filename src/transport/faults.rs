@@ -277,7 +277,12 @@ impl FaultySocket {
     /// their buffer (keeping `stride`, so a short last datagram stays last)
     /// and buffers that became empty are squeezed out. Returns the number of
     /// buffers still holding data.
-    fn filter_incoming(&self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta], n: usize) -> usize {
+    fn filter_incoming(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+        n: usize,
+    ) -> usize {
         let n = n.min(bufs.len()).min(meta.len());
         let mut out = 0;
         for i in 0..n {
@@ -291,7 +296,12 @@ impl FaultySocket {
             let mut kept = 0u64;
             for (k, start) in (0..len).step_by(stride).enumerate() {
                 let end = (start + stride).min(len);
-                if drops(self.faults.seed, STREAM_IN, base + k as u64, self.faults.loss_in) {
+                if drops(
+                    self.faults.seed,
+                    STREAM_IN,
+                    base + k as u64,
+                    self.faults.loss_in,
+                ) {
                     continue;
                 }
                 buf.copy_within(start..end, write);
@@ -365,7 +375,8 @@ impl AsyncUdpSocket for FaultySocket {
             let mut contents = Vec::with_capacity(len);
             for (k, start) in (0..len).step_by(stride.max(1)).enumerate() {
                 if !drops(seed, STREAM_OUT, base + k as u64, p) {
-                    contents.extend_from_slice(&transmit.contents[start..(start + stride).min(len)]);
+                    contents
+                        .extend_from_slice(&transmit.contents[start..(start + stride).min(len)]);
                 }
             }
             let survivors = count - dropped;
@@ -373,7 +384,11 @@ impl AsyncUdpSocket for FaultySocket {
                 destination: transmit.destination,
                 ecn: transmit.ecn,
                 contents: &contents,
-                segment_size: if survivors > 1 { transmit.segment_size } else { None },
+                segment_size: if survivors > 1 {
+                    transmit.segment_size
+                } else {
+                    None
+                },
                 src_ip: transmit.src_ip,
             };
             self.forward(&repacked, survivors as u64)?;
@@ -736,7 +751,10 @@ mod tests {
     #[test]
     fn rejects_bad_probability() {
         for p in [-0.1, 1.5, f64::NAN] {
-            let r = FaultySocket::new(Arc::new(MockSocket::default()), Faults::symmetric_loss(p, 1));
+            let r = FaultySocket::new(
+                Arc::new(MockSocket::default()),
+                Faults::symmetric_loss(p, 1),
+            );
             assert!(matches!(r, Err(FaultySocketError::BadLoss(_))), "{p}");
         }
     }
@@ -751,7 +769,10 @@ mod tests {
             assert_eq!(a, b, "same seed, same packets, same drops");
             let dropped = f64::from(n - a.len() as u32) / f64::from(n);
             assert!((dropped - p).abs() < 0.01, "p {p}: dropped {dropped}");
-            assert_eq!(stats.segments_dropped_out + stats.segments_sent, u64::from(n));
+            assert_eq!(
+                stats.segments_dropped_out + stats.segments_sent,
+                u64::from(n)
+            );
             assert_eq!(stats.segments_sent, a.len() as u64);
             // Order is kept.
             assert!(a.windows(2).all(|w| w[0] < w[1]));
@@ -875,11 +896,16 @@ mod tests {
         };
         let socket = FaultySocket::new(mock, faults).expect("valid faults");
         let mut storage = vec![[0u8; 64]; 4];
-        let mut bufs: Vec<IoSliceMut<'_>> =
-            storage.iter_mut().map(|b| IoSliceMut::new(&mut b[..])).collect();
+        let mut bufs: Vec<IoSliceMut<'_>> = storage
+            .iter_mut()
+            .map(|b| IoSliceMut::new(&mut b[..]))
+            .collect();
         let mut meta = [RecvMeta::default(); 4];
-        let n = match socket.poll_recv(&mut Context::from_waker(Waker::noop()), &mut bufs, &mut meta)
-        {
+        let n = match socket.poll_recv(
+            &mut Context::from_waker(Waker::noop()),
+            &mut bufs,
+            &mut meta,
+        ) {
             Poll::Ready(Ok(n)) => n,
             Poll::Ready(Err(e)) => panic!("mock recv failed: {e}"),
             // Everything dropped, and the mock has nothing more.
@@ -932,7 +958,10 @@ mod tests {
             let bytes = i.to_le_bytes();
             socket.try_send(&transmit(&bytes, None)).expect("queued");
         }
-        assert!(lock(&mock.sent).is_empty(), "nothing leaves before the delay");
+        assert!(
+            lock(&mock.sent).is_empty(),
+            "nothing leaves before the delay"
+        );
         assert_eq!(socket.stats().segments_delayed, 50);
         tokio::time::timeout(Duration::from_secs(5), async {
             while lock(&mock.sent).len() < 50 {

@@ -101,13 +101,8 @@ pub enum ClientConfigError {
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateCertsError {
     /// A subject alt name is neither an IP address nor a valid DNS name.
-    #[error("bad subject alt name {name:?}: {source}")]
-    BadName {
-        /// The name as given.
-        name: String,
-        /// rcgen's reason.
-        source: rcgen::Error,
-    },
+    #[error("bad subject alt name {0:?}: not an ip address or dns name")]
+    BadName(String),
     /// No subject alt names were given: the server cert would match nothing.
     #[error("no subject alt names given")]
     NoNames,
@@ -252,27 +247,37 @@ pub fn generate_certs<S: AsRef<str>>(
         let name = name.as_ref().trim();
         let san = match name.parse::<IpAddr>() {
             Ok(ip) => SanType::IpAddress(ip),
-            Err(_) => SanType::DnsName(name.to_string().try_into().map_err(|source| {
-                GenerateCertsError::BadName {
-                    name: name.to_string(),
-                    source,
-                }
-            })?),
+            Err(_) => {
+                // rcgen takes any ASCII; check with the same rules the client
+                // will apply to the name it connects to.
+                let bad = || GenerateCertsError::BadName(name.to_string());
+                rustls::pki_types::DnsName::try_from(name).map_err(|_| bad())?;
+                SanType::DnsName(name.to_string().try_into().map_err(|_| bad())?)
+            }
         };
         sans.push(san);
     }
 
+    let ca_key = KeyPair::generate()?;
     let mut ca_params = CertificateParams::default();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    // A name unique to this CA: verifiers find issuers by name, and two CAs
+    // both called "gradlane CA" turn "unknown issuer" into a confusing
+    // "bad signature".
+    let tag = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        ca_key.public_key_raw().hash(&mut h);
+        h.finish()
+    };
     ca_params
         .distinguished_name
-        .push(DnType::CommonName, "gradlane CA");
+        .push(DnType::CommonName, format!("gradlane CA {tag:016x}"));
     ca_params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    let ca_key = KeyPair::generate()?;
     let ca_cert = ca_params.self_signed(&ca_key)?;
     let ca_pem = ca_cert.pem();
     let ca_key_pem = ca_key.serialize_pem();
@@ -302,7 +307,11 @@ pub fn generate_certs<S: AsRef<str>>(
     write_file(&files.ca_cert, ca_pem.as_bytes(), false)?;
     write_file(&files.ca_key, ca_key_pem.as_bytes(), true)?;
     write_file(&files.server_cert, server_cert.pem().as_bytes(), false)?;
-    write_file(&files.server_key, server_key.serialize_pem().as_bytes(), true)?;
+    write_file(
+        &files.server_key,
+        server_key.serialize_pem().as_bytes(),
+        true,
+    )?;
     Ok(files)
 }
 

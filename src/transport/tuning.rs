@@ -112,7 +112,9 @@ impl Tuning {
         };
         config.max_idle_timeout(idle);
         match self.congestion {
-            Congestion::Cubic => config.congestion_controller_factory(Arc::new(CubicConfig::default())),
+            Congestion::Cubic => {
+                config.congestion_controller_factory(Arc::new(CubicConfig::default()))
+            }
             Congestion::Bbr => config.congestion_controller_factory(Arc::new(BbrConfig::default())),
             Congestion::NewReno => {
                 config.congestion_controller_factory(Arc::new(NewRenoConfig::default()))
@@ -173,7 +175,8 @@ pub fn bind_udp(
     buffer_bytes: usize,
 ) -> Result<(std::net::UdpSocket, SocketBuffers), BindError> {
     let err = |source| BindError { addr, source };
-    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(err)?;
+    let socket =
+        Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(err)?;
     if addr.is_ipv6() {
         // Dual-stack where possible, like quinn's own Endpoint::client.
         if let Err(e) = socket.set_only_v6(false) {
