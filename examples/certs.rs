@@ -30,9 +30,15 @@ fn main() -> ExitCode {
     match tls::generate_certs(&args.out_dir, &args.sans) {
         Ok(files) => {
             println!("server certificate valid for: {}", args.sans.join(", "));
-            println!("wrote {}  (CA certificate: give to clients)", files.ca_cert.display());
+            println!(
+                "wrote {}  (CA certificate: give to clients)",
+                files.ca_cert.display()
+            );
             println!("wrote {}  (CA key: keep private)", files.ca_key.display());
-            println!("wrote {}  (server certificate)", files.server_cert.display());
+            println!(
+                "wrote {}  (server certificate)",
+                files.server_cert.display()
+            );
             println!("wrote {}  (server key)", files.server_key.display());
             ExitCode::SUCCESS
         }
