@@ -220,6 +220,14 @@ impl FaultySocket {
         inner: Arc<dyn AsyncUdpSocket>,
         faults: Faults,
     ) -> Result<Arc<Self>, FaultySocketError> {
+        Self::with_queue_capacity(inner, faults, DELAY_QUEUE_BYTES)
+    }
+
+    fn with_queue_capacity(
+        inner: Arc<dyn AsyncUdpSocket>,
+        faults: Faults,
+        capacity: usize,
+    ) -> Result<Arc<Self>, FaultySocketError> {
         for p in [faults.loss_out, faults.loss_in] {
             if !(0.0..=1.0).contains(&p) {
                 return Err(FaultySocketError::BadLoss(p));
@@ -228,7 +236,7 @@ impl FaultySocket {
         let queue = if faults.delays() {
             let handle =
                 tokio::runtime::Handle::try_current().map_err(|_| FaultySocketError::NoRuntime)?;
-            let queue = Arc::new(DelayQueue::new(faults, DELAY_QUEUE_BYTES));
+            let queue = Arc::new(DelayQueue::new(faults, capacity));
             handle.spawn(run_delay_queue(queue.clone(), inner.clone()));
             Some(queue)
         } else {
@@ -731,11 +739,7 @@ mod tests {
             let bytes = i.to_le_bytes();
             socket.try_send(&transmit(&bytes, None)).expect("mock send");
         }
-        let sent = lock(&mock.sent)
-            .iter()
-            .map(|(b, _)| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        (sent, socket.stats())
+        (sent_tags(&mock), socket.stats())
     }
 
     #[test]
@@ -867,11 +871,7 @@ mod tests {
                 }
             }
         }
-        let blocked: Vec<u32> = lock(&mock.sent)
-            .iter()
-            .map(|(b, _)| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        assert_eq!(plain, blocked);
+        assert_eq!(plain, sent_tags(&mock));
     }
 
     /// Feed 4 GRO buffers of 6 datagrams (the last one short) through a
@@ -963,19 +963,87 @@ mod tests {
             "nothing leaves before the delay"
         );
         assert_eq!(socket.stats().segments_delayed, 50);
+        wait_sent(&mock, 50).await;
+        assert!(start.elapsed() >= delay);
+        assert_eq!(sent_tags(&mock), (0..50).collect::<Vec<_>>());
+    }
+
+    fn sent_tags(mock: &MockSocket) -> Vec<u32> {
+        lock(&mock.sent)
+            .iter()
+            .map(|(b, _)| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+
+    async fn wait_sent(mock: &MockSocket, n: usize) {
         tokio::time::timeout(Duration::from_secs(5), async {
-            while lock(&mock.sent).len() < 50 {
+            while lock(&mock.sent).len() < n {
                 mock.sent_notify.notified().await;
             }
         })
         .await
         .expect("delayed packets are sent");
-        assert!(start.elapsed() >= delay);
-        let order: Vec<u32> = lock(&mock.sent)
-            .iter()
-            .map(|(b, _)| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        assert_eq!(order, (0..50).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn jitter_reorders_but_delivers_everything() {
+        let mock = Arc::new(MockSocket::default());
+        let faults = Faults {
+            delay: Duration::from_millis(2),
+            jitter: Duration::from_millis(20),
+            seed: 5,
+            ..Faults::default()
+        };
+        let socket = FaultySocket::new(mock.clone(), faults).expect("valid faults");
+        for i in 0..100u32 {
+            socket
+                .try_send(&transmit(&i.to_le_bytes(), None))
+                .expect("queued");
+        }
+        wait_sent(&mock, 100).await;
+        let order = sent_tags(&mock);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..100).collect::<Vec<_>>());
+        assert_ne!(order, sorted, "20 ms of jitter reorders a burst");
+    }
+
+    /// A full delay queue pushes back with WouldBlock, and the poller wakes
+    /// the sender once the queue drains.
+    #[tokio::test]
+    async fn full_delay_queue_pushes_back() {
+        let mock = Arc::new(MockSocket::default());
+        let faults = Faults {
+            delay: Duration::from_millis(20),
+            ..Faults::default()
+        };
+        let socket =
+            FaultySocket::with_queue_capacity(mock.clone(), faults, 1000).expect("valid faults");
+        let packet = [7u8; 100];
+        for _ in 0..10 {
+            socket.try_send(&transmit(&packet, None)).expect("room");
+        }
+        let err = socket
+            .try_send(&transmit(&packet, None))
+            .expect_err("queue is full");
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        let mut poller = socket.clone().create_io_poller();
+        assert!(poller
+            .as_mut()
+            .poll_writable(&mut Context::from_waker(Waker::noop()))
+            .is_pending());
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            std::future::poll_fn(|cx| poller.as_mut().poll_writable(cx)),
+        )
+        .await
+        .expect("woken when the queue drains")
+        .expect("writable");
+        socket
+            .try_send(&transmit(&packet, None))
+            .expect("room again");
+        wait_sent(&mock, 11).await;
+        assert_eq!(socket.stats().segments_delayed, 11);
     }
 
     #[test]
