@@ -259,3 +259,50 @@ pub fn tuned_client(
     tls.transport_config(Arc::new(tuning.transport_config()?));
     Ok(tls)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_congestion_controller_builds() {
+        for congestion in [Congestion::Cubic, Congestion::Bbr, Congestion::NewReno] {
+            let tuning = Tuning {
+                congestion,
+                ..Tuning::default()
+            };
+            assert!(tuning.transport_config().is_ok(), "{congestion:?}");
+        }
+        assert_eq!(Tuning::default().congestion, Congestion::Bbr);
+    }
+
+    #[test]
+    fn out_of_range_settings_are_errors() {
+        let too_big = Tuning {
+            stream_receive_window: u64::MAX,
+            ..Tuning::default()
+        };
+        assert!(matches!(
+            too_big.transport_config(),
+            Err(TuningError::TooLarge { .. })
+        ));
+        let idle = Tuning {
+            max_idle_timeout: Some(Duration::from_secs(u64::MAX / 2)),
+            ..Tuning::default()
+        };
+        assert!(matches!(
+            idle.transport_config(),
+            Err(TuningError::IdleTimeout(_))
+        ));
+    }
+
+    /// The kernel may cap the request (rmem_max); whatever it grants is
+    /// reported, and a bound socket comes back.
+    #[test]
+    fn bind_reports_granted_buffers() {
+        let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let (socket, granted) = bind_udp(addr, 1 << 20).expect("bind");
+        assert!(socket.local_addr().expect("local addr").port() != 0);
+        assert!(granted.recv > 0 && granted.send > 0, "{granted:?}");
+    }
+}
