@@ -13,4 +13,5 @@ pub mod presets;
 pub mod ps;
 pub mod reassembly;
 pub mod score;
+pub mod transport;
 pub mod wire;

@@ -1,0 +1,308 @@
+//! Socket and QUIC transport tuning for bulk gradient rounds.
+//!
+//! Two things measured on the target hosts (DESIGN 6) shape this module:
+//! the kernel's default 208 KB UDP receive buffer drops packets at quinn's
+//! rates, so sockets are made here with large buffers before quinn sees them;
+//! and quinn's default flow-control windows cap throughput as soon as
+//! bandwidth x RTT exceeds about 1.25 MB. The congestion controller matters
+//! most under random loss (Cubic collapses, BBR does not), so it is a field,
+//! not a constant.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::congestion::{BbrConfig, CubicConfig, NewRenoConfig};
+use quinn::{AsyncUdpSocket, IdleTimeout, Runtime, VarInt};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::faults::{Faults, FaultySocket, FaultySocketError};
+
+const MIB: u64 = 1 << 20;
+
+/// The congestion controller of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Congestion {
+    /// CUBIC (quinn's default): loss-based; collapses under random loss.
+    Cubic,
+    /// BBR: model-based; holds rate under random loss. Provisional default
+    /// until the round-time benchmarks settle it.
+    #[default]
+    Bbr,
+    /// NewReno: the conservative reference.
+    NewReno,
+}
+
+/// Transport settings for a gradlane connection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tuning {
+    /// Per-stream receive window in bytes.
+    pub stream_receive_window: u64,
+    /// Connection-wide receive window in bytes.
+    pub receive_window: u64,
+    /// Bytes quinn buffers for sending across all streams.
+    pub send_window: u64,
+    /// Bytes of received datagrams buffered before the oldest are dropped.
+    pub datagram_receive_buffer: usize,
+    /// Bytes of outgoing datagrams queued before the oldest are dropped.
+    pub datagram_send_buffer: usize,
+    /// Keep-alive interval (`None`: off). Rounds can be seconds apart; a
+    /// keep-alive keeps NAT bindings and the idle timer from closing the link.
+    pub keep_alive: Option<Duration>,
+    /// Close the connection after this long without traffic (`None`: never).
+    pub max_idle_timeout: Option<Duration>,
+    /// Congestion controller.
+    pub congestion: Congestion,
+    /// Requested UDP socket send and receive buffer size in bytes.
+    pub socket_buffer: usize,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            stream_receive_window: 16 * MIB,
+            // Room for the important stream at full window plus other streams.
+            receive_window: 64 * MIB,
+            send_window: 64 * MIB,
+            // A ~100 MB round sends most bytes as datagrams; a few MiB absorbs
+            // a burst of several milliseconds at 10 Gbit/s.
+            datagram_receive_buffer: 8 * MIB as usize,
+            datagram_send_buffer: 8 * MIB as usize,
+            keep_alive: Some(Duration::from_secs(5)),
+            max_idle_timeout: Some(Duration::from_secs(30)),
+            congestion: Congestion::default(),
+            socket_buffer: 4 * MIB as usize,
+        }
+    }
+}
+
+/// Why a [`Tuning`] could not become a transport configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum TuningError {
+    /// A window does not fit QUIC's variable-length integer (2^62).
+    #[error("{name} {value} is too large for quic")]
+    TooLarge {
+        /// Which setting.
+        name: &'static str,
+        /// Its value.
+        value: u64,
+    },
+    /// The idle timeout does not fit QUIC's encoding.
+    #[error("max idle timeout {0:?} is too large for quic")]
+    IdleTimeout(Duration),
+}
+
+impl Tuning {
+    /// The quinn transport configuration for these settings.
+    pub fn transport_config(&self) -> Result<quinn::TransportConfig, TuningError> {
+        let varint = |name, value| {
+            VarInt::from_u64(value).map_err(|_| TuningError::TooLarge { name, value })
+        };
+        let mut config = quinn::TransportConfig::default();
+        config
+            .stream_receive_window(varint("stream receive window", self.stream_receive_window)?)
+            .receive_window(varint("receive window", self.receive_window)?)
+            .send_window(self.send_window)
+            .datagram_receive_buffer_size(Some(self.datagram_receive_buffer))
+            .datagram_send_buffer_size(self.datagram_send_buffer)
+            .keep_alive_interval(self.keep_alive);
+        let idle = match self.max_idle_timeout {
+            Some(d) => Some(IdleTimeout::try_from(d).map_err(|_| TuningError::IdleTimeout(d))?),
+            None => None,
+        };
+        config.max_idle_timeout(idle);
+        match self.congestion {
+            Congestion::Cubic => {
+                config.congestion_controller_factory(Arc::new(CubicConfig::default()))
+            }
+            Congestion::Bbr => config.congestion_controller_factory(Arc::new(BbrConfig::default())),
+            Congestion::NewReno => {
+                config.congestion_controller_factory(Arc::new(NewRenoConfig::default()))
+            }
+        };
+        Ok(config)
+    }
+}
+
+/// What the kernel granted for a socket's buffers (Linux reports twice the
+/// requested size: it counts its own bookkeeping).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketBuffers {
+    /// Send buffer size as read back.
+    pub send: usize,
+    /// Receive buffer size as read back.
+    pub recv: usize,
+}
+
+/// Why a UDP socket could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot bind udp socket to {addr}: {source}")]
+pub struct BindError {
+    /// The address.
+    pub addr: SocketAddr,
+    /// The I/O error.
+    pub source: std::io::Error,
+}
+
+/// Why an endpoint could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    /// The socket could not be made.
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    /// quinn could not take the socket.
+    #[error("cannot start quic endpoint on {addr}: {source}")]
+    Endpoint {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The fault-injection wrapper could not be made.
+    #[error(transparent)]
+    Faults(#[from] FaultySocketError),
+    /// The transport settings are invalid.
+    #[error(transparent)]
+    Tuning(#[from] TuningError),
+}
+
+/// Make a UDP socket bound to `addr` with send and receive buffers of
+/// `buffer_bytes` requested. The kernel caps the request at
+/// `net.core.{r,w}mem_max` without an error, so the granted sizes are read
+/// back, logged, and returned.
+pub fn bind_udp(
+    addr: SocketAddr,
+    buffer_bytes: usize,
+) -> Result<(std::net::UdpSocket, SocketBuffers), BindError> {
+    let err = |source| BindError { addr, source };
+    let socket =
+        Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP)).map_err(err)?;
+    if addr.is_ipv6() {
+        // Dual-stack where possible, like quinn's own Endpoint::client.
+        if let Err(e) = socket.set_only_v6(false) {
+            tracing::debug!("cannot make {addr} dual-stack: {e}");
+        }
+    }
+    // Buffer requests failing is not fatal: the socket still works, slower.
+    if let Err(e) = socket.set_send_buffer_size(buffer_bytes) {
+        tracing::warn!("cannot set udp send buffer to {buffer_bytes}: {e}");
+    }
+    if let Err(e) = socket.set_recv_buffer_size(buffer_bytes) {
+        tracing::warn!("cannot set udp receive buffer to {buffer_bytes}: {e}");
+    }
+    let granted = SocketBuffers {
+        send: socket.send_buffer_size().map_err(err)?,
+        recv: socket.recv_buffer_size().map_err(err)?,
+    };
+    tracing::info!(
+        requested = buffer_bytes,
+        send = granted.send,
+        recv = granted.recv,
+        "udp socket buffers"
+    );
+    if granted.recv < buffer_bytes {
+        tracing::warn!(
+            "udp receive buffer is {} < {buffer_bytes} requested; raise net.core.rmem_max",
+            granted.recv
+        );
+    }
+    socket.bind(&addr.into()).map_err(err)?;
+    Ok((socket.into(), granted))
+}
+
+/// A quinn endpoint on a tuned socket, optionally behind a [`FaultySocket`].
+///
+/// `server` makes it accept connections; clients set a default client
+/// configuration on the returned endpoint. The transport configuration from
+/// `tuning` is installed in `server`; clients put it in their
+/// `ClientConfig` (see [`Tuning::transport_config`]). Returns the fault
+/// wrapper, if any, to read its counters. Must run inside a tokio runtime.
+pub fn endpoint(
+    addr: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+    tuning: &Tuning,
+    faults: Option<Faults>,
+) -> Result<(quinn::Endpoint, Option<Arc<FaultySocket>>), EndpointError> {
+    let (socket, _) = bind_udp(addr, tuning.socket_buffer)?;
+    let server = match server {
+        Some(mut s) => {
+            s.transport_config(Arc::new(tuning.transport_config()?));
+            Some(s)
+        }
+        None => None,
+    };
+    let runtime: Arc<dyn Runtime> = Arc::new(quinn::TokioRuntime);
+    let endpoint_err = |source| EndpointError::Endpoint { addr, source };
+    let real = runtime.wrap_udp_socket(socket).map_err(endpoint_err)?;
+    let (abstract_socket, faulty): (Arc<dyn AsyncUdpSocket>, _) = match faults {
+        Some(f) => {
+            let faulty = FaultySocket::new(real, f)?;
+            (faulty.clone(), Some(faulty))
+        }
+        None => (real, None),
+    };
+    let endpoint = quinn::Endpoint::new_with_abstract_socket(
+        quinn::EndpointConfig::default(),
+        server,
+        abstract_socket,
+        runtime,
+    )
+    .map_err(endpoint_err)?;
+    Ok((endpoint, faulty))
+}
+
+/// A client configuration from `tls` with `tuning`'s transport settings.
+pub fn tuned_client(
+    mut tls: quinn::ClientConfig,
+    tuning: &Tuning,
+) -> Result<quinn::ClientConfig, TuningError> {
+    tls.transport_config(Arc::new(tuning.transport_config()?));
+    Ok(tls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_congestion_controller_builds() {
+        for congestion in [Congestion::Cubic, Congestion::Bbr, Congestion::NewReno] {
+            let tuning = Tuning {
+                congestion,
+                ..Tuning::default()
+            };
+            assert!(tuning.transport_config().is_ok(), "{congestion:?}");
+        }
+        assert_eq!(Tuning::default().congestion, Congestion::Bbr);
+    }
+
+    #[test]
+    fn out_of_range_settings_are_errors() {
+        let too_big = Tuning {
+            stream_receive_window: u64::MAX,
+            ..Tuning::default()
+        };
+        assert!(matches!(
+            too_big.transport_config(),
+            Err(TuningError::TooLarge { .. })
+        ));
+        let idle = Tuning {
+            max_idle_timeout: Some(Duration::from_secs(u64::MAX / 2)),
+            ..Tuning::default()
+        };
+        assert!(matches!(
+            idle.transport_config(),
+            Err(TuningError::IdleTimeout(_))
+        ));
+    }
+
+    /// The kernel may cap the request (rmem_max); whatever it grants is
+    /// reported, and a bound socket comes back.
+    #[test]
+    fn bind_reports_granted_buffers() {
+        let addr: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let (socket, granted) = bind_udp(addr, 1 << 20).expect("bind");
+        assert!(socket.local_addr().expect("local addr").port() != 0);
+        assert!(granted.recv > 0 && granted.send > 0, "{granted:?}");
+    }
+}
