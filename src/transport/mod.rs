@@ -1,6 +1,9 @@
-//! The transport shell around QUIC: everything the link needs from the
-//! network that does not depend on gradlane's wire format.
+//! The QUIC shell around the deterministic core.
 //!
+//! - [`endpoint`]: [`Endpoint`] and its [`Config`]: where links come from.
+//! - [`link`]: [`Link`], one bidirectional gradient link over one QUIC
+//!   connection: `send_round` and `recv_round`.
+//! - [`handshake`]: the control stream's messages (layout, acknowledgements).
 //! - [`tls`]: certificates in, quinn client/server configurations out, and a
 //!   small CA to make the certificates.
 //! - [`tuning`]: UDP sockets with large kernel buffers, flow-control windows
@@ -8,6 +11,13 @@
 //! - [`faults`]: a seeded loss/delay wrapper of the UDP socket for tests,
 //!   examples and benchmarks (this host has no `netem`).
 
+pub mod endpoint;
 pub mod faults;
+pub mod handshake;
+pub mod link;
 pub mod tls;
 pub mod tuning;
+
+pub use endpoint::{Config, Endpoint, SetupError};
+pub use faults::Faults;
+pub use link::{Link, LinkError, LinkReceiver, LinkSender, RoundTiming, SendReport};

@@ -1,0 +1,241 @@
+//! Endpoints: where links come from.
+//!
+//! A server endpoint listens with a certificate and key read from files; a
+//! client endpoint trusts the CA in a file. Both are tuned (socket buffers,
+//! windows, congestion controller) and may carry a fault-injecting socket.
+//! The client's `connect` runs the gradlane handshake: the layout and chunk
+//! options travel to the server, which accepts them, or refuses them when it
+//! was told which layout to expect.
+
+use super::faults::{FaultStats, Faults, FaultySocket};
+use super::handshake::{codes, framed, Control, Hello};
+use super::link::{read_control, write_control, Link, LinkError, RoundTiming};
+use super::tls::{self, ClientConfigError, ServerConfigError};
+use super::tuning::{self, EndpointError, Tuning, TuningError};
+use crate::encode::EncoderConfig;
+use crate::layout::Layout;
+use crate::reassembly::ReassemblyConfig;
+use quinn::VarInt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use thiserror::Error;
+
+/// Everything a link end can be configured with.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    /// Chunking, scoring and classification of the rounds this end sends.
+    /// The client's chunking is used in both directions.
+    pub encoder: EncoderConfig,
+    /// Limits of the receiver.
+    pub reassembly: ReassemblyConfig,
+    /// Grace period and lossy deadline.
+    pub timing: RoundTiming,
+    /// Socket and QUIC tuning.
+    pub tuning: Tuning,
+    /// Injected loss, delay and jitter (tests, examples, benchmarks).
+    pub faults: Option<Faults>,
+    /// On a server: refuse clients whose layout differs from this one.
+    pub expect_layout: Option<Layout>,
+}
+
+/// Why an endpoint could not be made.
+#[derive(Debug, Error)]
+pub enum SetupError {
+    /// Certificate or key files.
+    #[error(transparent)]
+    Server(#[from] ServerConfigError),
+    /// The CA file.
+    #[error(transparent)]
+    Client(#[from] ClientConfigError),
+    /// The socket or quinn endpoint.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// The transport configuration.
+    #[error(transparent)]
+    Tuning(#[from] TuningError),
+}
+
+/// A QUIC endpoint that makes gradlane links.
+#[derive(Debug)]
+pub struct Endpoint {
+    inner: quinn::Endpoint,
+    config: Config,
+    faults: Option<Arc<FaultySocket>>,
+}
+
+impl Endpoint {
+    /// A server listening on `addr` with a certificate chain and key from PEM files.
+    pub fn server(
+        addr: SocketAddr,
+        cert: impl AsRef<Path>,
+        key: impl AsRef<Path>,
+        config: Config,
+    ) -> Result<Self, SetupError> {
+        let server = tls::server_config(cert.as_ref(), key.as_ref())?;
+        let (inner, faults) = tuning::endpoint(addr, Some(server), &config.tuning, config.faults)?;
+        Ok(Self {
+            inner,
+            config,
+            faults,
+        })
+    }
+
+    /// A client that trusts only the CA certificate in `ca` (PEM).
+    pub fn client(ca: impl AsRef<Path>, config: Config) -> Result<Self, SetupError> {
+        Self::client_bound(SocketAddr::from(([0, 0, 0, 0], 0)), ca, config)
+    }
+
+    /// A client bound to a given local address.
+    pub fn client_bound(
+        local: SocketAddr,
+        ca: impl AsRef<Path>,
+        config: Config,
+    ) -> Result<Self, SetupError> {
+        let client = tls::client_config(ca.as_ref())?;
+        let client = tuning::tuned_client(client, &config.tuning)?;
+        let (mut inner, faults) = tuning::endpoint(local, None, &config.tuning, config.faults)?;
+        inner.set_default_client_config(client);
+        Ok(Self {
+            inner,
+            config,
+            faults,
+        })
+    }
+
+    /// The local address (useful after binding port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    /// What the fault injector did so far, if one is attached.
+    pub fn fault_stats(&self) -> Option<FaultStats> {
+        self.faults.as_ref().map(|f| f.stats())
+    }
+
+    /// Connects to a server and runs the handshake with `layout`.
+    pub async fn connect(
+        &self,
+        addr: SocketAddr,
+        server_name: &str,
+        layout: &Layout,
+    ) -> Result<Link, LinkError> {
+        let connecting = self
+            .inner
+            .connect(addr, server_name)
+            .map_err(|e| LinkError::Protocol(format!("connect: {e}")))?;
+        let conn = connecting.await.map_err(LinkError::from_conn)?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(LinkError::from_conn)?;
+        let hello = Hello {
+            layout: layout.clone(),
+            chunking: self.config.encoder.chunking,
+        };
+        send.write_all(&framed(&hello.encode())).await?;
+        match read_control(&mut recv).await? {
+            Some(body) if Control::decode(&body)? == Control::Welcome => {}
+            // The server closes with a reason when it refuses us.
+            _ => return Err(LinkError::from_conn(conn.closed().await)),
+        }
+        tracing::info!(remote = %addr, tensors = layout.len(), "link up");
+        Link::start(
+            conn,
+            layout.clone(),
+            self.config.encoder,
+            self.config.reassembly,
+            self.config.timing,
+            send,
+            recv,
+        )
+    }
+
+    /// Accepts the next link. Returns `None` once the endpoint is closed.
+    pub async fn accept(&self) -> Option<Result<Link, LinkError>> {
+        loop {
+            let incoming = self.inner.accept().await?;
+            let conn = match incoming.await {
+                Ok(c) => c,
+                // A failed handshake (wrong CA, a scan) is that peer's
+                // problem; keep listening.
+                Err(e) => {
+                    tracing::info!(%e, "incoming connection failed");
+                    continue;
+                }
+            };
+            return Some(self.welcome(conn).await);
+        }
+    }
+
+    async fn welcome(&self, conn: quinn::Connection) -> Result<Link, LinkError> {
+        let (mut send, mut recv) = conn.accept_bi().await.map_err(LinkError::from_conn)?;
+        let hello = match read_control(&mut recv).await {
+            Ok(Some(body)) => Hello::decode(&body),
+            Ok(None) => Err(super::handshake::HandshakeError::Truncated),
+            Err(LinkError::Handshake(e)) => Err(e),
+            Err(e) => return Err(e),
+        };
+        let hello = match hello {
+            Ok(h) => h,
+            Err(e) => {
+                let why = format!("bad hello: {e}");
+                conn.close(VarInt::from_u32(codes::BAD_HELLO), why.as_bytes());
+                return Err(e.into());
+            }
+        };
+        if let Some(expected) = &self.config.expect_layout {
+            if expected != &hello.layout {
+                let why = layout_difference(expected, &hello.layout);
+                conn.close(VarInt::from_u32(codes::LAYOUT_MISMATCH), why.as_bytes());
+                return Err(LinkError::Rejected {
+                    code: codes::LAYOUT_MISMATCH as u64,
+                    reason: why,
+                });
+            }
+        }
+        write_control(&mut send, Control::Welcome).await?;
+        tracing::info!(remote = %conn.remote_address(), tensors = hello.layout.len(), "link up");
+        let encoder = EncoderConfig {
+            chunking: hello.chunking,
+            ..self.config.encoder
+        };
+        Link::start(
+            conn,
+            hello.layout,
+            encoder,
+            self.config.reassembly,
+            self.config.timing,
+            send,
+            recv,
+        )
+    }
+
+    /// Closes every connection and stops listening.
+    pub fn close(&self) {
+        self.inner
+            .close(VarInt::from_u32(codes::CLOSED), b"endpoint closed");
+    }
+
+    /// Waits until every connection of this endpoint is closed.
+    pub async fn wait_idle(&self) {
+        self.inner.wait_idle().await;
+    }
+}
+
+/// Says where two layouts first differ, for the close reason.
+fn layout_difference(expected: &Layout, got: &Layout) -> String {
+    if expected.len() != got.len() {
+        return format!(
+            "layout mismatch: expected {} tensors, got {}",
+            expected.len(),
+            got.len()
+        );
+    }
+    for (i, (a, b)) in expected.tensors().iter().zip(got.tensors()).enumerate() {
+        if a != b {
+            return format!(
+                "layout mismatch at tensor {i}: expected {} {:?}, got {} {:?}",
+                a.name, a.shape, b.name, b.shape
+            );
+        }
+    }
+    "layout mismatch".into()
+}

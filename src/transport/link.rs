@@ -1,0 +1,623 @@
+//! A bidirectional gradient link over one QUIC connection.
+//!
+//! Sending a round: the core encoder frames it; the important segments go on
+//! a fresh unidirectional stream at the highest priority, closed by the
+//! round end; then the sender waits until the peer reports that every
+//! important chunk arrived, and only then releases the lossy datagrams, level
+//! 1 first. quinn puts datagrams ahead of stream data in every packet, so
+//! releasing them earlier would slow the important bytes; and because
+//! datagrams are queued with `send_datagram_wait`, quinn never drops the
+//! oldest queued ones on its own: what is not sent by the optional deadline
+//! is dropped here, lowest level first, and counted.
+//!
+//! Receiving: a reliable engine (one task per round stream) and an
+//! unreliable engine (one task reading datagrams) both feed the core
+//! [`Reassembler`]. When a round end arrives the round is complete;
+//! `recv_round` then waits, at most a grace period after the last datagram
+//! of that round, for the datagrams still in flight, and delivers. Anything
+//! later is merged into the next round by the core.
+
+use super::handshake::{codes, framed, Control, HandshakeError, MAX_MESSAGE};
+use crate::encode::{EncodeError, EncodedRound, Encoder, EncoderConfig};
+use crate::layout::Layout;
+use crate::reassembly::{Channel, Reassembler, ReassemblyConfig, ReassemblyError, Round};
+use crate::wire::{self, DATA_HEADER_LEN};
+use bytes::Bytes;
+use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+/// Timing and dropping policy of a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundTiming {
+    /// After a round's important data is in, how long to wait after the last
+    /// datagram of the round before delivering without the rest (plus two
+    /// round-trip times, since datagrams start one RTT after the important
+    /// data is acknowledged).
+    pub grace: Duration,
+    /// Upper bound on that wait, whatever arrives.
+    pub max_grace: Duration,
+    /// Drop lossy datagrams not yet queued this long after `send_round`
+    /// started (lowest levels are sent last, so they are dropped first).
+    pub lossy_deadline: Option<Duration>,
+}
+
+impl Default for RoundTiming {
+    fn default() -> Self {
+        Self {
+            grace: Duration::from_millis(5),
+            max_grace: Duration::from_secs(2),
+            lossy_deadline: None,
+        }
+    }
+}
+
+/// Why a link operation failed.
+#[derive(Debug, Error)]
+pub enum LinkError {
+    /// The connection is gone (closed by either side, timed out, reset).
+    #[error("connection: {0}")]
+    Connection(#[from] ConnectionError),
+    /// The peer closed the connection with a gradlane error code.
+    #[error("peer closed the link (code {code:#x}): {reason}")]
+    Rejected {
+        /// The application error code (see [`codes`]).
+        code: u64,
+        /// The peer's reason.
+        reason: String,
+    },
+    /// Writing to a stream failed.
+    #[error("write: {0}")]
+    Write(#[from] quinn::WriteError),
+    /// Reading a stream failed.
+    #[error("read: {0}")]
+    Read(#[from] quinn::ReadError),
+    /// The round could not be encoded (bad gradients, bad config).
+    #[error("encode: {0}")]
+    Encode(#[from] EncodeError),
+    /// The received data broke the protocol; the connection was closed.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// A local reassembly request failed.
+    #[error("reassembly: {0}")]
+    Reassembly(#[from] ReassemblyError),
+    /// The handshake could not be decoded.
+    #[error("handshake: {0}")]
+    Handshake(#[from] HandshakeError),
+    /// The peer does not accept QUIC datagrams.
+    #[error("peer does not accept datagrams")]
+    NoDatagrams,
+    /// A datagram could not be sent.
+    #[error("datagram: {0}")]
+    Datagram(#[from] quinn::SendDatagramError),
+}
+
+impl LinkError {
+    /// Maps a connection error that carries a gradlane close code to
+    /// [`LinkError::Rejected`].
+    pub(crate) fn from_conn(e: ConnectionError) -> Self {
+        match e {
+            ConnectionError::ApplicationClosed(c) => LinkError::Rejected {
+                code: c.error_code.into_inner(),
+                reason: String::from_utf8_lossy(&c.reason).into_owned(),
+            },
+            e => LinkError::Connection(e),
+        }
+    }
+}
+
+/// What sending one round did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SendReport {
+    /// Round index.
+    pub round: u32,
+    /// Payload bytes sent reliably.
+    pub important_bytes: u64,
+    /// Per lossy level (index `l - 1`): datagrams queued.
+    pub lossy_packets: Vec<u64>,
+    /// Per lossy level: payload bytes in the queued datagrams.
+    pub lossy_bytes: Vec<u64>,
+    /// Per lossy level: datagrams dropped by the sender (deadline passed, or
+    /// the path's datagram size shrank below them).
+    pub lossy_dropped: Vec<u64>,
+    /// Time to score, class and frame the round.
+    pub encode: Duration,
+    /// From the start until the peer confirmed every important chunk.
+    pub important: Duration,
+    /// From the start until the last datagram was queued.
+    pub total: Duration,
+}
+
+/// State shared between a link's receive tasks and `recv_round`.
+struct RxShared {
+    reassembler: Mutex<Reassembler>,
+    /// Woken whenever a datagram is placed.
+    progress: Notify,
+}
+
+/// State shared between the control reader and `send_round`.
+struct TxShared {
+    acked: Mutex<HashSet<u32>>,
+    acked_notify: Notify,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic in another task cannot leave the core half-updated in a way
+    // that matters more than losing the link: keep going with its state.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The sending half of a link.
+pub struct LinkSender {
+    conn: Connection,
+    encoder: Encoder,
+    levels: u8,
+    tx: Arc<TxShared>,
+    timing: RoundTiming,
+}
+
+/// The receiving half of a link.
+pub struct LinkReceiver {
+    conn: Connection,
+    rx: Arc<RxShared>,
+    ended: mpsc::UnboundedReceiver<Result<u32, String>>,
+    timing: RoundTiming,
+    _tasks: TaskGuard,
+}
+
+/// Aborts the link's background tasks when the receiver goes away.
+struct TaskGuard(Vec<JoinHandle<()>>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// A bidirectional gradient link: both ends can send and receive rounds.
+pub struct Link {
+    layout: Layout,
+    sender: LinkSender,
+    receiver: LinkReceiver,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("remote", &self.sender.conn.remote_address())
+            .field("tensors", &self.layout.len())
+            .finish()
+    }
+}
+
+impl Link {
+    /// Builds the link once the handshake is done; starts the receive tasks.
+    pub(crate) fn start(
+        conn: Connection,
+        layout: Layout,
+        encoder: EncoderConfig,
+        reassembly: ReassemblyConfig,
+        timing: RoundTiming,
+        control_send: SendStream,
+        control_recv: RecvStream,
+    ) -> Result<Self, LinkError> {
+        let levels = encoder.classify.levels;
+        let encoder = Encoder::new(&layout, encoder)?;
+        let reassembler = Reassembler::new(
+            layout.clone(),
+            ReassemblyConfig {
+                chunking: encoder.plan().options(),
+                ..reassembly
+            },
+        )?;
+        let rx = Arc::new(RxShared {
+            reassembler: Mutex::new(reassembler),
+            progress: Notify::new(),
+        });
+        let tx = Arc::new(TxShared {
+            acked: Mutex::new(HashSet::new()),
+            acked_notify: Notify::new(),
+        });
+        let (ended_tx, ended) = mpsc::unbounded_channel();
+        let control_send = Arc::new(tokio::sync::Mutex::new(control_send));
+        let tasks = vec![
+            tokio::spawn(control_reader(conn.clone(), control_recv, tx.clone())),
+            tokio::spawn(stream_acceptor(
+                conn.clone(),
+                rx.clone(),
+                control_send,
+                ended_tx,
+            )),
+            tokio::spawn(datagram_reader(conn.clone(), rx.clone())),
+        ];
+        Ok(Self {
+            layout,
+            sender: LinkSender {
+                conn: conn.clone(),
+                encoder,
+                levels,
+                tx,
+                timing,
+            },
+            receiver: LinkReceiver {
+                conn,
+                rx,
+                ended,
+                timing,
+                _tasks: TaskGuard(tasks),
+            },
+        })
+    }
+
+    /// The model layout both ends agreed on.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Sends one round; `grads` in layout order. See [`LinkSender::send_round`].
+    pub async fn send_round<G: AsRef<[f32]>>(
+        &mut self,
+        round: u32,
+        grads: &[G],
+    ) -> Result<SendReport, LinkError> {
+        self.sender.send_round(round, grads).await
+    }
+
+    /// Receives the next round. See [`LinkReceiver::recv_round`].
+    pub async fn recv_round(&mut self) -> Result<Round, LinkError> {
+        self.receiver.recv_round().await
+    }
+
+    /// Reports the training loss to the classifier (adaptive ratio).
+    pub fn report_loss(&mut self, loss: f64) -> Result<(), LinkError> {
+        Ok(self.sender.encoder.report_loss(loss)?)
+    }
+
+    /// Hands a delivered round's tensors back for reuse (saves mapping fresh
+    /// memory each round). Tensors of the wrong shape are ignored.
+    pub fn recycle(&mut self, tensors: Vec<Vec<f32>>) {
+        let _ = lock(&self.receiver.rx.reassembler).recycle(tensors);
+    }
+
+    /// The underlying QUIC connection (for statistics: rtt, cwnd, losses).
+    pub fn connection(&self) -> &Connection {
+        &self.sender.conn
+    }
+
+    /// Splits into a sending and a receiving half that can be used from two
+    /// tasks at once.
+    pub fn split(self) -> (LinkSender, LinkReceiver) {
+        (self.sender, self.receiver)
+    }
+
+    /// Closes the connection in an orderly way.
+    pub fn close(&self) {
+        self.sender
+            .conn
+            .close(VarInt::from_u32(codes::CLOSED), b"done");
+    }
+}
+
+impl LinkSender {
+    /// Sends one round; `grads` in layout order.
+    ///
+    /// Returns once the peer has confirmed every important chunk and every
+    /// datagram was queued (or dropped by the deadline), so the caller may
+    /// reuse `grads` right away.
+    pub async fn send_round<G: AsRef<[f32]>>(
+        &mut self,
+        round: u32,
+        grads: &[G],
+    ) -> Result<SendReport, LinkError> {
+        let span = tracing::info_span!("send_round", round);
+        self.send_round_inner(round, grads).instrument(span).await
+    }
+
+    async fn send_round_inner<G: AsRef<[f32]>>(
+        &mut self,
+        round: u32,
+        grads: &[G],
+    ) -> Result<SendReport, LinkError> {
+        let start = Instant::now();
+        let max = self
+            .conn
+            .max_datagram_size()
+            .ok_or(LinkError::NoDatagrams)?;
+        // Encoding a large model takes tens of milliseconds of CPU: tell a
+        // multi-threaded runtime so it moves other tasks (quinn's driver)
+        // off this thread meanwhile.
+        let encoded = match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| self.encoder.encode(round, grads, max))?
+            }
+            _ => self.encoder.encode(round, grads, max)?,
+        };
+        let encode = start.elapsed();
+        let mut report = SendReport {
+            round,
+            important_bytes: encoded.end.bytes[0],
+            lossy_packets: vec![0; self.levels as usize],
+            lossy_bytes: vec![0; self.levels as usize],
+            lossy_dropped: vec![0; self.levels as usize],
+            encode,
+            ..Default::default()
+        };
+
+        let acked = self.tx.acked_notify.notified();
+        tokio::pin!(acked);
+        let mut stream = self.conn.open_uni().await.map_err(LinkError::from_conn)?;
+        // Above the control stream and any stream of an older round.
+        let _ = stream.set_priority(i32::MAX);
+        stream.write_chunk(encoded.reliable.clone()).await?;
+        let _ = stream.finish();
+        loop {
+            acked.as_mut().enable();
+            if lock(&self.tx.acked).remove(&round) {
+                break;
+            }
+            tokio::select! {
+                _ = acked.as_mut() => acked.set(self.tx.acked_notify.notified()),
+                e = self.conn.closed() => return Err(LinkError::from_conn(e)),
+            }
+        }
+        report.important = start.elapsed();
+        tracing::debug!(?report.important, "important data confirmed");
+
+        self.send_lossy(&encoded, start, &mut report).await?;
+        report.total = start.elapsed();
+        self.encoder.recycle(encoded);
+        Ok(report)
+    }
+
+    async fn send_lossy(
+        &self,
+        encoded: &EncodedRound,
+        start: Instant,
+        report: &mut SendReport,
+    ) -> Result<(), LinkError> {
+        let deadline = self.timing.lossy_deadline.map(|d| start + d);
+        for (l, datagrams) in encoded.lossy.iter().enumerate() {
+            for (i, d) in datagrams.iter().enumerate() {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    // Everything not yet queued, this level and below, is dropped.
+                    report.lossy_dropped[l] += (datagrams.len() - i) as u64;
+                    for (k, rest) in encoded.lossy.iter().enumerate().skip(l + 1) {
+                        report.lossy_dropped[k] += rest.len() as u64;
+                    }
+                    return Ok(());
+                }
+                match self.conn.send_datagram_wait(d.clone()).await {
+                    Ok(()) => {
+                        report.lossy_packets[l] += 1;
+                        report.lossy_bytes[l] += payload_bytes(d);
+                    }
+                    // MTU discovery may lower the limit below a datagram
+                    // framed a moment ago: count it as dropped.
+                    Err(quinn::SendDatagramError::TooLarge) => report.lossy_dropped[l] += 1,
+                    Err(quinn::SendDatagramError::ConnectionLost(e)) => {
+                        return Err(LinkError::from_conn(e))
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Payload bytes of a datagram framed by this crate.
+fn payload_bytes(d: &Bytes) -> u64 {
+    let headers = wire::decode_all(d).count() * DATA_HEADER_LEN;
+    (d.len() - headers.min(d.len())) as u64
+}
+
+impl LinkReceiver {
+    /// Receives the next round: waits for its important data, then for its
+    /// datagrams (see [`RoundTiming`]), and delivers the rebuilt tensors.
+    pub async fn recv_round(&mut self) -> Result<Round, LinkError> {
+        let round = tokio::select! {
+            m = self.ended.recv() => match m {
+                Some(Ok(r)) => r,
+                Some(Err(e)) => return Err(LinkError::Protocol(e)),
+                None => return Err(LinkError::from_conn(self.conn.closed().await)),
+            },
+            e = self.conn.closed() => return Err(LinkError::from_conn(e)),
+        };
+        let span = tracing::info_span!("recv_round", round);
+        self.finish_round(round).instrument(span).await
+    }
+
+    async fn finish_round(&mut self, round: u32) -> Result<Round, LinkError> {
+        let idle = self.timing.grace + self.conn.rtt() * 2;
+        let cap = Instant::now() + self.timing.max_grace;
+        loop {
+            let progress = self.rx.progress.notified();
+            tokio::pin!(progress);
+            progress.as_mut().enable();
+            match lock(&self.rx.reassembler).lossy_progress(round) {
+                Some((got, Some(sent))) if got < sent => {}
+                _ => break,
+            }
+            let wait = idle.min(cap.saturating_duration_since(Instant::now()));
+            if wait.is_zero() || tokio::time::timeout(wait, progress).await.is_err() {
+                break;
+            }
+        }
+        let delivered = lock(&self.rx.reassembler).deliver(round)?;
+        tracing::debug!(
+            zero_filled = delivered.stats.lossy().zero_filled_bytes,
+            late = delivered.stats.lossy().late_merged_bytes,
+            "delivered"
+        );
+        Ok(delivered)
+    }
+
+    /// Hands a delivered round's tensors back for reuse.
+    pub fn recycle(&mut self, tensors: Vec<Vec<f32>>) {
+        let _ = lock(&self.rx.reassembler).recycle(tensors);
+    }
+
+    /// The receiver's counters (malformed, duplicates, late drops, ...).
+    pub fn counters(&self) -> crate::reassembly::ReceiverCounters {
+        lock(&self.rx.reassembler).counters()
+    }
+}
+
+fn protocol_close(conn: &Connection, why: &str) {
+    tracing::warn!(why, "closing link: protocol error");
+    conn.close(VarInt::from_u32(codes::PROTOCOL), why.as_bytes());
+}
+
+/// Reads one length-prefixed control message; `None` at a clean end.
+pub(crate) async fn read_control(stream: &mut RecvStream) -> Result<Option<Vec<u8>>, LinkError> {
+    let mut len = [0u8; 4];
+    match stream.read_exact(&mut len).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(quinn::ReadExactError::FinishedEarly(_)) => {
+            return Err(HandshakeError::Truncated.into())
+        }
+        Err(quinn::ReadExactError::ReadError(e)) => return Err(read_error(e)),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_MESSAGE {
+        return Err(HandshakeError::TooLarge(len).into());
+    }
+    let mut body = vec![0u8; len];
+    match stream.read_exact(&mut body).await {
+        Ok(()) => Ok(Some(body)),
+        Err(quinn::ReadExactError::FinishedEarly(_)) => Err(HandshakeError::Truncated.into()),
+        Err(quinn::ReadExactError::ReadError(e)) => Err(read_error(e)),
+    }
+}
+
+fn read_error(e: quinn::ReadError) -> LinkError {
+    match e {
+        quinn::ReadError::ConnectionLost(c) => LinkError::from_conn(c),
+        e => LinkError::Read(e),
+    }
+}
+
+/// Writes one length-prefixed control message.
+pub(crate) async fn write_control(stream: &mut SendStream, msg: Control) -> Result<(), LinkError> {
+    stream.write_all(&framed(&msg.encode())).await?;
+    Ok(())
+}
+
+async fn control_reader(conn: Connection, mut recv: RecvStream, tx: Arc<TxShared>) {
+    loop {
+        let msg = match read_control(&mut recv).await {
+            Ok(Some(body)) => Control::decode(&body),
+            Ok(None) | Err(LinkError::Connection(_) | LinkError::Rejected { .. }) => return,
+            Err(e) => {
+                protocol_close(&conn, &format!("control stream: {e}"));
+                return;
+            }
+        };
+        match msg {
+            Ok(Control::ImportantReceived(r)) => {
+                lock(&tx.acked).insert(r);
+                tx.acked_notify.notify_waiters();
+            }
+            Ok(Control::Welcome) | Err(_) => {
+                protocol_close(&conn, "unexpected control message");
+                return;
+            }
+        }
+    }
+}
+
+async fn stream_acceptor(
+    conn: Connection,
+    rx: Arc<RxShared>,
+    control: Arc<tokio::sync::Mutex<SendStream>>,
+    ended: mpsc::UnboundedSender<Result<u32, String>>,
+) {
+    while let Ok(stream) = conn.accept_uni().await {
+        tokio::spawn(round_stream_reader(
+            conn.clone(),
+            stream,
+            rx.clone(),
+            control.clone(),
+            ended.clone(),
+        ));
+    }
+}
+
+/// The reliable engine: one round's stream, segment by segment, into the
+/// reassembler. Malformed data closes the connection: a reliable stream
+/// cannot have been damaged in transit, so the peer is broken.
+async fn round_stream_reader(
+    conn: Connection,
+    mut stream: RecvStream,
+    rx: Arc<RxShared>,
+    control: Arc<tokio::sync::Mutex<SendStream>>,
+    ended: mpsc::UnboundedSender<Result<u32, String>>,
+) {
+    let mut buf = vec![0u8; DATA_HEADER_LEN];
+    loop {
+        buf.resize(DATA_HEADER_LEN, 0);
+        match stream.read_exact(&mut buf).await {
+            Ok(()) => {}
+            Err(quinn::ReadExactError::FinishedEarly(0)) => return,
+            Err(quinn::ReadExactError::FinishedEarly(_)) => {
+                return fail(&conn, &ended, "round stream ends inside a segment".into())
+            }
+            Err(quinn::ReadExactError::ReadError(_)) => return,
+        }
+        let total = match wire::segment_len(&buf) {
+            Ok(Some(n)) => n,
+            Ok(None) => return fail(&conn, &ended, "short segment header".into()),
+            Err(e) => return fail(&conn, &ended, format!("malformed segment: {e}")),
+        };
+        buf.resize(total, 0);
+        match stream.read_exact(&mut buf[DATA_HEADER_LEN..]).await {
+            Ok(()) => {}
+            Err(quinn::ReadExactError::FinishedEarly(_)) => {
+                return fail(&conn, &ended, "round stream ends inside a segment".into())
+            }
+            Err(quinn::ReadExactError::ReadError(_)) => return,
+        }
+        let pushed = lock(&rx.reassembler).push(&buf, Channel::Reliable);
+        match pushed {
+            Ok(out) => {
+                if let Some(r) = out.ended {
+                    let mut c = control.lock().await;
+                    if write_control(&mut c, Control::ImportantReceived(r))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    drop(c);
+                    let _ = ended.send(Ok(r));
+                }
+            }
+            Err(e) => return fail(&conn, &ended, format!("{e}")),
+        }
+    }
+}
+
+fn fail(conn: &Connection, ended: &mpsc::UnboundedSender<Result<u32, String>>, why: String) {
+    protocol_close(conn, &why);
+    let _ = ended.send(Err(why));
+}
+
+/// The unreliable engine: datagrams into the reassembler. Malformed ones are
+/// counted (by the reassembler) and dropped; the link goes on.
+async fn datagram_reader(conn: Connection, rx: Arc<RxShared>) {
+    while let Ok(d) = conn.read_datagram().await {
+        let pushed = lock(&rx.reassembler).push(&d, Channel::Lossy);
+        if let Err(e) = pushed {
+            tracing::debug!(%e, "dropped a malformed datagram");
+        }
+        rx.progress.notify_waiters();
+    }
+}
