@@ -317,7 +317,7 @@ async fn malformed_peers_are_counted_or_cut_off_and_others_keep_working() {
 
     // 1. Garbage datagrams: counted and dropped; the link still delivers.
     let (bad, link) = tokio::join!(raw_client(&dir, addr, &layout), server.accept());
-    let (mut bad_rx_tx, mut bad_link) = (bad, link.unwrap().unwrap());
+    let (bad_rx_tx, mut bad_link) = (bad, link.unwrap().unwrap());
     for i in 0..20u8 {
         bad_rx_tx
             .send_datagram(vec![0x47, 0x4C, 1, 1, i, 0, 0, 0, 1, 2].into())
