@@ -234,7 +234,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     println!(
         "summary: {received} rounds in {:.0} ms ({:.2} Gbit/s of model data), \
          {:.1} of {:.1} MB received ({:.3}%), zero-filled {:.3} MB, late-merged {:.3} MB, \
-         duplicates {}, malformed {}",
+         duplicates {}, malformed {}, late buffered/dropped/too old {}/{}/{}",
         secs * 1e3,
         if secs > 0.0 {
             (received as f64 * model_mb * 8e6) / secs / 1e9
@@ -252,6 +252,9 @@ async fn run(args: Args) -> Result<(), BoxError> {
         mb(lossy.late_merged_bytes),
         totals.counters.duplicates,
         totals.counters.malformed,
+        totals.counters.late_buffered,
+        totals.counters.late_dropped_full,
+        totals.counters.too_old,
     );
     if let Some(f) = endpoint.fault_stats() {
         println!(

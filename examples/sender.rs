@@ -180,8 +180,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
     if !(0.0..=1.0).contains(&args.loss) {
         return Err(format!("--loss {} is not in [0, 1]", args.loss).into());
     }
-    let layout = presets::by_name(&args.model)
-        .ok_or_else(|| format!("unknown model {:?}", args.model))?;
+    let layout =
+        presets::by_name(&args.model).ok_or_else(|| format!("unknown model {:?}", args.model))?;
     let addr = resolve(&args.connect).await?;
     let faults = (args.loss > 0.0 || args.delay_ms > 0 || args.jitter_ms > 0).then(|| Faults {
         loss_out: args.loss,
