@@ -1,0 +1,271 @@
+//! Receive gradient rounds over one gradlane link and print what arrived.
+//!
+//! ```text
+//! cargo run --release --example receiver -- --listen 127.0.0.1:4433 --rounds 5
+//! ```
+//!
+//! Accepts one link (the sender's layout travels in the handshake), receives
+//! `--rounds` rounds and prints one markdown table row per round: the time
+//! since the previous delivery (since the link came up, for the first), the
+//! important megabytes, per lossy level the received/sent megabytes, and the
+//! zero-filled and late-merged megabytes. `--loss`, `--delay-ms` and
+//! `--jitter-ms` inject faults on this end's socket (both directions).
+//! The sender's options decide chunking and classification.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use gradlane::reassembly::RoundStats;
+use gradlane::transport::tuning::{Congestion, Tuning};
+use gradlane::transport::{Config, Endpoint, Faults};
+
+/// Receive gradlane rounds and print a table of what arrived.
+#[derive(Debug, Parser)]
+#[command(name = "receiver")]
+struct Args {
+    /// Address to listen on (host:port).
+    #[arg(long, default_value = "127.0.0.1:4433")]
+    listen: String,
+    /// Server certificate chain (PEM).
+    #[arg(long, default_value = "certs/server.pem")]
+    cert: PathBuf,
+    /// Server private key (PEM).
+    #[arg(long, default_value = "certs/server.key")]
+    key: PathBuf,
+    /// Rounds to receive before closing the link.
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
+    /// Injected loss probability on this end's socket, in both directions.
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    /// Injected delay of outgoing packets, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u64,
+    /// Injected extra random delay of outgoing packets, up to this many ms.
+    #[arg(long, default_value_t = 0)]
+    jitter_ms: u64,
+    /// Seed of the injected loss and jitter.
+    #[arg(long, default_value_t = 2)]
+    seed: u64,
+    /// Congestion controller of this end.
+    #[arg(long, value_enum, default_value_t = Cc::Bbr)]
+    congestion: Cc,
+}
+
+/// Congestion controller choice on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Cc {
+    Cubic,
+    Bbr,
+    Newreno,
+}
+
+impl From<Cc> for Congestion {
+    fn from(c: Cc) -> Self {
+        match c {
+            Cc::Cubic => Congestion::Cubic,
+            Cc::Bbr => Congestion::Bbr,
+            Cc::Newreno => Congestion::NewReno,
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("receiver: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("receiver: {}", chain(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error and its sources on one line.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+async fn resolve(addr: &str) -> Result<SocketAddr, BoxError> {
+    let mut found = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| format!("bad address {addr:?}: {e}"))?;
+    found
+        .next()
+        .ok_or_else(|| format!("address {addr:?} resolves to nothing").into())
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
+}
+
+async fn run(args: Args) -> Result<(), BoxError> {
+    if !(0.0..=1.0).contains(&args.loss) {
+        return Err(format!("--loss {} is not in [0, 1]", args.loss).into());
+    }
+    let addr = resolve(&args.listen).await?;
+    let faults = (args.loss > 0.0 || args.delay_ms > 0 || args.jitter_ms > 0).then(|| Faults {
+        loss_out: args.loss,
+        loss_in: args.loss,
+        delay: Duration::from_millis(args.delay_ms),
+        jitter: Duration::from_millis(args.jitter_ms),
+        seed: args.seed,
+    });
+    let config = Config {
+        tuning: Tuning {
+            congestion: args.congestion.into(),
+            ..Tuning::default()
+        },
+        faults,
+        ..Config::default()
+    };
+    let endpoint = Endpoint::server(addr, &args.cert, &args.key, config).map_err(|e| {
+        format!(
+            "cannot listen on {addr} with {} and {}: {}",
+            args.cert.display(),
+            args.key.display(),
+            chain(&e)
+        )
+    })?;
+    eprintln!("receiver: listening on {}", endpoint.local_addr()?);
+    let mut link = match endpoint.accept().await {
+        Some(link) => link.map_err(|e| format!("accepting the link: {}", chain(&e)))?,
+        None => return Err("the endpoint closed before a link came".into()),
+    };
+    let remote = link.connection().remote_address();
+    let tensors = link.layout().len();
+    let model_mb = mb(link.layout().total_bytes());
+    println!("receiver: link from {remote}: {tensors} tensors, {model_mb:.1} MB per round");
+    println!();
+
+    let mut last = Instant::now();
+    let first = last;
+    let mut totals = RoundStats::default();
+    let mut header = false;
+    let mut received = 0u32;
+    for _ in 0..args.rounds {
+        let round = link
+            .recv_round()
+            .await
+            .map_err(|e| format!("after {received} rounds: {}", chain(&e)))?;
+        let now = Instant::now();
+        let ms = now.duration_since(last).as_secs_f64() * 1e3;
+        last = now;
+        let s = &round.stats;
+        let levels = s.levels as usize;
+        if !header {
+            let mut h = String::from("| round | ms | important MB |");
+            let mut sep = String::from("|---:|---:|---:|");
+            for l in 1..=levels {
+                h.push_str(&format!(" L{l} recv/sent MB |"));
+                sep.push_str("---:|");
+            }
+            h.push_str(" zero-filled MB | late-merged MB |");
+            sep.push_str("---:|---:|");
+            println!("{h}\n{sep}");
+            header = true;
+        }
+        let mut row = format!(
+            "| {} | {ms:.1} | {:.2} |",
+            round.index,
+            mb(s.classes[0].received_bytes)
+        );
+        for c in &s.classes[1..=levels.min(s.classes.len() - 1)] {
+            row.push_str(&format!(
+                " {:.2}/{:.2} |",
+                mb(c.received_bytes),
+                mb(c.sent_bytes)
+            ));
+        }
+        let lossy = s.lossy();
+        row.push_str(&format!(
+            " {:.3} | {:.3} |",
+            mb(lossy.zero_filled_bytes),
+            mb(lossy.late_merged_bytes)
+        ));
+        println!("{row}");
+        for (t, c) in totals.classes.iter_mut().zip(&s.classes) {
+            t.sent_bytes += c.sent_bytes;
+            t.received_bytes += c.received_bytes;
+            t.zero_filled_bytes += c.zero_filled_bytes;
+            t.late_merged_bytes += c.late_merged_bytes;
+        }
+        totals.counters = s.counters;
+        received += 1;
+        link.recycle(round.tensors);
+    }
+    let secs = last.duration_since(first).as_secs_f64();
+    let lossy = totals.lossy();
+    let sent = totals.classes[0].sent_bytes + lossy.sent_bytes;
+    let got = totals.classes[0].received_bytes + lossy.received_bytes;
+    println!();
+    println!(
+        "summary: {received} rounds in {:.0} ms ({:.2} Gbit/s of model data), \
+         {:.1} of {:.1} MB received ({:.3}%), zero-filled {:.3} MB, late-merged {:.3} MB, \
+         duplicates {}, malformed {}, late buffered/dropped/too old {}/{}/{}",
+        secs * 1e3,
+        if secs > 0.0 {
+            (received as f64 * model_mb * 8e6) / secs / 1e9
+        } else {
+            0.0
+        },
+        mb(got),
+        mb(sent),
+        if sent > 0 {
+            got as f64 * 100.0 / sent as f64
+        } else {
+            100.0
+        },
+        mb(lossy.zero_filled_bytes),
+        mb(lossy.late_merged_bytes),
+        totals.counters.duplicates,
+        totals.counters.malformed,
+        totals.counters.late_buffered,
+        totals.counters.late_dropped_full,
+        totals.counters.too_old,
+    );
+    if let Some(f) = endpoint.fault_stats() {
+        println!(
+            "faults (this end): dropped {} of {} outgoing, {} of {} incoming datagrams",
+            f.segments_dropped_out,
+            f.segments_sent + f.segments_dropped_out,
+            f.datagrams_dropped_in,
+            f.datagrams_received + f.datagrams_dropped_in
+        );
+    }
+    link.close();
+    endpoint.wait_idle().await;
+    Ok(())
+}

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# gradlane demo: one receiver and one sender over loopback, with seeded
+# injected loss (5% each way on the sender's socket) and 1 ms delay.
+#
+#   bash scripts/demo.sh                    # ResNet-50, 5 rounds
+#   bash scripts/demo.sh --model tiny --rounds 3 --congestion cubic
+#
+# Extra arguments go to the sender. Certificates are made in certs/ on the
+# first run. Both tables are printed; the receiver is stopped on exit.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+ADDR=127.0.0.1:4433
+
+echo "== building the examples (release)" >&2
+cargo build --release --quiet --example certs --example receiver --example sender
+
+BIN=target/release/examples
+if [[ ! -f certs/ca.pem || ! -f certs/server.pem || ! -f certs/server.key ]]; then
+    echo "== making certificates in certs/" >&2
+    "$BIN/certs" --out-dir certs --san localhost --san 127.0.0.1 >&2
+fi
+
+# Rounds for the receiver: the sender's --rounds if given, else the default.
+ROUNDS=5
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+    case "${args[$i]}" in
+        --rounds) ROUNDS="${args[$((i + 1))]:-$ROUNDS}" ;;
+        --rounds=*) ROUNDS="${args[$i]#--rounds=}" ;;
+    esac
+done
+
+RECV_OUT=$(mktemp -t gradlane-receiver.XXXXXX)
+RECV_PID=
+cleanup() {
+    if [[ -n "$RECV_PID" ]] && kill -0 "$RECV_PID" 2>/dev/null; then
+        kill "$RECV_PID" 2>/dev/null || true
+        wait "$RECV_PID" 2>/dev/null || true
+    fi
+    rm -f "$RECV_OUT"
+}
+trap cleanup EXIT
+
+echo "== receiver on $ADDR" >&2
+"$BIN/receiver" --listen "$ADDR" --rounds "$ROUNDS" --seed 2 >"$RECV_OUT" 2>&1 &
+RECV_PID=$!
+
+# Wait until the receiver listens (it says so on its output), at most 10 s.
+for _ in $(seq 100); do
+    grep -q "listening on" "$RECV_OUT" && break
+    if ! kill -0 "$RECV_PID" 2>/dev/null; then
+        echo "receiver exited early:" >&2
+        cat "$RECV_OUT" >&2
+        exit 1
+    fi
+    sleep 0.1
+done
+
+echo "== sender: --loss 0.05 --delay-ms 1 $*" >&2
+echo
+echo "### sender"
+echo
+status=0
+"$BIN/sender" --connect "$ADDR" --server-name localhost --seed 1 \
+    --loss 0.05 --delay-ms 1 "$@" || status=$?
+if [[ $status -ne 0 ]]; then
+    # Let the receiver notice the closed link and say why it stopped.
+    sleep 1
+    kill "$RECV_PID" 2>/dev/null || true
+fi
+wait "$RECV_PID" || { [[ $status -ne 0 ]] || status=$?; }
+RECV_PID=
+echo
+echo "### receiver"
+echo
+cat "$RECV_OUT"
+exit "$status"
