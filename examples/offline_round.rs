@@ -5,6 +5,8 @@
 //!
 //! `cargo run --release --example offline_round -- --model resnet50 --loss 0.05`
 
+mod common;
+
 use clap::Parser;
 use gradlane::classify::{splitmix64, ClassifyConfig};
 use gradlane::encode::{Encoder, EncoderConfig};
@@ -73,7 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = args.seed;
     let mut late: Vec<bytes::Bytes> = Vec::new();
     for r in 0..args.rounds {
-        let grads = gradients(&layout, args.seed.wrapping_add(r as u64));
+        let grads = common::grads(&layout, args.seed.wrapping_add(r as u64));
         let t0 = Instant::now();
         let out = enc.encode(r, &grads, args.datagram)?;
         let t_enc = t0.elapsed();
@@ -111,22 +113,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// A uniform number in [0, 1) from 64 random bits.
 fn unit(x: u64) -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
-}
-
-fn gradients(layout: &gradlane::layout::Layout, seed: u64) -> Vec<Vec<f32>> {
-    let mut s = seed;
-    (0..layout.len())
-        .map(|t| {
-            // Tensors differ in scale, values within a tensor are spread.
-            let scale = 1e-3 * (1 + t % 7) as f32;
-            (0..layout.tensor_len(t))
-                .map(|_| {
-                    s = splitmix64(s);
-                    ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-                })
-                .collect()
-        })
-        .collect()
 }
 
 fn print_round(round: &Round, dropped: &[u64], enc_s: f64, rx_s: f64) {

@@ -12,14 +12,16 @@
 //! `--jitter-ms` inject faults on this end's socket (both directions).
 //! The sender's options decide chunking and classification.
 
-use std::net::SocketAddr;
+mod common;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use common::{chain, mb, resolve, BoxError, Cc};
 use gradlane::reassembly::RoundStats;
-use gradlane::transport::tuning::{Congestion, Tuning};
+use gradlane::transport::tuning::Tuning;
 use gradlane::transport::{Config, Endpoint, Faults};
 
 /// Receive gradlane rounds and print a table of what arrived.
@@ -55,80 +57,8 @@ struct Args {
     congestion: Cc,
 }
 
-/// Congestion controller choice on the command line.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Cc {
-    Cubic,
-    Bbr,
-    Newreno,
-}
-
-impl From<Cc> for Congestion {
-    fn from(c: Cc) -> Self {
-        match c {
-            Cc::Cubic => Congestion::Cubic,
-            Cc::Bbr => Congestion::Bbr,
-            Cc::Newreno => Congestion::NewReno,
-        }
-    }
-}
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("receiver: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("receiver: {}", chain(e.as_ref()));
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// An error and its sources on one line.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = c.source();
-    }
-    s
-}
-
-async fn resolve(addr: &str) -> Result<SocketAddr, BoxError> {
-    let mut found = tokio::net::lookup_host(addr)
-        .await
-        .map_err(|e| format!("bad address {addr:?}: {e}"))?;
-    found
-        .next()
-        .ok_or_else(|| format!("address {addr:?} resolves to nothing").into())
-}
-
-fn mb(bytes: u64) -> f64 {
-    bytes as f64 / 1e6
+    common::main("receiver", run)
 }
 
 async fn run(args: Args) -> Result<(), BoxError> {

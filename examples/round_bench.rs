@@ -23,12 +23,15 @@
 //! (until the peer confirmed every important chunk) with a raw quinn stream
 //! carrying only as many bytes as gradlane's important class.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
-use gradlane::classify::{splitmix64, ClassifyConfig};
+use common::{grads, BoxError};
+use gradlane::classify::ClassifyConfig;
 use gradlane::encode::EncoderConfig;
 use gradlane::layout::Layout;
 use gradlane::presets;
@@ -65,8 +68,6 @@ struct Args {
     #[arg(long, default_value_t = 60)]
     round_timeout_s: u64,
 }
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What a variant moves.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -126,29 +127,6 @@ fn p99(v: &[f64]) -> Option<f64> {
     }
     let rank = ((0.99 * v.len() as f64).ceil() as usize).max(1);
     Some(v[rank - 1])
-}
-
-/// Seeded synthetic gradients with heavy tails and a scale per tensor.
-fn grads(layout: &Layout, seed: u64) -> Vec<Vec<f32>> {
-    let unit = |s: u64| ((s >> 40) as f32 + 1.0) / (1u64 << 24) as f32;
-    (0..layout.len())
-        .map(|t| {
-            let mut s = splitmix64(seed ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let scale = 10f32.powf(-4.0 + 3.0 * unit(s));
-            let mut block = 1.0;
-            (0..layout.tensor_len(t))
-                .map(|i| {
-                    s = splitmix64(s);
-                    if i % 256 == 0 {
-                        block = 1.0 + 7.0 * unit(splitmix64(s ^ 0xb10c));
-                    }
-                    let u = unit(s).max(1e-6);
-                    let sign = if s & 1 == 0 { 1.0 } else { -1.0 };
-                    sign * scale * block * (u.sqrt().recip() - 1.0 + 1e-3)
-                })
-                .collect()
-        })
-        .collect()
 }
 
 struct Bench {
@@ -456,32 +434,7 @@ fn cc_name(c: Option<Congestion>) -> &'static str {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("round_bench: cannot start the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("round_bench: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    common::main("round_bench", run)
 }
 
 async fn run(args: Args) -> Result<(), BoxError> {

@@ -12,17 +12,19 @@
 //! `--loss`, `--delay-ms` and `--jitter-ms` inject faults on this end's
 //! socket (both directions).
 
-use std::net::SocketAddr;
+mod common;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
-use gradlane::classify::{splitmix64, ClassifyConfig};
+use clap::Parser;
+use common::{chain, mb, resolve, BoxError, Cc};
+use common::{grads, ms};
+use gradlane::classify::ClassifyConfig;
 use gradlane::encode::EncoderConfig;
-use gradlane::layout::Layout;
 use gradlane::presets;
-use gradlane::transport::tuning::{Congestion, Tuning};
+use gradlane::transport::tuning::Tuning;
 use gradlane::transport::{Config, Endpoint, Faults};
 
 /// Send gradlane rounds of synthetic gradients and print a table.
@@ -67,113 +69,8 @@ struct Args {
     congestion: Cc,
 }
 
-/// Congestion controller choice on the command line.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Cc {
-    Cubic,
-    Bbr,
-    Newreno,
-}
-
-impl From<Cc> for Congestion {
-    fn from(c: Cc) -> Self {
-        match c {
-            Cc::Cubic => Congestion::Cubic,
-            Cc::Bbr => Congestion::Bbr,
-            Cc::Newreno => Congestion::NewReno,
-        }
-    }
-}
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("sender: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("sender: {}", chain(e.as_ref()));
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// An error and its sources on one line.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let t = c.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        cur = c.source();
-    }
-    s
-}
-
-async fn resolve(addr: &str) -> Result<SocketAddr, BoxError> {
-    let mut found = tokio::net::lookup_host(addr)
-        .await
-        .map_err(|e| format!("bad address {addr:?}: {e}"))?;
-    found
-        .next()
-        .ok_or_else(|| format!("address {addr:?} resolves to nothing").into())
-}
-
-/// Seeded synthetic gradients: per tensor a log-uniform scale in
-/// [1e-4, 1e-1], per block of 256 values a factor in [1, 8], per value a
-/// heavy-tailed magnitude (|x| ~ u^-1/2 - 1, a Pareto-like tail) and a sign.
-fn grads(layout: &Layout, seed: u64) -> Vec<Vec<f32>> {
-    (0..layout.len())
-        .map(|t| {
-            let mut s = splitmix64(seed ^ (t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let scale = 10f32.powf(-4.0 + 3.0 * unit(s));
-            let mut block = 1.0;
-            (0..layout.tensor_len(t))
-                .map(|i| {
-                    s = splitmix64(s);
-                    if i % 256 == 0 {
-                        block = 1.0 + 7.0 * unit(splitmix64(s ^ 0xb10c));
-                    }
-                    let u = unit(s).max(1e-6);
-                    let sign = if s & 1 == 0 { 1.0 } else { -1.0 };
-                    sign * scale * block * (u.sqrt().recip() - 1.0 + 1e-3)
-                })
-                .collect()
-        })
-        .collect()
-}
-
-/// A uniform value in (0, 1] from the top 24 bits.
-fn unit(s: u64) -> f32 {
-    ((s >> 40) as f32 + 1.0) / (1u64 << 24) as f32
-}
-
-fn mb(bytes: u64) -> f64 {
-    bytes as f64 / 1e6
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
+    common::main("sender", run)
 }
 
 async fn run(args: Args) -> Result<(), BoxError> {

@@ -17,60 +17,33 @@ use super::{
     ParameterServer, PullError, PushError, PushOutcome, Ticket,
 };
 
-/// Plain asynchronous SGD.
+/// Plain asynchronous SGD: a [`NaiveMomentumAsgd`] with momentum 0, whose
+/// update `u = g; w -= eta u` is exactly `w -= eta g`.
 #[derive(Debug, Clone)]
-pub struct Asgd {
-    lr: f32,
-    w: Vec<f32>,
-    t: u64,
-}
+pub struct Asgd(NaiveMomentumAsgd);
 
 impl Asgd {
     /// Start from `w0` with learning rate `learning_rate`.
     pub fn new(learning_rate: f64, w0: Vec<f32>) -> Result<Self, ConfigError> {
-        check_initial(&w0)?;
-        check_rate(learning_rate)?;
-        Ok(Self {
-            lr: learning_rate as f32,
-            w: w0,
-            t: 0,
-        })
+        Ok(Self(NaiveMomentumAsgd::new(learning_rate, 0.0, w0)?))
     }
 }
 
 impl ParameterServer for Asgd {
     fn params(&self) -> &[f32] {
-        &self.w
+        self.0.params()
     }
 
     fn steps(&self) -> u64 {
-        self.t
+        self.0.steps()
     }
 
     fn pull(&mut self) -> Result<Option<Ticket<'_>>, PullError> {
-        Ok(Some(Ticket {
-            index: self.t,
-            params: &self.w,
-        }))
+        self.0.pull()
     }
 
     fn push(&mut self, grad: &[f32], index: u64) -> Result<PushOutcome<'_>, PushError> {
-        check_gradient(grad, self.w.len())?;
-        if index > self.t {
-            return Err(PushError::UnknownIndex(index));
-        }
-        for (w, g) in self.w.iter_mut().zip(grad) {
-            *w -= self.lr * g;
-        }
-        let staleness = self.t - index;
-        self.t += 1;
-        Ok(PushOutcome {
-            disposition: Disposition::Applied { staleness },
-            reply: Some(Ticket {
-                index: self.t,
-                params: &self.w,
-            }),
-        })
+        self.0.push(grad, index)
     }
 }
 
