@@ -66,6 +66,10 @@ pub enum EncodeError {
     /// The layout cannot be chunked with these options.
     #[error(transparent)]
     Layout(#[from] LayoutError),
+    /// A datagram handed to [`Encoder::reframe`] is not a valid one of this
+    /// encoder's layout.
+    #[error("cannot reframe: {0}")]
+    Reframe(#[from] crate::wire::WireError),
     /// The datagram limit cannot hold a header and one value.
     #[error("datagram limit {got} is below the minimum of {MIN_DATAGRAM} bytes")]
     DatagramTooSmall {
@@ -184,6 +188,44 @@ impl Encoder {
         );
         self.classes = classes.clone();
         Ok(EncodedRound { classes, ..out })
+    }
+
+    /// Cuts one datagram of an encoded round into datagrams of at most `max`
+    /// bytes, each carrying its own byte positions.
+    ///
+    /// QUIC may lower the path's datagram limit after a round was framed
+    /// (MTU black-hole detection under loss); rather than drop such a
+    /// datagram, the transport reframes it for the new limit.
+    pub fn reframe(&self, datagram: &[u8], max: usize) -> Result<Vec<Bytes>, EncodeError> {
+        if max < MIN_DATAGRAM {
+            return Err(EncodeError::DatagramTooSmall { got: max });
+        }
+        let step = (max - DATA_HEADER_LEN) & !3;
+        let mut out = Vec::new();
+        for seg in crate::wire::decode_all(datagram) {
+            let crate::wire::Segment::Data(h, payload) = seg? else {
+                return Err(crate::wire::WireError::Kind(2).into());
+            };
+            h.validate(&self.plan)?;
+            for (i, piece) in payload.chunks(step).enumerate() {
+                let offset = h.byte_offset + (i * step) as u32;
+                let header = DataHeader {
+                    // The piece starts inside the tensor (validated above).
+                    chunk: self
+                        .plan
+                        .chunk_at(h.tensor as usize, offset)
+                        .unwrap_or(h.chunk as usize) as u32,
+                    byte_offset: offset,
+                    payload_len: piece.len() as u32,
+                    ..h
+                };
+                let mut d = vec![0u8; DATA_HEADER_LEN + piece.len()];
+                header.write(&mut d);
+                d[DATA_HEADER_LEN..].copy_from_slice(piece);
+                out.push(Bytes::from(d));
+            }
+        }
+        Ok(out)
     }
 
     /// Hands a sent round back so its buffer is reused by the next round:

@@ -264,3 +264,43 @@ fn recycled_buffers_are_reused() {
     assert_eq!(third.reliable.as_ptr(), ptr);
     assert_packets_cover(&layout, &third.classes, 3, 1200);
 }
+
+#[test]
+fn reframing_keeps_every_byte_under_a_smaller_limit() {
+    let layout = presets::resnet18();
+    let grads = common::grads(&layout, 4);
+    let mut enc = Encoder::new(&layout, EncoderConfig::default()).unwrap();
+    let out = enc.encode(2, &grads, 1414).unwrap();
+    let plan = enc.plan().clone();
+    for d in out.lossy.iter().flatten().take(500) {
+        let pieces = enc.reframe(d, 1200).unwrap();
+        let mut before = Vec::new();
+        for seg in wire::decode_all(d) {
+            if let Segment::Data(h, p) = seg.unwrap() {
+                before.push((h.tensor, h.byte_offset, p.to_vec(), h.class));
+            }
+        }
+        // The pieces, in order, carry the same bytes at the same positions.
+        let mut at = 0;
+        for p in &pieces {
+            assert!(p.len() <= 1200);
+            for seg in wire::decode_all(p) {
+                let Segment::Data(h, payload) = seg.unwrap() else {
+                    panic!()
+                };
+                h.validate(&plan).unwrap();
+                while before[at].2.is_empty() {
+                    at += 1;
+                }
+                let (t, off, bytes, class) = &mut before[at];
+                assert_eq!((h.tensor, h.byte_offset, h.class), (*t, *off, *class));
+                assert_eq!(&bytes[..payload.len()], payload);
+                bytes.drain(..payload.len());
+                *off += payload.len() as u32;
+            }
+        }
+        assert!(before.iter().all(|b| b.2.is_empty()), "every byte carried");
+    }
+    assert!(enc.reframe(&out.lossy[0][0], 43).is_err());
+    assert!(enc.reframe(&[1, 2, 3], 1200).is_err());
+}

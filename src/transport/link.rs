@@ -127,8 +127,12 @@ pub struct SendReport {
     /// Per lossy level: payload bytes in the queued datagrams.
     pub lossy_bytes: Vec<u64>,
     /// Per lossy level: datagrams dropped by the sender (deadline passed, or
-    /// the path's datagram size shrank below them).
+    /// the path's datagram size shrank below what can be reframed).
     pub lossy_dropped: Vec<u64>,
+    /// Per lossy level: datagrams cut into smaller ones because the path's
+    /// datagram size shrank after the round was framed (the pieces are
+    /// counted in `lossy_packets`).
+    pub lossy_reframed: Vec<u64>,
     /// Time to score, class and frame the round.
     pub encode: Duration,
     /// From the start until the peer confirmed every important chunk.
@@ -360,6 +364,7 @@ impl LinkSender {
             lossy_packets: vec![0; self.levels as usize],
             lossy_bytes: vec![0; self.levels as usize],
             lossy_dropped: vec![0; self.levels as usize],
+            lossy_reframed: vec![0; self.levels as usize],
             encode,
             ..Default::default()
         };
@@ -412,14 +417,49 @@ impl LinkSender {
                         report.lossy_packets[l] += 1;
                         report.lossy_bytes[l] += payload_bytes(d);
                     }
-                    // MTU discovery may lower the limit below a datagram
-                    // framed a moment ago: count it as dropped.
-                    Err(quinn::SendDatagramError::TooLarge) => report.lossy_dropped[l] += 1,
+                    // MTU black-hole detection may lower the limit below a
+                    // datagram framed a moment ago: cut it for the new one.
+                    Err(quinn::SendDatagramError::TooLarge) => {
+                        self.send_reframed(d, l, report).await?
+                    }
                     Err(quinn::SendDatagramError::ConnectionLost(e)) => {
                         return Err(LinkError::from_conn(e))
                     }
                     Err(e) => return Err(e.into()),
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a datagram that became too large as several smaller ones;
+    /// counts it dropped if even that is impossible.
+    async fn send_reframed(
+        &self,
+        d: &Bytes,
+        level: usize,
+        report: &mut SendReport,
+    ) -> Result<(), LinkError> {
+        let pieces = match self.conn.max_datagram_size() {
+            Some(max) => self.encoder.reframe(d, max).unwrap_or_default(),
+            None => Vec::new(),
+        };
+        if pieces.is_empty() {
+            report.lossy_dropped[level] += 1;
+            return Ok(());
+        }
+        report.lossy_reframed[level] += 1;
+        for p in pieces {
+            match self.conn.send_datagram_wait(p.clone()).await {
+                Ok(()) => {
+                    report.lossy_packets[level] += 1;
+                    report.lossy_bytes[level] += payload_bytes(&p);
+                }
+                Err(quinn::SendDatagramError::TooLarge) => report.lossy_dropped[level] += 1,
+                Err(quinn::SendDatagramError::ConnectionLost(e)) => {
+                    return Err(LinkError::from_conn(e))
+                }
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(())
@@ -581,10 +621,10 @@ async fn round_stream_reader(
     control: Arc<tokio::sync::Mutex<SendStream>>,
     ended: mpsc::UnboundedSender<Result<u32, String>>,
 ) {
-    let mut buf = vec![0u8; DATA_HEADER_LEN];
+    // Sized for the largest segment once, so no read zero-fills anything.
+    let mut buf = vec![0u8; DATA_HEADER_LEN + wire::MAX_SEGMENT_PAYLOAD as usize];
     loop {
-        buf.resize(DATA_HEADER_LEN, 0);
-        match stream.read_exact(&mut buf).await {
+        match stream.read_exact(&mut buf[..DATA_HEADER_LEN]).await {
             Ok(()) => {}
             Err(quinn::ReadExactError::FinishedEarly(0)) => return,
             Err(quinn::ReadExactError::FinishedEarly(_)) => {
@@ -592,20 +632,21 @@ async fn round_stream_reader(
             }
             Err(quinn::ReadExactError::ReadError(_)) => return,
         }
-        let total = match wire::segment_len(&buf) {
+        let total = match wire::segment_len(&buf[..DATA_HEADER_LEN]) {
             Ok(Some(n)) => n,
             Ok(None) => return fail(&conn, &ended, "short segment header".into()),
             Err(e) => return fail(&conn, &ended, format!("malformed segment: {e}")),
         };
-        buf.resize(total, 0);
-        match stream.read_exact(&mut buf[DATA_HEADER_LEN..]).await {
+        // segment_len caps a data segment at MAX_SEGMENT_PAYLOAD; a round
+        // end is shorter still.
+        match stream.read_exact(&mut buf[DATA_HEADER_LEN..total]).await {
             Ok(()) => {}
             Err(quinn::ReadExactError::FinishedEarly(_)) => {
                 return fail(&conn, &ended, "round stream ends inside a segment".into())
             }
             Err(quinn::ReadExactError::ReadError(_)) => return,
         }
-        let pushed = lock(&rx.reassembler).push(&buf, Channel::Reliable);
+        let pushed = lock(&rx.reassembler).push(&buf[..total], Channel::Reliable);
         match pushed {
             Ok(out) => {
                 if let Some(r) = out.ended {
