@@ -11,8 +11,10 @@
 //! over quinn; everything else is a deterministic core with no sockets and
 //! no clock, tested and benchmarked without a network.
 //!
-//! Around that core: a sparse log-quantized gradient codec ([`codec`]) and
-//! the parameter server's ordered momentum and straggler filter ([`ps`]).
+//! Around that core: a sparse log-quantized gradient codec ([`codec`]), the
+//! parameter server's ordered momentum and straggler filter ([`ps`]), and
+//! the server runtime and worker client that run them over links
+//! ([`ps_net`]).
 //!
 //! # Example: one round over a real QUIC link on loopback
 //!
@@ -70,6 +72,7 @@ pub mod encode;
 pub mod layout;
 pub mod presets;
 pub mod ps;
+pub mod ps_net;
 pub mod reassembly;
 pub mod score;
 pub mod transport;

@@ -14,7 +14,7 @@
 
 use super::{
     check_gradient, check_initial, check_momentum, check_rate, ConfigError, Disposition,
-    ParameterServer, PullError, PushError, PushOutcome, Ticket,
+    ParameterServer, PullError, PushError, PushOutcome, ReleaseError, Ticket,
 };
 
 /// Plain asynchronous SGD: a [`NaiveMomentumAsgd`] with momentum 0, whose
@@ -164,6 +164,30 @@ impl SyncMomentum {
     pub fn round(&self) -> u64 {
         self.round
     }
+
+    /// Workers the current round waits for.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Applies the mean of the received gradients and opens the next round
+    /// with no tickets out.
+    fn step(&mut self) {
+        let inv_k = 1.0 / self.received as f64;
+        for ((w, u), a) in self
+            .w
+            .iter_mut()
+            .zip(self.u.iter_mut())
+            .zip(self.acc.iter_mut())
+        {
+            *u = self.beta * *u + (*a * inv_k) as f32;
+            *w -= self.lr * *u;
+            *a = 0.0;
+        }
+        self.round += 1;
+        self.received = 0;
+        self.issued = 0;
+    }
 }
 
 impl ParameterServer for SyncMomentum {
@@ -201,19 +225,8 @@ impl ParameterServer for SyncMomentum {
                 reply: None,
             });
         }
-        let inv_k = 1.0 / self.workers as f64;
-        for ((w, u), a) in self
-            .w
-            .iter_mut()
-            .zip(self.u.iter_mut())
-            .zip(self.acc.iter_mut())
-        {
-            *u = self.beta * *u + (*a * inv_k) as f32;
-            *w -= self.lr * *u;
-            *a = 0.0;
-        }
-        self.round += 1;
-        self.received = 0;
+        self.step();
+        // The pusher goes on at once with the first ticket of the new round.
         self.issued = 1;
         Ok(PushOutcome {
             disposition: Disposition::Applied { staleness: 0 },
@@ -222,5 +235,22 @@ impl ParameterServer for SyncMomentum {
                 params: &self.w,
             }),
         })
+    }
+
+    /// The round shrinks to the workers left (synchronous SGD cannot wait
+    /// for a worker that is gone); if everyone left has already pushed, the
+    /// round completes now with their mean.
+    fn leave(&mut self, ticket: Option<u64>) -> Result<(), ReleaseError> {
+        if let Some(index) = ticket {
+            if index != self.round || self.issued <= self.received {
+                return Err(ReleaseError::UnknownIndex(index));
+            }
+            self.issued -= 1;
+        }
+        self.workers = self.workers.saturating_sub(1);
+        if self.received > 0 && self.received >= self.workers {
+            self.step();
+        }
+        Ok(())
     }
 }

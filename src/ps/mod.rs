@@ -80,6 +80,15 @@ pub trait ParameterServer {
 
     /// Deliver a gradient computed on the parameters of ticket `index`.
     fn push(&mut self, grad: &[f32], index: u64) -> Result<PushOutcome<'_>, PushError>;
+
+    /// A worker is gone for good (its connection dropped); `ticket` is the
+    /// index it held and never pushed, if any. Servers that count workers or
+    /// tickets must not wait for it any more. The default does nothing: the
+    /// asynchronous baselines and the filter keep no per-worker state.
+    fn leave(&mut self, ticket: Option<u64>) -> Result<(), ReleaseError> {
+        let _ = ticket;
+        Ok(())
+    }
 }
 
 /// Shared input check: right length and all finite. Done before any state

@@ -235,6 +235,15 @@ impl ParameterServer for OrderedMomentum {
             }),
         })
     }
+
+    /// Frees the departed worker's slot (see [`OrderedMomentum::release`]);
+    /// a new worker may take it.
+    fn leave(&mut self, ticket: Option<u64>) -> Result<(), ReleaseError> {
+        match ticket {
+            Some(index) => self.release(index),
+            None => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]
