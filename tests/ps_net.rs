@@ -7,6 +7,7 @@ use gradlane::ps::sim::{LeastSquares, SplitMix64};
 use gradlane::ps::{Disposition, OrderedMomentum, OrderedMomentumConfig, ParameterServer};
 use gradlane::ps_net::{self, Compression, ServeStats, ServerHandle, Worker, WorkerError};
 use gradlane::transport::tls::generate_certs;
+use gradlane::transport::handshake::codes;
 use gradlane::transport::{Config, Endpoint, Faults};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -181,4 +182,196 @@ async fn codec_pushes_and_sync_rounds() {
     assert_eq!(stats.codec_pushes, 60);
     let end_loss = p.loss(&params);
     assert!(end_loss < 0.1 * start_loss, "{end_loss} vs {start_loss}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_leave_tickets_and_links_intact() {
+    let (p, layout) = problem();
+    let cfg = OrderedMomentumConfig {
+        workers: 1,
+        momentum: 0.5,
+        learning_rate: 0.01,
+    };
+    let run = start("refuse", OrderedMomentum::new(cfg, vec![0.0; p.dim()]).unwrap());
+    let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
+    let mut a = Worker::join(&ep, run.addr, "localhost", &layout, Compression::Rounds)
+        .await
+        .unwrap();
+    let params = a.pull().await.unwrap();
+    // K = 1: a second worker gets no slot, and is told why.
+    let mut b = Worker::join(&ep, run.addr, "localhost", &layout, Compression::Rounds)
+        .await
+        .unwrap();
+    match b.pull().await {
+        Err(WorkerError::Refused(why)) => assert!(why.contains("slots"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // A second pull while holding a ticket is refused too.
+    assert!(matches!(a.pull().await, Err(WorkerError::Refused(_))));
+    // A push with an index never handed out: refused, nothing applied, and
+    // the real ticket still works afterwards.
+    let grad = vec![0.5f32; p.dim()];
+    match a.push(params.index + 5, &[&grad]).await {
+        Err(WorkerError::Refused(why)) => assert!(why.contains("unknown index"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(run.handle.snapshot().1, 0);
+    let reply = a.push(params.index, &[&grad]).await.unwrap();
+    assert_eq!(reply.disposition, Disposition::Applied { staleness: 0 });
+    // A gradient of the wrong shape never leaves the worker.
+    assert!(matches!(
+        a.push(reply.params.index, &[&grad[1..]]).await,
+        Err(WorkerError::GradientShape { .. })
+    ));
+    let reply = a.push(reply.params.index, &[&grad]).await.unwrap();
+    assert_eq!(reply.params.steps, 2);
+    a.leave().await;
+    b.leave().await;
+    run.stop.send(()).unwrap();
+    let stats = run.done.await.unwrap().unwrap();
+    assert_eq!(stats.refused, 3);
+    assert_eq!(stats.applied, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_model_size_and_malformed_requests_close_only_that_link() {
+    let (p, layout) = problem();
+    let cfg = OrderedMomentumConfig {
+        workers: 2,
+        momentum: 0.5,
+        learning_rate: 0.01,
+    };
+    let run = start("malformed", OrderedMomentum::new(cfg, vec![0.0; p.dim()]).unwrap());
+    let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
+
+    // A layout with one value too many: the server closes with the
+    // layout-mismatch code.
+    let big = Layout::new(vec![TensorSpec::dense("w", [p.dim() + 1])]).unwrap();
+    let refused = async {
+        let mut w = Worker::join(&ep, run.addr, "localhost", &big, Compression::Rounds).await?;
+        w.pull().await
+    };
+    match refused.await {
+        Err(WorkerError::Link(gradlane::transport::LinkError::Rejected { code, .. }))
+        | Err(WorkerError::Stream(gradlane::ps_net::StreamError::Link(
+            gradlane::transport::LinkError::Rejected { code, .. },
+        ))) => assert_eq!(code, u64::from(codes::LAYOUT_MISMATCH)),
+        other => panic!("expected a layout-mismatch close, got {other:?}"),
+    }
+
+    // Garbage on the request stream: closed with the protocol code.
+    let link = ep.connect(run.addr, "localhost", &layout).await.unwrap();
+    let (mut send, _recv) = link.connection().open_bi().await.unwrap();
+    send.write_all(&[1, 0, 0, 0, 99]).await.unwrap();
+    match link.connection().closed().await {
+        quinn::ConnectionError::ApplicationClosed(c) => {
+            assert_eq!(c.error_code.into_inner(), u64::from(codes::PROTOCOL))
+        }
+        other => panic!("expected an application close, got {other:?}"),
+    }
+
+    // The server still serves a well-behaved worker.
+    let mut good = Worker::join(&ep, run.addr, "localhost", &layout, Compression::Rounds)
+        .await
+        .unwrap();
+    let params = good.pull().await.unwrap();
+    let reply = good.push(params.index, &[vec![1.0f32; p.dim()]]).await.unwrap();
+    assert!(matches!(reply.disposition, Disposition::Applied { .. }));
+    good.leave().await;
+    run.stop.send(()).unwrap();
+    let stats = run.done.await.unwrap().unwrap();
+    assert_eq!(stats.links_refused, 1);
+    assert_eq!(stats.applied, 1);
+}
+
+/// Polls `cond` every 20 ms until it holds or `limit` passes.
+async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cond()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_does_not_stop_the_others() {
+    let (p, layout) = problem();
+    let p = Arc::new(p);
+    let w0 = vec![0.0; p.dim()];
+    let cfg = OrderedMomentumConfig {
+        workers: 3,
+        momentum: 0.9,
+        learning_rate: 0.05,
+    };
+    let run = start("kill", OrderedMomentum::new(cfg, w0).unwrap());
+
+    // The victim lives in its own runtime and dies mid-run holding a ticket,
+    // without a goodbye: shutting its runtime down stops its packets at once,
+    // as a killed process would.
+    let (pushed_tx, pushed_rx) = oneshot::channel::<u64>();
+    let victim = {
+        let (addr, dir, layout, p) = (run.addr, run.dir.clone(), layout.clone(), p.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async move {
+                let ep = Endpoint::client(dir.join("ca.pem"), quick()).unwrap();
+                let mut w = Worker::join(&ep, addr, "localhost", &layout, Compression::Rounds)
+                    .await
+                    .unwrap();
+                let mut params = w.pull().await.unwrap();
+                let mut grad = Vec::new();
+                for i in 0..10 {
+                    p.gradient(&params.values, &[i, i + 1, i + 2], &mut grad);
+                    params = w.push(params.index, &[&grad]).await.unwrap().params;
+                }
+                pushed_tx.send(params.index).unwrap();
+                // Hold the ticket and the connection while the runtime dies.
+                std::mem::forget(w);
+                std::mem::forget(ep);
+            });
+            rt.shutdown_background();
+        })
+    };
+    let victim_ticket = pushed_rx.await.unwrap();
+    victim.join().unwrap();
+    let (at_kill, _) = run.handle.snapshot();
+    let loss_at_kill = p.loss(&at_kill);
+
+    let survivors: Vec<_> = (0..2)
+        .map(|i| {
+            tokio::spawn(worker_loop(
+                (run.addr, run.dir.clone()),
+                layout.clone(),
+                p.clone(),
+                60,
+                30 + i,
+                Compression::Rounds,
+            ))
+        })
+        .collect();
+    for s in survivors {
+        let seen = s.await.unwrap().unwrap();
+        assert_eq!(seen.len(), 60);
+    }
+    // The victim's session ends at the idle timeout and gives its ticket back.
+    let handle = run.handle.clone();
+    assert!(
+        eventually(Duration::from_secs(15), || handle.stats().workers_left == 3).await,
+        "the dead worker's session never ended: {:?}",
+        handle.stats()
+    );
+    assert_eq!(run.handle.with(|s| s.outstanding()), 0);
+    let (params, steps) = run.handle.snapshot();
+    assert_eq!(steps, 10 + 120);
+    assert!(victim_ticket <= 10);
+    let end_loss = p.loss(&params);
+    assert!(
+        end_loss < 0.2 * loss_at_kill,
+        "survivors did not keep training: {loss_at_kill} -> {end_loss}"
+    );
+    run.stop.send(()).unwrap();
+    run.done.await.unwrap().unwrap();
 }
