@@ -6,8 +6,8 @@ use gradlane::ps::baselines::SyncMomentum;
 use gradlane::ps::sim::{LeastSquares, SplitMix64};
 use gradlane::ps::{Disposition, OrderedMomentum, OrderedMomentumConfig, ParameterServer};
 use gradlane::ps_net::{self, Compression, ServeStats, ServerHandle, Worker, WorkerError};
-use gradlane::transport::tls::generate_certs;
 use gradlane::transport::handshake::codes;
+use gradlane::transport::tls::generate_certs;
 use gradlane::transport::{Config, Endpoint, Faults};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -192,7 +192,10 @@ async fn refusals_leave_tickets_and_links_intact() {
         momentum: 0.5,
         learning_rate: 0.01,
     };
-    let run = start("refuse", OrderedMomentum::new(cfg, vec![0.0; p.dim()]).unwrap());
+    let run = start(
+        "refuse",
+        OrderedMomentum::new(cfg, vec![0.0; p.dim()]).unwrap(),
+    );
     let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
     let mut a = Worker::join(&ep, run.addr, "localhost", &layout, Compression::Rounds)
         .await
@@ -241,7 +244,10 @@ async fn wrong_model_size_and_malformed_requests_close_only_that_link() {
         momentum: 0.5,
         learning_rate: 0.01,
     };
-    let run = start("malformed", OrderedMomentum::new(cfg, vec![0.0; p.dim()]).unwrap());
+    let run = start(
+        "malformed",
+        OrderedMomentum::new(cfg, vec![0.0; p.dim()]).unwrap(),
+    );
     let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
 
     // A layout with one value too many: the server closes with the
@@ -275,7 +281,10 @@ async fn wrong_model_size_and_malformed_requests_close_only_that_link() {
         .await
         .unwrap();
     let params = good.pull().await.unwrap();
-    let reply = good.push(params.index, &[vec![1.0f32; p.dim()]]).await.unwrap();
+    let reply = good
+        .push(params.index, &[vec![1.0f32; p.dim()]])
+        .await
+        .unwrap();
     assert!(matches!(reply.disposition, Disposition::Applied { .. }));
     good.leave().await;
     run.stop.send(()).unwrap();

@@ -21,7 +21,7 @@
 //!
 //! - [`protocol`]: the request/reply messages (pure, no sockets).
 //! - [`server`]: [`run`] and [`ServerHandle`].
-//! - [`worker`]: [`Worker`].
+//! - [`worker`]: [`Worker`], the client side.
 
 pub mod protocol;
 pub mod server;
