@@ -49,6 +49,9 @@ pub struct PushReply {
     pub params: Params,
     /// What the link did, when the gradient went as a round.
     pub send: Option<SendReport>,
+    /// Gradient payload bytes sent: the round's reliable and lossy payload,
+    /// or the codec frame.
+    pub gradient_bytes: u64,
 }
 
 /// Why a worker operation failed.
@@ -165,13 +168,15 @@ impl Worker {
         grads: &[G],
     ) -> Result<PushReply, WorkerError> {
         self.check_shape(grads)?;
-        let send = match self.compression {
+        let (send, gradient_bytes) = match self.compression {
             Compression::Rounds => {
                 let round = self.next_round;
                 self.next_round = self.next_round.wrapping_add(1);
                 let header = Request::PushRound { index, round }.encode();
                 write_bytes(&mut self.send, Bytes::from(header)).await?;
-                Some(self.link.send_round(round, grads).await?)
+                let report = self.link.send_round(round, grads).await?;
+                let bytes = report.important_bytes + report.lossy_bytes.iter().sum::<u64>();
+                (Some(report), bytes)
             }
             Compression::Codec { selection, base } => {
                 self.flat.clear();
@@ -179,9 +184,10 @@ impl Worker {
                     self.flat.extend_from_slice(g.as_ref());
                 }
                 let frame = codec::encode_dense(&self.flat, selection, base)?;
+                let bytes = frame.len() as u64;
                 let msg = Request::PushCodec { index, frame }.encode();
                 write_bytes(&mut self.send, Bytes::from(msg)).await?;
-                None
+                (None, bytes)
             }
         };
         match self.read_reply().await? {
@@ -189,6 +195,7 @@ impl Worker {
                 disposition,
                 params,
                 send,
+                gradient_bytes,
             }),
             (None, _) => Err(WorkerError::UnexpectedReply("pull reply to a push")),
         }
