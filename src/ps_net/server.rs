@@ -93,6 +93,8 @@ struct Shared<S> {
     /// Woken whenever the server's state moves (a push, a worker leaving):
     /// sessions waiting for a synchronous round to complete try again.
     changed: Notify,
+    /// Buffers of params replies, reused.
+    pool: Arc<BufferPool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -122,6 +124,7 @@ impl<S: ParameterServer> ServerHandle<S> {
                 server: Mutex::new(server),
                 stats: Mutex::new(ServeStats::default()),
                 changed: Notify::new(),
+                pool: Arc::default(),
             }),
         }
     }
@@ -318,7 +321,13 @@ async fn push<S: ParameterServer>(
                 let next = outcome.reply.map(|t| t.index);
                 let framed = next.map(|index| {
                     *held = Some(index);
-                    params_message(index, server.steps(), Some(disposition), server.params())
+                    params_message(
+                        &shared.pool,
+                        index,
+                        server.steps(),
+                        Some(disposition),
+                        server.params(),
+                    )
                 });
                 Ok((disposition, framed, server.steps()))
             }
@@ -376,7 +385,13 @@ async fn wait_and_pull<S: ParameterServer>(
             match pulled {
                 Ok(Some(t)) => {
                     *held = Some(t.index);
-                    Ok(Some(params_message(t.index, steps, disposition, t.params)))
+                    Ok(Some(params_message(
+                        &shared.pool,
+                        t.index,
+                        steps,
+                        disposition,
+                        t.params,
+                    )))
                 }
                 Ok(None) => Ok(None),
                 Err(e) => Err(e),
@@ -413,8 +428,11 @@ async fn refuse<S>(
 }
 
 /// Header and values of a params reply in one buffer (one copy of the
-/// parameters, made while the server is locked).
+/// parameters, made while the server is locked). The buffer comes from
+/// `pool` and goes back there once quinn has sent it: a fresh buffer the
+/// size of the model would cost a page fault per 4 KiB on every reply.
 fn params_message(
+    pool: &Arc<BufferPool>,
     index: u64,
     steps: u64,
     disposition: Option<Disposition>,
@@ -425,7 +443,8 @@ fn params_message(
         steps,
         disposition,
     };
-    let mut out = header.encode(params.len());
+    let mut out = pool.take();
+    out.extend_from_slice(&header.encode(params.len()));
     out.reserve_exact(params.len() * 4);
     if cfg!(target_endian = "little") {
         out.extend_from_slice(bytemuck::cast_slice(params));
@@ -434,5 +453,44 @@ fn params_message(
             out.extend_from_slice(&v.to_le_bytes());
         }
     }
-    Bytes::from(out)
+    Bytes::from_owner(Pooled {
+        buf: out,
+        pool: pool.clone(),
+    })
+}
+
+/// Reply buffers waiting for reuse.
+#[derive(Default)]
+struct BufferPool(Mutex<Vec<Vec<u8>>>);
+
+/// Buffers kept for reuse; more only when more replies are in flight.
+const POOLED_BUFFERS: usize = 8;
+
+impl BufferPool {
+    fn take(&self) -> Vec<u8> {
+        let mut b = lock(&self.0).pop().unwrap_or_default();
+        b.clear();
+        b
+    }
+}
+
+/// A reply buffer that returns to its pool when quinn drops it.
+struct Pooled {
+    buf: Vec<u8>,
+    pool: Arc<BufferPool>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let mut pool = lock(&self.pool.0);
+        if pool.len() < POOLED_BUFFERS {
+            pool.push(std::mem::take(&mut self.buf));
+        }
+    }
 }
