@@ -43,14 +43,27 @@ where
     A: clap::Parser,
     F: Future<Output = Result<(), BoxError>>,
 {
-    tracing_subscriber::fmt()
+    init_tracing();
+    main_with(name, A::parse(), run)
+}
+
+/// Tracing to stderr, filtered by `RUST_LOG` (default `warn`).
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
-        .init();
-    let args = A::parse();
+        .try_init();
+}
+
+/// [`main`] for arguments already parsed (subcommands).
+pub fn main_with<A, F>(name: &str, args: A, run: impl FnOnce(A) -> F) -> ExitCode
+where
+    F: Future<Output = Result<(), BoxError>>,
+{
+    init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -76,6 +76,14 @@ pub enum WorkerError {
         /// Values passed.
         got: usize,
     },
+    /// A flat gradient of the wrong length.
+    #[error("flat gradient has {got} values, the model {expected}")]
+    FlatLength {
+        /// Values in the layout.
+        expected: usize,
+        /// Values passed.
+        got: usize,
+    },
     /// Not one gradient tensor per layout tensor.
     #[error("{got} gradient tensors for a layout of {expected}")]
     TensorCount {
@@ -199,6 +207,26 @@ impl Worker {
             }),
             (None, _) => Err(WorkerError::UnexpectedReply("pull reply to a push")),
         }
+    }
+
+    /// [`push`](Self::push) with the gradient flat, in layout order (the
+    /// shape [`Params::values`] has).
+    pub async fn push_flat(&mut self, index: u64, grad: &[f32]) -> Result<PushReply, WorkerError> {
+        if grad.len() != self.dim {
+            return Err(WorkerError::FlatLength {
+                expected: self.dim,
+                got: grad.len(),
+            });
+        }
+        let layout = self.link.layout();
+        let mut tensors = Vec::with_capacity(layout.len());
+        let mut at = 0;
+        for t in 0..layout.len() {
+            let n = layout.tensor_len(t);
+            tensors.push(&grad[at..at + n]);
+            at += n;
+        }
+        self.push(index, &tensors).await
     }
 
     /// Hands a [`Params::values`] buffer back so the next reply reuses it
