@@ -10,6 +10,9 @@
 //!   ranks high in a sample of recent staleness values (seed 004).
 //! * [`baselines`] — plain ASGD, naive ASGD with momentum, synchronous SGD with
 //!   momentum, for comparison.
+//! * [`mlp`] — a small MLP and a seeded synthetic classification dataset:
+//!   a real, non-convex model for the servers to train (flat parameters,
+//!   per-tensor [`Layout`](crate::layout::Layout)).
 //!
 //! The index in a ticket means "the server state these parameters came from":
 //! the iteration index for OrMo and ASGD, the logical clock for the filter, the
@@ -18,6 +21,7 @@
 
 pub mod baselines;
 mod error;
+pub mod mlp;
 pub mod ordered_momentum;
 pub mod sim;
 pub mod straggler;
