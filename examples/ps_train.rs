@@ -112,7 +112,12 @@ struct AllArgs {
     #[command(flatten)]
     training: Training,
     /// Algorithms to compare.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "ormo,asgd,ssgd,filter")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "ormo,asgd,ssgd,filter"
+    )]
     algos: Vec<Algo>,
     /// Injected loss on each worker's link, each direction.
     #[arg(long, default_value_t = 0.05)]
@@ -586,7 +591,8 @@ fn report(a: &AllArgs, outcomes: &[(Algo, Outcome)]) {
         let last = o.evals.last().copied().unwrap_or_default();
         let to_acc = o.evals.iter().find(|e| e.3 >= a.target_accuracy);
         let to_loss = o.evals.iter().find(|e| e.2 <= a.target_loss);
-        let secs = |e: Option<&(f64, u64, f64, f64)>| e.map_or("-".into(), |e| format!("{:.1}", e.0));
+        let secs =
+            |e: Option<&(f64, u64, f64, f64)>| e.map_or("-".into(), |e| format!("{:.1}", e.0));
         let zero: f64 = field(&o.done, "zero_filled").parse().unwrap_or(0.0);
         println!(
             "| {} | {} | {} | {} | {} | {:.1} | {:.3} | {:.3} | {} | {} |",

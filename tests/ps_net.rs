@@ -414,9 +414,10 @@ async fn three_workers_train_an_mlp_to_90_percent_over_5_percent_loss() {
                     ..quick()
                 };
                 let ep = Endpoint::client(dir.join("ca.pem"), config).unwrap();
-                let mut w = Worker::join(&ep, addr, "localhost", model.layout(), Compression::Rounds)
-                    .await
-                    .unwrap();
+                let mut w =
+                    Worker::join(&ep, addr, "localhost", model.layout(), Compression::Rounds)
+                        .await
+                        .unwrap();
                 let mut params = w.pull().await.unwrap();
                 let mut rng = SplitMix64::new(i);
                 let mut grad = vec![0f32; model.param_count()];
@@ -439,7 +440,10 @@ async fn three_workers_train_an_mlp_to_90_percent_over_5_percent_loss() {
     run.stop.send(()).unwrap();
     let stats = run.done.await.unwrap().unwrap();
     let after = model.evaluate(&params, &test).unwrap();
-    eprintln!("accuracy {:.3} -> {:.3}, {stats:?}", before.accuracy, after.accuracy);
+    eprintln!(
+        "accuracy {:.3} -> {:.3}, {stats:?}",
+        before.accuracy, after.accuracy
+    );
     assert_eq!(steps, 900);
     // The loss was real: some gradient bytes were zero-filled.
     assert!(stats.zero_filled_bytes > 0, "{stats:?}");
