@@ -19,6 +19,55 @@
 //! ([`ParameterServer::leave`](crate::ps::ParameterServer::leave)); the
 //! others go on. A synchronous server shrinks its round to the workers left.
 //!
+//! # Example: one worker, one push, on loopback
+//!
+//! ```
+//! use gradlane::layout::{Layout, TensorSpec};
+//! use gradlane::ps::{Disposition, OrderedMomentum, OrderedMomentumConfig};
+//! use gradlane::ps_net::{self, Compression, ServerHandle, Worker};
+//! use gradlane::transport::{tls, Config, Endpoint};
+//!
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = std::env::temp_dir().join(format!("gradlane-ps-doc-{}", std::process::id()));
+//! tls::generate_certs(&dir, &["localhost"])?;
+//! let layout = Layout::new(vec![
+//!     TensorSpec::dense("w", [16, 64]),
+//!     TensorSpec::dense("b", [16]),
+//! ])?;
+//!
+//! // The server: OrMo for two workers over 16 * 64 + 16 parameters.
+//! let cfg = OrderedMomentumConfig { workers: 2, momentum: 0.9, learning_rate: 0.01 };
+//! let handle = ServerHandle::new(OrderedMomentum::new(cfg, vec![0.0; 1040])?);
+//! let endpoint = Endpoint::server(
+//!     "127.0.0.1:0".parse()?,
+//!     dir.join("server.pem"),
+//!     dir.join("server.key"),
+//!     Config::default(),
+//! )?;
+//! let addr = endpoint.local_addr()?;
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! let serving = tokio::spawn({
+//!     let handle = handle.clone();
+//!     async move { ps_net::run(&endpoint, handle, stopped).await }
+//! });
+//!
+//! // A worker: pull, compute (here: a constant gradient), push.
+//! let client = Endpoint::client(dir.join("ca.pem"), Config::default())?;
+//! let mut worker = Worker::join(&client, addr, "localhost", &layout, Compression::Rounds).await?;
+//! let params = worker.pull().await?;
+//! let reply = worker.push_flat(params.index, &vec![1.0; 1040]).await?;
+//! assert_eq!(reply.disposition, Disposition::Applied { staleness: 0 });
+//! assert!(reply.params.values.iter().all(|&w| w < 0.0));
+//! worker.leave().await;
+//!
+//! stop.send(()).ok();
+//! let stats = serving.await??;
+//! assert_eq!(stats.applied, 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! - [`protocol`]: the request/reply messages (pure, no sockets).
 //! - [`server`]: [`run`] and [`ServerHandle`].
 //! - [`worker`]: [`Worker`], the client side.

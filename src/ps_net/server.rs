@@ -215,9 +215,19 @@ async fn session<S: ParameterServer>(mut link: Link, shared: Arc<Shared<S>>, dim
         Ok(()) => tracing::info!("worker finished"),
         Err(e) => tracing::info!(%e, "worker gone"),
     }
-    if let Err(SessionError::Stream(StreamError::Message(e)) | SessionError::Message(e)) = &why {
+    // A worker that broke the protocol learns why; one whose connection
+    // is already gone needs no close.
+    let broken = match &why {
+        Err(SessionError::Stream(StreamError::Message(e)) | SessionError::Message(e)) => {
+            Some(e.to_string())
+        }
+        Err(SessionError::Stream(StreamError::Truncated)) => Some("request truncated".into()),
+        Err(e @ SessionError::RoundMismatch { .. }) => Some(e.to_string()),
+        _ => None,
+    };
+    if let Some(why) = broken {
         link.connection()
-            .close(VarInt::from_u32(codes::PROTOCOL), e.to_string().as_bytes());
+            .close(VarInt::from_u32(codes::PROTOCOL), why.as_bytes());
     }
     if let Err(e) = lock(&shared.server).leave(held) {
         tracing::warn!(%e, "could not release the worker's ticket");
