@@ -564,3 +564,52 @@ fn baselines_follow_the_pull_push_shape() {
         PushError::NonFinite { position: 0 }
     );
 }
+
+#[test]
+fn a_leaving_worker_shrinks_the_synchronous_round() {
+    use gradlane::ps::baselines::SyncMomentum;
+    use gradlane::ps::ReleaseError;
+    let mut s = SyncMomentum::new(3, 0.1, 0.5, vec![0.0]).unwrap();
+    for _ in 0..3 {
+        assert_eq!(s.pull().unwrap().unwrap().index, 0);
+    }
+    // Two push, the third dies holding its ticket: the round completes with
+    // the mean of the two it has.
+    assert_eq!(
+        s.push(&[1.0], 0).unwrap().disposition,
+        Disposition::Buffered
+    );
+    assert_eq!(
+        s.push(&[3.0], 0).unwrap().disposition,
+        Disposition::Buffered
+    );
+    assert_eq!(s.steps(), 0);
+    s.leave(Some(0)).unwrap();
+    assert_eq!(s.steps(), 1);
+    assert_eq!(s.workers(), 2);
+    // u = 0.5 * 0 + mean(1, 3) = 2; w = 0 - 0.1 * 2.
+    assert!((s.params()[0] + 0.2).abs() < 1e-6);
+    // The next round waits for the two that are left, and no more.
+    assert!(s.pull().unwrap().is_some());
+    assert!(s.pull().unwrap().is_some());
+    assert!(s.pull().unwrap().is_none());
+    // A ticket of a finished round cannot be given back.
+    assert_eq!(s.leave(Some(0)), Err(ReleaseError::UnknownIndex(0)));
+    // A worker that leaves between rounds (holding nothing) still shrinks it.
+    s.leave(None).unwrap();
+    assert_eq!(s.workers(), 1);
+}
+
+#[test]
+fn a_leaving_worker_frees_its_ormo_slot() {
+    let mut s = ormo(2, 0.5, 0.1, vec![0.0]);
+    let a = s.pull().unwrap().unwrap().index;
+    let _b = s.pull().unwrap().unwrap().index;
+    assert!(s.pull().is_err());
+    s.leave(Some(a)).unwrap();
+    assert_eq!(s.outstanding(), 1);
+    assert!(s.pull().unwrap().is_some());
+    // Leaving without a ticket changes nothing.
+    s.leave(None).unwrap();
+    assert_eq!(s.outstanding(), 2);
+}
