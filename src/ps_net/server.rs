@@ -97,6 +97,17 @@ struct Shared<S> {
     pool: Arc<BufferPool>,
 }
 
+/// Runs `f`, which takes the server lock and may spend milliseconds on a
+/// large model (apply a gradient, copy the parameters). On a multi-threaded
+/// runtime the thread is handed over first, so quinn's tasks queued behind
+/// it (and sessions waiting for the lock) do not stall the connections.
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panicking session must not take every other worker down with it.
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -269,11 +280,13 @@ async fn serve_worker<S: ParameterServer>(
                         got: delivered.index,
                     });
                 }
-                let mut at = 0;
-                for t in &delivered.tensors {
-                    grad[at..at + t.len()].copy_from_slice(t);
-                    at += t.len();
-                }
+                blocking(|| {
+                    let mut at = 0;
+                    for t in &delivered.tensors {
+                        grad[at..at + t.len()].copy_from_slice(t);
+                        at += t.len();
+                    }
+                });
                 let lossy = delivered.stats.lossy();
                 {
                     let mut st = lock(&shared.stats);
@@ -285,8 +298,11 @@ async fn serve_worker<S: ParameterServer>(
                 (index, "round")
             }
             Request::PushCodec { index, frame } => {
-                grad.fill(0.0);
-                if let Err(e) = codec::decode_into_dense(&frame, &mut grad) {
+                let decoded = blocking(|| {
+                    grad.fill(0.0);
+                    codec::decode_into_dense(&frame, &mut grad)
+                });
+                if let Err(e) = decoded {
                     refuse(&mut send, shared, &format!("codec frame: {e}")).await?;
                     continue;
                 }
@@ -309,7 +325,7 @@ async fn push<S: ParameterServer>(
     grad: &[f32],
     index: u64,
 ) -> Result<(), SessionError> {
-    let reply = {
+    let reply = blocking(|| {
         let mut server = lock(&shared.server);
         match server.push(grad, index) {
             Err(e) => Err(e),
@@ -342,7 +358,7 @@ async fn push<S: ParameterServer>(
                 Ok((disposition, framed, server.steps()))
             }
         }
-    };
+    });
     shared.changed.notify_waiters();
     match reply {
         Err(e) => refuse(send, shared, &push_refusal(&e)).await,
@@ -384,7 +400,7 @@ async fn wait_and_pull<S: ParameterServer>(
         // Register before looking, so a push between the look and the wait
         // still wakes us.
         changed.as_mut().enable();
-        let pulled = {
+        let pulled = blocking(|| {
             let mut server = lock(&shared.server);
             let steps = server.steps();
             let pulled = if steps < min_steps {
@@ -406,7 +422,7 @@ async fn wait_and_pull<S: ParameterServer>(
                 Ok(None) => Ok(None),
                 Err(e) => Err(e),
             }
-        };
+        });
         match pulled {
             Ok(Some(framed)) => {
                 lock(&shared.stats).params_sent += 1;
