@@ -67,6 +67,10 @@ struct Args {
     /// Give up on a single round after this many seconds.
     #[arg(long, default_value_t = 60)]
     round_timeout_s: u64,
+    /// Only run variants whose name contains this text (for profiling one
+    /// variant; the goal lines then only cover what ran).
+    #[arg(long)]
+    only: Option<String>,
 }
 
 /// What a variant moves.
@@ -90,8 +94,9 @@ struct Row {
     times: Vec<f64>,
     /// gradlane: `SendReport::important` per round, seconds, sorted.
     important: Vec<f64>,
-    /// gradlane: `SendReport::encode` per round, seconds, sorted.
-    encode: Vec<f64>,
+    /// gradlane: `SendReport::plan` per round (scoring and classing, before
+    /// the first byte can leave), seconds, sorted.
+    plan: Vec<f64>,
     /// gradlane: important bytes per round (last round).
     important_bytes: u64,
     /// gradlane: mean zero-filled bytes per round.
@@ -160,6 +165,11 @@ impl Bench {
     /// Runs one variant on a fresh connection: a warm-up round, then timed
     /// rounds until `--rounds` or the budget.
     async fn run(&self, name: &str, kind: Kind, congestion: Option<Congestion>, loss: f64) -> Row {
+        let skip = self
+            .args
+            .only
+            .as_ref()
+            .is_some_and(|o| !name.contains(o.as_str()));
         let mut row = Row {
             name: name.to_string(),
             congestion,
@@ -167,12 +177,16 @@ impl Bench {
             kind,
             times: Vec::new(),
             important: Vec::new(),
-            encode: Vec::new(),
+            plan: Vec::new(),
             important_bytes: 0,
             zero_filled: 0.0,
             note: String::new(),
         };
         let seed = 1000 + (loss * 1e4) as u64;
+        if skip {
+            row.note = "skipped (--only)".into();
+            return row;
+        }
         let result = match kind {
             Kind::Gradlane(ratio) => {
                 self.gradlane(ratio, congestion.unwrap_or_default(), loss, seed, &mut row)
@@ -189,7 +203,7 @@ impl Bench {
         }
         row.times.sort_by(f64::total_cmp);
         row.important.sort_by(f64::total_cmp);
-        row.encode.sort_by(f64::total_cmp);
+        row.plan.sort_by(f64::total_cmp);
         eprintln!(
             "{name} {congestion:?} loss {loss}: {} rounds, median {:.1} ms, p99 {:.1} ms {}",
             row.times.len(),
@@ -279,7 +293,7 @@ impl Bench {
                 row.times
                     .push(delivered.duration_since(start).as_secs_f64());
                 row.important.push(report.important.as_secs_f64());
-                row.encode.push(report.encode.as_secs_f64());
+                row.plan.push(report.plan.as_secs_f64());
                 row.important_bytes = report.important_bytes;
                 zero += round.stats.lossy().zero_filled_bytes;
             }
@@ -590,7 +604,7 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
     println!("Important arrival (BBR): gradlane's SendReport.important vs a raw quinn stream of the important bytes only");
     println!();
     println!(
-        "| loss | important MB | gradlane median ms | of which encode | raw quinn median ms | ratio | ratio without encode |"
+        "| loss | important MB | gradlane median ms | of which before the first byte | raw quinn median ms | ratio | ratio without that |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     let mut imp_ratios = Vec::new();
@@ -607,7 +621,7 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
             }
             _ => "-".into(),
         };
-        let enc = median(&gl.encode);
+        let enc = median(&gl.plan);
         let net = match (a, enc, b) {
             (Some(a), Some(e), Some(b)) => format!("{:.2}x", (a - e) / b),
             _ => "-".into(),

@@ -26,6 +26,8 @@ pub mod codes {
     pub const LAYOUT_MISMATCH: u32 = 0x4702;
     /// The handshake could not be read.
     pub const BAD_HELLO: u32 = 0x4703;
+    /// Stream reset: the sender gave up on a round before its end.
+    pub const ROUND_ABANDONED: u32 = 0x4704;
 }
 
 /// Largest control message accepted (a layout of ~100k tensors fits).

@@ -18,9 +18,11 @@
 //! later is merged into the next round by the core.
 
 use super::handshake::{codes, framed, Control, HandshakeError, MAX_MESSAGE};
-use crate::encode::{EncodeError, EncodedRound, Encoder, EncoderConfig};
+use crate::encode::{EncodeError, EncodedRound, Encoder, EncoderConfig, RoundFramer};
 use crate::layout::Layout;
-use crate::reassembly::{Channel, Reassembler, ReassemblyConfig, ReassemblyError, Round};
+use crate::reassembly::{
+    Channel, Reassembler, ReassemblyConfig, ReassemblyError, Round, StreamDecoder,
+};
 use crate::wire::{self, DATA_HEADER_LEN};
 use bytes::Bytes;
 use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
@@ -99,6 +101,9 @@ pub enum LinkError {
     /// A datagram could not be sent.
     #[error("datagram: {0}")]
     Datagram(#[from] quinn::SendDatagramError),
+    /// A task of the link failed (panicked or was cancelled).
+    #[error("internal: {0}")]
+    Internal(String),
 }
 
 impl LinkError {
@@ -133,7 +138,10 @@ pub struct SendReport {
     /// datagram size shrank after the round was framed (the pieces are
     /// counted in `lossy_packets`).
     pub lossy_reframed: Vec<u64>,
-    /// Time to score, class and frame the round.
+    /// Time to score and class the round: until the first important byte
+    /// could be handed to quinn.
+    pub plan: Duration,
+    /// Time until the whole round was framed (framing overlaps sending).
     pub encode: Duration,
     /// From the start until the peer confirmed every important chunk.
     pub important: Duration,
@@ -348,34 +356,42 @@ impl LinkSender {
             .conn
             .max_datagram_size()
             .ok_or(LinkError::NoDatagrams)?;
-        // Encoding a large model takes tens of milliseconds of CPU: tell a
-        // multi-threaded runtime so it moves other tasks (quinn's driver)
-        // off this thread meanwhile.
-        let encoded = match tokio::runtime::Handle::current().runtime_flavor() {
-            tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(|| self.encoder.encode(round, grads, max))?
-            }
-            _ => self.encoder.encode(round, grads, max)?,
-        };
-        let encode = start.elapsed();
+        // Scoring and classing read the whole round: every check on the
+        // gradients happens here, before a byte is sent.
+        let encoder = &mut self.encoder;
+        let framer = blocking(|| encoder.start(round, grads, max))?;
+        let plan = start.elapsed();
+        tracing::debug!(?plan, "classed");
         let mut report = SendReport {
             round,
-            important_bytes: encoded.end.bytes[0],
+            important_bytes: framer.end().bytes[0],
             lossy_packets: vec![0; self.levels as usize],
             lossy_bytes: vec![0; self.levels as usize],
             lossy_dropped: vec![0; self.levels as usize],
             lossy_reframed: vec![0; self.levels as usize],
-            encode,
+            plan,
             ..Default::default()
         };
 
         let acked = self.tx.acked_notify.notified();
         tokio::pin!(acked);
-        let mut stream = self.conn.open_uni().await.map_err(LinkError::from_conn)?;
+        let stream = self.conn.open_uni().await.map_err(LinkError::from_conn)?;
         // Above the control stream and any stream of an older round.
         let _ = stream.set_priority(i32::MAX);
-        stream.write_chunk(encoded.reliable.clone()).await?;
-        let _ = stream.finish();
+        // Framing ~100 MB takes tens of milliseconds: the important pieces go
+        // to quinn from a writer task as soon as each is framed, while this
+        // thread frames the next ones and then the datagrams.
+        let (pieces, queue) = mpsc::unbounded_channel();
+        let writer = tokio::spawn(write_reliable(stream, queue, framer.reliable_len()));
+        let encoded = frame_pipelined(framer, grads, pieces).await;
+        report.encode = start.elapsed();
+        tracing::debug!(?report.encode, "framed");
+        let written = writer
+            .await
+            .map_err(|e| LinkError::Internal(format!("stream writer: {e}")));
+        let encoded = encoded?;
+        written??;
+        tracing::debug!(elapsed = ?start.elapsed(), "important data handed to quinn");
         loop {
             acked.as_mut().enable();
             if lock(&self.tx.acked).remove(&round) {
@@ -391,6 +407,7 @@ impl LinkSender {
 
         self.send_lossy(&encoded, start, &mut report).await?;
         report.total = start.elapsed();
+        tracing::debug!(?report.total, "lossy data queued");
         self.encoder.recycle(encoded);
         Ok(report)
     }
@@ -466,6 +483,75 @@ impl LinkSender {
     }
 }
 
+/// Important pieces handed to quinn at a time: small enough that the first
+/// leaves within a fraction of a millisecond of framing, large enough that
+/// the per-piece cost (a channel message, a `write_chunk`) is negligible.
+const RELIABLE_PIECE: usize = 512 << 10;
+
+/// Runs CPU-heavy core work (scoring, framing: tens of milliseconds for a
+/// large model). On a multi-threaded runtime it tells tokio, which moves the
+/// other tasks of this worker (quinn's drivers, the stream writer) to
+/// another thread meanwhile; a current-thread runtime has no other thread.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+/// Frames the important segments piece by piece into `pieces`, then the
+/// datagrams.
+async fn frame_pipelined<G: AsRef<[f32]>>(
+    mut framer: RoundFramer,
+    grads: &[G],
+    pieces: mpsc::UnboundedSender<Bytes>,
+) -> Result<EncodedRound, LinkError> {
+    let feed = |framer: &mut RoundFramer| -> Result<bool, LinkError> {
+        match framer.next_reliable(grads, RELIABLE_PIECE)? {
+            // A closed queue means the writer failed; its error is reported.
+            Some(piece) => Ok(pieces.send(piece).is_ok()),
+            None => Ok(false),
+        }
+    };
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(|| {
+            while feed(&mut framer)? {}
+            Ok(framer.finish(grads)?)
+        }),
+        // One thread for everything: let the writer and quinn's driver run
+        // between pieces.
+        _ => {
+            while feed(&mut framer)? {
+                tokio::task::yield_now().await;
+            }
+            Ok(framer.finish(grads)?)
+        }
+    }
+}
+
+/// The writer of a round's reliable stream: writes the pieces as they come
+/// and finishes the stream once all `total` bytes are written. If the
+/// queue closes before (the round was abandoned: `send_round` dropped or
+/// failed), the stream is reset instead, so the peer never mistakes a cut
+/// stream for a whole round.
+async fn write_reliable(
+    mut stream: SendStream,
+    mut pieces: mpsc::UnboundedReceiver<Bytes>,
+    total: usize,
+) -> Result<(), LinkError> {
+    let mut written = 0;
+    while written < total {
+        let Some(piece) = pieces.recv().await else {
+            let _ = stream.reset(VarInt::from_u32(codes::ROUND_ABANDONED));
+            return Ok(());
+        };
+        written += piece.len();
+        stream.write_chunk(piece).await?;
+    }
+    let _ = stream.finish();
+    Ok(())
+}
+
 /// Payload bytes of a datagram framed by this crate.
 fn payload_bytes(d: &Bytes) -> u64 {
     let headers = wire::decode_all(d).count() * DATA_HEADER_LEN;
@@ -495,6 +581,7 @@ impl LinkReceiver {
     }
 
     async fn finish_round(&mut self, round: u32) -> Result<Round, LinkError> {
+        let ended = Instant::now();
         let idle = self.timing.grace + self.conn.rtt() * 2;
         let cap = Instant::now() + self.timing.max_grace;
         loop {
@@ -510,8 +597,10 @@ impl LinkReceiver {
                 break;
             }
         }
+        let waited = ended.elapsed();
         let delivered = lock(&self.rx.reassembler).deliver(round)?;
         tracing::debug!(
+            ?waited,
             zero_filled = delivered.stats.lossy().zero_filled_bytes,
             late = delivered.stats.lossy().late_merged_bytes,
             "delivered"
@@ -611,9 +700,11 @@ async fn stream_acceptor(
     }
 }
 
-/// The reliable engine: one round's stream, segment by segment, into the
-/// reassembler. Malformed data closes the connection: a reliable stream
-/// cannot have been damaged in transit, so the peer is broken.
+/// The reliable engine: one round's stream into the reassembler, straight
+/// from quinn's buffers (no copy before the one into the tensor), several
+/// received pieces per lock. Malformed data closes the connection: a
+/// reliable stream cannot have been damaged in transit, so the peer is
+/// broken.
 async fn round_stream_reader(
     conn: Connection,
     mut stream: RecvStream,
@@ -621,47 +712,43 @@ async fn round_stream_reader(
     control: Arc<tokio::sync::Mutex<SendStream>>,
     ended: mpsc::UnboundedSender<Result<u32, String>>,
 ) {
-    // Sized for the largest segment once, so no read zero-fills anything.
-    let mut buf = vec![0u8; DATA_HEADER_LEN + wire::MAX_SEGMENT_PAYLOAD as usize];
+    let mut decoder = StreamDecoder::new();
+    // quinn hands over one received frame (about a packet) per piece.
+    let mut pieces = vec![Bytes::new(); 64];
     loop {
-        match stream.read_exact(&mut buf[..DATA_HEADER_LEN]).await {
-            Ok(()) => {}
-            Err(quinn::ReadExactError::FinishedEarly(0)) => return,
-            Err(quinn::ReadExactError::FinishedEarly(_)) => {
-                return fail(&conn, &ended, "round stream ends inside a segment".into())
-            }
-            Err(quinn::ReadExactError::ReadError(_)) => return,
-        }
-        let total = match wire::segment_len(&buf[..DATA_HEADER_LEN]) {
+        let n = match stream.read_chunks(&mut pieces).await {
             Ok(Some(n)) => n,
-            Ok(None) => return fail(&conn, &ended, "short segment header".into()),
-            Err(e) => return fail(&conn, &ended, format!("malformed segment: {e}")),
+            Ok(None) if decoder.at_boundary() => return,
+            Ok(None) => return fail(&conn, &ended, "round stream ends inside a segment".into()),
+            // Reset by the sender (an abandoned round) or the connection is
+            // gone: nothing to deliver.
+            Err(_) => return,
         };
-        // segment_len caps a data segment at MAX_SEGMENT_PAYLOAD; a round
-        // end is shorter still.
-        match stream.read_exact(&mut buf[DATA_HEADER_LEN..total]).await {
-            Ok(()) => {}
-            Err(quinn::ReadExactError::FinishedEarly(_)) => {
-                return fail(&conn, &ended, "round stream ends inside a segment".into())
-            }
-            Err(quinn::ReadExactError::ReadError(_)) => return,
+        let mut round_end = None;
+        let fed = {
+            let mut reassembler = lock(&rx.reassembler);
+            pieces[..n].iter().try_for_each(|piece| {
+                let out = decoder.feed(&mut reassembler, piece)?;
+                round_end = round_end.or(out.ended);
+                Ok::<_, ReassemblyError>(())
+            })
+        };
+        if let Err(e) = fed {
+            return fail(&conn, &ended, format!("{e}"));
         }
-        let pushed = lock(&rx.reassembler).push(&buf[..total], Channel::Reliable);
-        match pushed {
-            Ok(out) => {
-                if let Some(r) = out.ended {
-                    let mut c = control.lock().await;
-                    if write_control(&mut c, Control::ImportantReceived(r))
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                    drop(c);
-                    let _ = ended.send(Ok(r));
-                }
+        // Let quinn reuse the buffers now, not when the slots are refilled.
+        pieces[..n].fill(Bytes::new());
+        if let Some(r) = round_end {
+            tracing::debug!(round = r, "round end arrived");
+            let mut c = control.lock().await;
+            if write_control(&mut c, Control::ImportantReceived(r))
+                .await
+                .is_err()
+            {
+                return;
             }
-            Err(e) => return fail(&conn, &ended, format!("{e}")),
+            drop(c);
+            let _ = ended.send(Ok(r));
         }
     }
 }
