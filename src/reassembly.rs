@@ -294,6 +294,39 @@ struct LateSegment {
     values: Vec<f32>,
 }
 
+/// Sets to zero every value of `tensor` (whose first value is bit `base`
+/// of `seen`) that `seen` does not mark as received. Whole words of 64
+/// received values are skipped at once, so a complete round costs one scan
+/// of the bitmap.
+fn zero_unseen(seen: &Bitmap, base: u64, tensor: &mut [f32]) {
+    let len = tensor.len() as u64;
+    let mut i = 0u64;
+    while i < len {
+        let g = base + i;
+        let word = seen.0[(g / 64) as usize];
+        let bit = g % 64;
+        if bit == 0 && i + 64 <= len {
+            match word {
+                u64::MAX => {}
+                0 => tensor[i as usize..i as usize + 64].fill(0.0),
+                w => {
+                    for b in 0..64 {
+                        if (w >> b) & 1 == 0 {
+                            tensor[(i + b) as usize] = 0.0;
+                        }
+                    }
+                }
+            }
+            i += 64;
+            continue;
+        }
+        if (word >> bit) & 1 == 0 {
+            tensor[i as usize] = 0.0;
+        }
+        i += 1;
+    }
+}
+
 /// Rebuilds rounds from segments; see the module docs.
 #[derive(Debug)]
 pub struct Reassembler {
@@ -559,10 +592,10 @@ impl Reassembler {
 
     fn new_round(&mut self) -> OpenRound {
         let tensors = match self.spare_tensors.pop() {
-            Some(mut t) => {
-                t.iter_mut().for_each(|v| v.fill(0.0));
-                t
-            }
+            // Not cleared here: `deliver` zeroes exactly the values that
+            // never arrived, which for a whole round is none (clearing ~100
+            // MB up front cost a pass over memory, in the receive path).
+            Some(t) => t,
             // vec![0.0; n] comes from zeroed pages.
             None => (0..self.layout.len())
                 .map(|t| vec![0f32; self.layout.tensor_len(t)])
@@ -698,6 +731,10 @@ impl Reassembler {
             if class != NO_CLASS && r.chunk_bytes[id] < self.plan.chunks()[id].byte_len() {
                 stats.classes[class as usize].partial_chunks += 1;
             }
+        }
+        // Recycled tensors still hold an older round where nothing arrived.
+        for (t, tensor) in r.tensors.iter_mut().enumerate() {
+            zero_unseen(&r.seen, self.layout.value_offset(t), tensor);
         }
         for seg in self.late.drain(..) {
             let t = &mut r.tensors[seg.tensor as usize];

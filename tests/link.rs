@@ -6,7 +6,7 @@ use gradlane::layout::{Layout, TensorSpec};
 use gradlane::presets;
 use gradlane::transport::handshake::codes;
 use gradlane::transport::tls::generate_certs;
-use gradlane::transport::{Config, Endpoint, Faults, Link, LinkError, RoundTiming};
+use gradlane::transport::{Config, Endpoint, Faults, Link, LinkError, LossyRelease, RoundTiming};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -100,6 +100,8 @@ async fn rounds_under_loss(loss: f64, seed: u64) {
     assert!(delivered_bytes + late_bytes <= sent_lossy_bytes);
     if loss == 0.0 {
         assert_eq!(delivered_bytes, sent_lossy_bytes);
+        // Every datagram quinn received was read by the link.
+        assert_eq!(server.datagrams_dropped_by_quinn(), 0);
     } else {
         let stats = client_ep.fault_stats().unwrap();
         assert!(stats.segments_dropped_out > 0, "{stats:?}");
@@ -219,6 +221,9 @@ async fn late_datagrams_are_merged_into_the_next_round() {
     let layout = presets::resnet18();
     let config = Config {
         timing: RoundTiming {
+            // Datagrams leave only after the round end was confirmed, so
+            // none can arrive before the round is delivered.
+            release: LossyRelease::Acknowledged,
             grace: Duration::ZERO,
             max_grace: Duration::ZERO,
             lossy_deadline: None,

@@ -468,3 +468,29 @@ fn a_broken_stream_is_a_typed_error_and_stays_broken() {
     decoder.feed(&mut rx, &enc.reliable[..50]).unwrap();
     assert!(!decoder.at_boundary());
 }
+
+#[test]
+fn recycled_tensors_are_zero_where_nothing_arrived() {
+    // Tensors handed back are not cleared when a round opens; delivery must
+    // zero exactly what never arrived, never leak an older round's values.
+    let layout = presets::tiny();
+    let mut enc = Encoder::new(&layout, EncoderConfig::default()).unwrap();
+    let mut rx = receiver(&layout);
+    let g0: Vec<Vec<f32>> = common::grads(&layout, 1);
+    let e0 = enc.encode(0, &g0, 1200).unwrap();
+    push_round(&mut rx, &e0, |_| true);
+    let r0 = rx.deliver(0).unwrap();
+    rx.recycle(r0.tensors).unwrap();
+    let g1 = common::grads(&layout, 2);
+    let e1 = enc.encode(1, &g1, 1200).unwrap();
+    let dropped = push_round(&mut rx, &e1, |i| i % 3 == 0);
+    assert!(!dropped.is_empty());
+    let mask = dropped_mask(&layout, &dropped);
+    let r1 = rx.deliver(1).unwrap();
+    for t in 0..layout.len() {
+        for (i, v) in r1.tensors[t].iter().enumerate() {
+            let want = if mask[t][i] { 0.0 } else { g1[t][i] };
+            assert_eq!(v.to_bits(), want.to_bits(), "tensor {t} value {i}");
+        }
+    }
+}

@@ -1,14 +1,15 @@
 //! A bidirectional gradient link over one QUIC connection.
 //!
-//! Sending a round: the core encoder frames it; the important segments go on
-//! a fresh unidirectional stream at the highest priority, closed by the
-//! round end; then the sender waits until the peer reports that every
-//! important chunk arrived, and only then releases the lossy datagrams, level
-//! 1 first. quinn puts datagrams ahead of stream data in every packet, so
-//! releasing them earlier would slow the important bytes; and because
-//! datagrams are queued with `send_datagram_wait`, quinn never drops the
-//! oldest queued ones on its own: what is not sent by the optional deadline
-//! is dropped here, lowest level first, and counted.
+//! Sending a round: the core encoder scores and classes it, then frames the
+//! important segments piece by piece while a writer task hands each piece
+//! to a fresh unidirectional stream at the highest priority, closed by the
+//! round end. The lossy datagrams, level 1 first, are released once quinn
+//! has sent the important bytes (see [`LossyRelease`]): quinn puts
+//! datagrams ahead of stream data in every packet, so releasing them earlier
+//! would slow the important bytes. Because datagrams are queued with
+//! `send_datagram_wait`, quinn never drops the oldest queued ones on its
+//! own: what is not sent by the optional deadline is dropped here, lowest
+//! level first, and counted.
 //!
 //! Receiving: a reliable engine (one task per round stream) and an
 //! unreliable engine (one task reading datagrams) both feed the core
@@ -26,7 +27,8 @@ use crate::reassembly::{
 use crate::wire::{self, DATA_HEADER_LEN};
 use bytes::Bytes;
 use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -34,13 +36,32 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+/// When a round's lossy datagrams may start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LossyRelease {
+    /// Once every important byte is in quinn's hands and quinn has sent at
+    /// least as many bytes (less those lost) as the important stream holds.
+    /// The path does not idle while the peer's confirmation travels back;
+    /// the datagrams may overtake only the stream's unsent tail, which its
+    /// flow-control window bounds (measured on loopback: about 200 kB of an
+    /// 82 MB stream). The peer's confirmation, if it comes first, also
+    /// releases them.
+    #[default]
+    Sent,
+    /// Once the peer confirmed every important chunk: one round trip during
+    /// which the path idles, but no datagram can delay important data.
+    Acknowledged,
+}
+
 /// Timing and dropping policy of a link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoundTiming {
+    /// When the lossy datagrams start.
+    pub release: LossyRelease,
     /// After a round's important data is in, how long to wait after the last
     /// datagram of the round before delivering without the rest (plus two
-    /// round-trip times, since datagrams start one RTT after the important
-    /// data is acknowledged). The default, 30 ms, is above quinn's 25 ms
+    /// round-trip times, for datagrams released on the peer's confirmation
+    /// and still in flight). The default, 30 ms, is above quinn's 25 ms
     /// maximum ACK delay: a sender whose congestion window is full of
     /// datagrams can stall that long waiting for an ACK, and a shorter grace
     /// then turns a lossless round's datagrams into late ones (measured on
@@ -56,6 +77,7 @@ pub struct RoundTiming {
 impl Default for RoundTiming {
     fn default() -> Self {
         Self {
+            release: LossyRelease::default(),
             grace: Duration::from_millis(30),
             max_grace: Duration::from_secs(2),
             lossy_deadline: None,
@@ -145,8 +167,19 @@ pub struct SendReport {
     pub encode: Duration,
     /// From the start until the peer confirmed every important chunk.
     pub important: Duration,
+    /// From the start until the first datagram could be queued.
+    pub lossy_start: Duration,
     /// From the start until the last datagram was queued.
     pub total: Duration,
+}
+
+/// When a delivered round's parts arrived, for measuring a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundArrival {
+    /// When the round end was read: every important chunk was in.
+    pub important: Instant,
+    /// When the round was delivered.
+    pub delivered: Instant,
 }
 
 /// State shared between a link's receive tasks and `recv_round`.
@@ -154,11 +187,14 @@ struct RxShared {
     reassembler: Mutex<Reassembler>,
     /// Woken whenever a datagram is placed.
     progress: Notify,
+    /// Datagrams the unreliable engine took from quinn.
+    datagrams_read: AtomicU64,
 }
 
 /// State shared between the control reader and `send_round`.
 struct TxShared {
-    acked: Mutex<HashSet<u32>>,
+    /// Rounds the peer confirmed, and when the confirmation came.
+    acked: Mutex<HashMap<u32, Instant>>,
     acked_notify: Notify,
 }
 
@@ -181,7 +217,7 @@ pub struct LinkSender {
 pub struct LinkReceiver {
     conn: Connection,
     rx: Arc<RxShared>,
-    ended: mpsc::UnboundedReceiver<Result<u32, String>>,
+    ended: mpsc::UnboundedReceiver<Result<(u32, Instant), String>>,
     timing: RoundTiming,
     _tasks: TaskGuard,
 }
@@ -236,9 +272,10 @@ impl Link {
         let rx = Arc::new(RxShared {
             reassembler: Mutex::new(reassembler),
             progress: Notify::new(),
+            datagrams_read: AtomicU64::new(0),
         });
         let tx = Arc::new(TxShared {
-            acked: Mutex::new(HashSet::new()),
+            acked: Mutex::new(HashMap::new()),
             acked_notify: Notify::new(),
         });
         let (ended_tx, ended) = mpsc::unbounded_channel();
@@ -291,6 +328,12 @@ impl Link {
         self.receiver.recv_round().await
     }
 
+    /// Receives the next round with its arrival times. See
+    /// [`LinkReceiver::recv_round_timed`].
+    pub async fn recv_round_timed(&mut self) -> Result<(Round, RoundArrival), LinkError> {
+        self.receiver.recv_round_timed().await
+    }
+
     /// Reports the training loss to the classifier (adaptive ratio).
     pub fn report_loss(&mut self, loss: f64) -> Result<(), LinkError> {
         Ok(self.sender.encoder.report_loss(loss)?)
@@ -305,6 +348,12 @@ impl Link {
     /// The receiver's counters (malformed, duplicates, late drops, ...).
     pub fn counters(&self) -> crate::reassembly::ReceiverCounters {
         self.receiver.counters()
+    }
+
+    /// Datagrams quinn received but dropped before the link read them; see
+    /// [`LinkReceiver::datagrams_dropped_by_quinn`].
+    pub fn datagrams_dropped_by_quinn(&self) -> u64 {
+        self.receiver.datagrams_dropped_by_quinn()
     }
 
     /// Payload bytes of late segments waiting to be added into the next round.
@@ -373,8 +422,11 @@ impl LinkSender {
             ..Default::default()
         };
 
-        let acked = self.tx.acked_notify.notified();
-        tokio::pin!(acked);
+        // Bytes quinn sent so far, less those it declared lost (their
+        // retransmissions are counted again): the baseline for knowing when
+        // the important stream has left.
+        let sent_before = sent_bytes(&self.conn);
+        let reliable_len = framer.reliable_len() as u64;
         let stream = self.conn.open_uni().await.map_err(LinkError::from_conn)?;
         // Above the control stream and any stream of an older round.
         let _ = stream.set_priority(i32::MAX);
@@ -392,24 +444,68 @@ impl LinkSender {
         let encoded = encoded?;
         written??;
         tracing::debug!(elapsed = ?start.elapsed(), "important data handed to quinn");
-        loop {
-            acked.as_mut().enable();
-            if lock(&self.tx.acked).remove(&round) {
-                break;
-            }
-            tokio::select! {
-                _ = acked.as_mut() => acked.set(self.tx.acked_notify.notified()),
-                e = self.conn.closed() => return Err(LinkError::from_conn(e)),
-            }
-        }
-        report.important = start.elapsed();
-        tracing::debug!(?report.important, "important data confirmed");
+        // Every important byte is now in quinn's hands; its stream's
+        // flow-control window (4 MiB by default) bounds how much of it is
+        // still unsent (measured on loopback: about 200 kB of 82 MB). Also
+        // wait until quinn has sent at least as many bytes as the stream
+        // holds, a lower bound for its last byte having left.
+        let released = match self.timing.release {
+            LossyRelease::Sent => Some(sent_before + reliable_len),
+            LossyRelease::Acknowledged => None,
+        };
+        tracing::debug!(
+            sent = sent_bytes(&self.conn) - sent_before,
+            reliable_len,
+            "waiting to release"
+        );
+        self.wait_release(round, released).await?;
+        report.lossy_start = start.elapsed();
+        tracing::debug!(
+            ?report.lossy_start,
+            sent = sent_bytes(&self.conn) - sent_before,
+            "lossy data released"
+        );
 
         self.send_lossy(&encoded, start, &mut report).await?;
         report.total = start.elapsed();
         tracing::debug!(?report.total, "lossy data queued");
+        let confirmed = self.wait_release(round, None).await?;
+        lock(&self.tx.acked).remove(&round);
+        report.important = confirmed.saturating_duration_since(start);
+        tracing::debug!(?report.important, "important data confirmed");
         self.encoder.recycle(encoded);
         Ok(report)
+    }
+
+    /// Waits until the peer confirmed `round`'s important data, or (with
+    /// `sent`) until quinn's count of sent bytes reaches `sent`, whichever
+    /// comes first. Returns when the confirmation came, if it has (the
+    /// caller removes it once done with the round).
+    async fn wait_release(&self, round: u32, sent: Option<u64>) -> Result<Instant, LinkError> {
+        let acked = self.tx.acked_notify.notified();
+        tokio::pin!(acked);
+        loop {
+            acked.as_mut().enable();
+            if let Some(&at) = lock(&self.tx.acked).get(&round) {
+                return Ok(at);
+            }
+            if sent.is_some_and(|s| sent_bytes(&self.conn) >= s) {
+                return Ok(Instant::now());
+            }
+            // quinn has no event for "sent": poll its counters at the
+            // timer's granularity (a millisecond) while the stream drains.
+            let poll = async {
+                match sent {
+                    Some(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = acked.as_mut() => acked.set(self.tx.acked_notify.notified()),
+                _ = poll => {}
+                e = self.conn.closed() => return Err(LinkError::from_conn(e)),
+            }
+        }
     }
 
     async fn send_lossy(
@@ -552,6 +648,12 @@ async fn write_reliable(
     Ok(())
 }
 
+/// Bytes quinn has sent on the connection, less those it declared lost.
+fn sent_bytes(conn: &Connection) -> u64 {
+    let stats = conn.stats();
+    stats.udp_tx.bytes.saturating_sub(stats.path.lost_bytes)
+}
+
 /// Payload bytes of a datagram framed by this crate.
 fn payload_bytes(d: &Bytes) -> u64 {
     let headers = wire::decode_all(d).count() * DATA_HEADER_LEN;
@@ -562,7 +664,13 @@ impl LinkReceiver {
     /// Receives the next round: waits for its important data, then for its
     /// datagrams (see [`RoundTiming`]), and delivers the rebuilt tensors.
     pub async fn recv_round(&mut self) -> Result<Round, LinkError> {
-        let round = tokio::select! {
+        Ok(self.recv_round_timed().await?.0)
+    }
+
+    /// [`recv_round`](Self::recv_round), also telling when the round's
+    /// important data was complete and when it was delivered.
+    pub async fn recv_round_timed(&mut self) -> Result<(Round, RoundArrival), LinkError> {
+        let (round, important) = tokio::select! {
             // A protocol error is queued before the connection is closed:
             // look at the queue first so the caller learns why.
             biased;
@@ -577,7 +685,12 @@ impl LinkReceiver {
             },
         };
         let span = tracing::info_span!("recv_round", round);
-        self.finish_round(round).instrument(span).await
+        let delivered = self.finish_round(round).instrument(span).await?;
+        let arrival = RoundArrival {
+            important,
+            delivered: Instant::now(),
+        };
+        Ok((delivered, arrival))
     }
 
     async fn finish_round(&mut self, round: u32) -> Result<Round, LinkError> {
@@ -601,6 +714,7 @@ impl LinkReceiver {
         let delivered = lock(&self.rx.reassembler).deliver(round)?;
         tracing::debug!(
             ?waited,
+            quinn_dropped = self.datagrams_dropped_by_quinn(),
             zero_filled = delivered.stats.lossy().zero_filled_bytes,
             late = delivered.stats.lossy().late_merged_bytes,
             "delivered"
@@ -611,6 +725,15 @@ impl LinkReceiver {
     /// Hands a delivered round's tensors back for reuse.
     pub fn recycle(&mut self, tensors: Vec<Vec<f32>>) {
         let _ = lock(&self.rx.reassembler).recycle(tensors);
+    }
+
+    /// Datagrams quinn received but the link never got: quinn drops the
+    /// oldest received datagrams when its receive buffer
+    /// (`Tuning::datagram_receive_buffer`) fills faster than the link reads
+    /// it. Includes the few that may be waiting in that buffer right now.
+    pub fn datagrams_dropped_by_quinn(&self) -> u64 {
+        let received = self.conn.stats().frame_rx.datagram;
+        received.saturating_sub(self.rx.datagrams_read.load(Ordering::Relaxed))
     }
 
     /// The receiver's counters (malformed, duplicates, late drops, ...).
@@ -672,7 +795,7 @@ async fn control_reader(conn: Connection, mut recv: RecvStream, tx: Arc<TxShared
         };
         match msg {
             Ok(Control::ImportantReceived(r)) => {
-                lock(&tx.acked).insert(r);
+                lock(&tx.acked).insert(r, Instant::now());
                 tx.acked_notify.notify_waiters();
             }
             Ok(Control::Welcome) | Err(_) => {
@@ -687,7 +810,7 @@ async fn stream_acceptor(
     conn: Connection,
     rx: Arc<RxShared>,
     control: Arc<tokio::sync::Mutex<SendStream>>,
-    ended: mpsc::UnboundedSender<Result<u32, String>>,
+    ended: mpsc::UnboundedSender<Result<(u32, Instant), String>>,
 ) {
     while let Ok(stream) = conn.accept_uni().await {
         tokio::spawn(round_stream_reader(
@@ -710,7 +833,7 @@ async fn round_stream_reader(
     mut stream: RecvStream,
     rx: Arc<RxShared>,
     control: Arc<tokio::sync::Mutex<SendStream>>,
-    ended: mpsc::UnboundedSender<Result<u32, String>>,
+    ended: mpsc::UnboundedSender<Result<(u32, Instant), String>>,
 ) {
     let mut decoder = StreamDecoder::new();
     // quinn hands over one received frame (about a packet) per piece.
@@ -739,6 +862,7 @@ async fn round_stream_reader(
         // Let quinn reuse the buffers now, not when the slots are refilled.
         pieces[..n].fill(Bytes::new());
         if let Some(r) = round_end {
+            let arrived = Instant::now();
             tracing::debug!(round = r, "round end arrived");
             let mut c = control.lock().await;
             if write_control(&mut c, Control::ImportantReceived(r))
@@ -748,12 +872,16 @@ async fn round_stream_reader(
                 return;
             }
             drop(c);
-            let _ = ended.send(Ok(r));
+            let _ = ended.send(Ok((r, arrived)));
         }
     }
 }
 
-fn fail(conn: &Connection, ended: &mpsc::UnboundedSender<Result<u32, String>>, why: String) {
+fn fail(
+    conn: &Connection,
+    ended: &mpsc::UnboundedSender<Result<(u32, Instant), String>>,
+    why: String,
+) {
     let _ = ended.send(Err(why.clone()));
     protocol_close(conn, &why);
 }
@@ -762,6 +890,7 @@ fn fail(conn: &Connection, ended: &mpsc::UnboundedSender<Result<u32, String>>, w
 /// counted (by the reassembler) and dropped; the link goes on.
 async fn datagram_reader(conn: Connection, rx: Arc<RxShared>) {
     while let Ok(d) = conn.read_datagram().await {
+        rx.datagrams_read.fetch_add(1, Ordering::Relaxed);
         let pushed = lock(&rx.reassembler).push(&d, Channel::Lossy);
         if let Err(e) = pushed {
             tracing::debug!(%e, "dropped a malformed datagram");
