@@ -396,12 +396,16 @@ impl RoundFramer {
             .map(|p| DATA_HEADER_LEN + p.len as usize)
             .sum::<usize>()
             + ROUND_END_LEN;
+        let had_spare = spare.is_some();
         let reclaimed = spare.and_then(|mut b| {
             b.clear();
             // Reclaiming never copies (the spare is an empty tail) and fails
             // while a packet of its round is still alive somewhere.
             b.try_reclaim(total).then_some(b)
         });
+        if had_spare && reclaimed.is_none() {
+            tracing::debug!(round, "previous round's buffer still in use: fresh memory");
+        }
         // A little headroom, so that a later round with a few more headers
         // still fits the recycled buffer.
         let buf = reclaimed.unwrap_or_else(|| BytesMut::with_capacity(total + total / 64));
