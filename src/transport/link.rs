@@ -61,7 +61,10 @@ pub struct RoundTiming {
     /// After a round's important data is in, how long to wait after the last
     /// datagram of the round before delivering without the rest (plus two
     /// round-trip times, for datagrams released on the peer's confirmation
-    /// and still in flight). The default, 30 ms, is above quinn's 25 ms
+    /// and still in flight). Once the sender reports every datagram of the
+    /// round sent (`Control::LossySent`), the wait shrinks to a few
+    /// milliseconds: under loss a round no longer waits out the grace period
+    /// for datagrams that were lost. The default, 30 ms, is above quinn's 25 ms
     /// maximum ACK delay: a sender whose congestion window is full of
     /// datagrams can stall that long waiting for an ACK, and a shorter grace
     /// then turns a lossless round's datagrams into late ones (measured on
@@ -187,8 +190,12 @@ struct RxShared {
     reassembler: Mutex<Reassembler>,
     /// Woken whenever a datagram is placed.
     progress: Notify,
-    /// Datagrams the unreliable engine took from quinn.
+    /// Datagrams the unreliable engine took from quinn and placed.
     datagrams_read: AtomicU64,
+    /// Rounds whose sender reported every datagram sent, with how many
+    /// datagrams quinn had received by then: once the engine has placed as
+    /// many, every datagram of the round that was not lost is in.
+    lossy_sent: Mutex<HashMap<u32, u64>>,
 }
 
 /// State shared between the control reader and `send_round`.
@@ -207,6 +214,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The sending half of a link.
 pub struct LinkSender {
     conn: Connection,
+    /// The control stream to the peer (shared with the receive side, which
+    /// sends its confirmations on it).
+    control: Arc<tokio::sync::Mutex<SendStream>>,
     encoder: Encoder,
     levels: u8,
     tx: Arc<TxShared>,
@@ -273,6 +283,7 @@ impl Link {
             reassembler: Mutex::new(reassembler),
             progress: Notify::new(),
             datagrams_read: AtomicU64::new(0),
+            lossy_sent: Mutex::new(HashMap::new()),
         });
         let tx = Arc::new(TxShared {
             acked: Mutex::new(HashMap::new()),
@@ -281,11 +292,16 @@ impl Link {
         let (ended_tx, ended) = mpsc::unbounded_channel();
         let control_send = Arc::new(tokio::sync::Mutex::new(control_send));
         let tasks = vec![
-            tokio::spawn(control_reader(conn.clone(), control_recv, tx.clone())),
+            tokio::spawn(control_reader(
+                conn.clone(),
+                control_recv,
+                tx.clone(),
+                rx.clone(),
+            )),
             tokio::spawn(stream_acceptor(
                 conn.clone(),
                 rx.clone(),
-                control_send,
+                control_send.clone(),
                 ended_tx,
             )),
             tokio::spawn(datagram_reader(conn.clone(), rx.clone())),
@@ -294,6 +310,7 @@ impl Link {
             layout,
             sender: LinkSender {
                 conn: conn.clone(),
+                control: control_send,
                 encoder,
                 levels,
                 tx,
@@ -467,6 +484,7 @@ impl LinkSender {
         );
 
         self.send_lossy(&encoded, start, &mut report).await?;
+        write_control(&mut *self.control.lock().await, Control::LossySent(round)).await?;
         report.total = start.elapsed();
         tracing::debug!(?report.total, "lossy data queued");
         let confirmed = self.wait_release(round, None).await?;
@@ -578,6 +596,12 @@ impl LinkSender {
         Ok(())
     }
 }
+
+/// How long a receiver waits, after the sender reported a round's datagrams
+/// all sent and every one received by then is placed, for datagrams still
+/// arriving (each one restarts it): a few packets' worth on any path, far
+/// below the grace period that covers not knowing whether more will come.
+const LOSSY_TAIL: Duration = Duration::from_millis(5);
 
 /// Important pieces handed to quinn at a time: small enough that the first
 /// leaves within a fraction of a millisecond of framing, large enough that
@@ -705,12 +729,28 @@ impl LinkReceiver {
                 Some((got, Some(sent))) if got < sent => {}
                 _ => break,
             }
+            // The sender reported them all sent, and every datagram quinn
+            // had received by then is placed: what is missing was lost, or
+            // was overtaken by the report by a packet or two (quinn puts a
+            // small stream frame into the tail of a packet that the next
+            // datagram does not fit) and is about to come. Wait a short
+            // tail for those, not the whole grace period.
+            let placed = self.rx.datagrams_read.load(Ordering::Relaxed);
+            let drained = lock(&self.rx.lossy_sent)
+                .get(&round)
+                .is_some_and(|&received| placed >= received);
+            let idle = if drained {
+                self.timing.grace.min(LOSSY_TAIL)
+            } else {
+                idle
+            };
             let wait = idle.min(cap.saturating_duration_since(Instant::now()));
             if wait.is_zero() || tokio::time::timeout(wait, progress).await.is_err() {
                 break;
             }
         }
         let waited = ended.elapsed();
+        lock(&self.rx.lossy_sent).retain(|&r, _| r > round);
         let delivered = lock(&self.rx.reassembler).deliver(round)?;
         tracing::debug!(
             ?waited,
@@ -783,7 +823,12 @@ pub(crate) async fn write_control(stream: &mut SendStream, msg: Control) -> Resu
     Ok(())
 }
 
-async fn control_reader(conn: Connection, mut recv: RecvStream, tx: Arc<TxShared>) {
+async fn control_reader(
+    conn: Connection,
+    mut recv: RecvStream,
+    tx: Arc<TxShared>,
+    rx: Arc<RxShared>,
+) {
     loop {
         let msg = match read_control(&mut recv).await {
             Ok(Some(body)) => Control::decode(&body),
@@ -797,6 +842,14 @@ async fn control_reader(conn: Connection, mut recv: RecvStream, tx: Arc<TxShared
             Ok(Control::ImportantReceived(r)) => {
                 lock(&tx.acked).insert(r, Instant::now());
                 tx.acked_notify.notify_waiters();
+            }
+            Ok(Control::LossySent(r)) => {
+                // Every datagram sent before this message that was not lost
+                // has reached quinn by now (it sends datagrams ahead of
+                // stream data; reordering on the path aside).
+                let received = conn.stats().frame_rx.datagram;
+                lock(&rx.lossy_sent).insert(r, received);
+                rx.progress.notify_waiters();
             }
             Ok(Control::Welcome) | Err(_) => {
                 protocol_close(&conn, "unexpected control message");
@@ -903,16 +956,19 @@ async fn datagram_reader(conn: Connection, rx: Arc<RxShared>) {
                 _ => break,
             }
         }
-        rx.datagrams_read
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
         {
             let mut reassembler = lock(&rx.reassembler);
-            for d in batch.drain(..) {
-                if let Err(e) = reassembler.push(&d, Channel::Lossy) {
+            for d in &batch {
+                if let Err(e) = reassembler.push(d, Channel::Lossy) {
                     tracing::debug!(%e, "dropped a malformed datagram");
                 }
             }
         }
+        // Counted once placed: a round waiting on this count must find
+        // the datagrams in the reassembler.
+        rx.datagrams_read
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        batch.clear();
         rx.progress.notify_waiters();
     }
 }
