@@ -179,7 +179,8 @@ pub struct SendReport {
     pub important: Duration,
     /// From the start until the first datagram could be queued.
     pub lossy_start: Duration,
-    /// From the start until the last datagram was queued.
+    /// From the start until quinn had sent the last datagram (its queue
+    /// drained, at most a second after the last was queued).
     pub total: Duration,
 }
 
@@ -478,7 +479,7 @@ impl LinkSender {
             LossyRelease::Acknowledged => None,
         };
         tracing::debug!(
-            sent = sent_bytes(&self.conn) - sent_before,
+            sent = sent_bytes(&self.conn).saturating_sub(sent_before),
             reliable_len,
             "waiting to release"
         );
@@ -486,7 +487,7 @@ impl LinkSender {
         report.lossy_start = start.elapsed();
         tracing::debug!(
             ?report.lossy_start,
-            sent = sent_bytes(&self.conn) - sent_before,
+            sent = sent_bytes(&self.conn).saturating_sub(sent_before),
             "lossy data released"
         );
 
@@ -500,7 +501,7 @@ impl LinkSender {
         self.wait_datagrams_sent(empty).await?;
         write_control(&mut *self.control.lock().await, Control::LossySent(round)).await?;
         report.total = start.elapsed();
-        tracing::debug!(?report.total, "lossy data queued");
+        tracing::debug!(?report.total, "lossy data sent");
         let confirmed = self.wait_release(round, None).await?;
         lock(&self.tx.acked).remove(&round);
         report.important = confirmed.saturating_duration_since(start);
