@@ -38,11 +38,12 @@ use tracing::Instrument;
 
 /// When a round's lossy datagrams may start.
 ///
-/// Measured with round_bench (ResNet-50, loopback, 2 shared cores): both
-/// give the same round times, at 0% and 5% loss, because the path is
-/// CPU-bound and the round trip saved is a few milliseconds; with
-/// [`LossyRelease::Sent`] the important data is complete 8-25% later, the
-/// receiver's CPU being shared with the datagrams. Hence the default.
+/// Measured with round_bench (ResNet-50, loopback, 2 shared cores): with
+/// [`LossyRelease::Sent`] the important data is complete 11-19% later (the
+/// receiver's CPU is shared with the datagrams), while rounds are no
+/// shorter at 0-1% loss and 3-21% shorter at 5% (the path is CPU-bound;
+/// the round trip saved is a few milliseconds). Important data first is
+/// the point, hence the default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LossyRelease {
     /// Once every important byte is in quinn's hands and quinn has sent at
