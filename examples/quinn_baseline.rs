@@ -192,13 +192,19 @@ impl<'a> Setup<'a> {
             Kind::Tuned(tuning, _) => {
                 let server_config =
                     tls::server_config(&self.files.server_cert, &self.files.server_key)?;
-                let (server, _) = tuning::endpoint(local, Some(server_config), tuning, faults)?;
-                // A different seed for the client side's decisions.
-                let client_faults = faults.map(|f| Faults {
+                // Only the client drops (each outgoing and each incoming
+                // packet with probability `loss`), so each direction loses
+                // `loss`, as in round_bench; dropping on both ends would lose
+                // about twice that per direction. Both ends add the delay.
+                let server_faults = faults.map(|f| Faults {
+                    loss_out: 0.0,
+                    loss_in: 0.0,
                     seed: f.seed ^ 0x5eed,
                     ..f
                 });
-                let (mut client, _) = tuning::endpoint(local, None, tuning, client_faults)?;
+                let (server, _) =
+                    tuning::endpoint(local, Some(server_config), tuning, server_faults)?;
+                let (mut client, _) = tuning::endpoint(local, None, tuning, faults)?;
                 client.set_default_client_config(tuning::tuned_client(
                     tls::client_config(&self.files.ca_cert)?,
                     tuning,

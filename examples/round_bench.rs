@@ -19,9 +19,10 @@
 //! (so each direction loses `loss`), and both ends delay their outgoing
 //! packets by `--delay-ms`. A round's time runs from the start of sending to
 //! the receiver holding the round (for gradlane: `recv_round` returning), on
-//! one clock. "Important arrival" compares gradlane's `SendReport::important`
-//! (until the peer confirmed every important chunk) with a raw quinn stream
-//! carrying only as many bytes as gradlane's important class.
+//! one clock. "Important arrival" compares when gradlane's receiver held
+//! every important chunk (`RoundArrival::important`, the round end read)
+//! with when a raw quinn stream carrying only as many bytes as gradlane's
+//! important class was read to its end; both from the start of sending.
 
 mod common;
 
@@ -37,7 +38,7 @@ use gradlane::layout::Layout;
 use gradlane::presets;
 use gradlane::transport::tls::{self, CertFiles};
 use gradlane::transport::tuning::{self, Congestion, Tuning};
-use gradlane::transport::{Config, Endpoint, Faults};
+use gradlane::transport::{Config, Endpoint, Faults, LossyRelease, RoundTiming};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -67,13 +68,17 @@ struct Args {
     /// Give up on a single round after this many seconds.
     #[arg(long, default_value_t = 60)]
     round_timeout_s: u64,
+    /// Only run variants whose name contains this text (for profiling one
+    /// variant; the goal lines then only cover what ran).
+    #[arg(long)]
+    only: Option<String>,
 }
 
 /// What a variant moves.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
-    /// gradlane with this important ratio.
-    Gradlane(f64),
+    /// gradlane with this important ratio and lossy release.
+    Gradlane(f64, LossyRelease),
     /// One raw quinn stream of this many bytes per round.
     Quinn(usize),
     /// One TCP connection, this many bytes per round.
@@ -88,10 +93,12 @@ struct Row {
     kind: Kind,
     /// Round times in seconds, sorted.
     times: Vec<f64>,
-    /// gradlane: `SendReport::important` per round, seconds, sorted.
+    /// gradlane: `RoundArrival::important` per round (from the start of
+    /// sending), seconds, sorted.
     important: Vec<f64>,
-    /// gradlane: `SendReport::encode` per round, seconds, sorted.
-    encode: Vec<f64>,
+    /// gradlane: `SendReport::plan` per round (scoring and classing, before
+    /// the first byte can leave), seconds, sorted.
+    plan: Vec<f64>,
     /// gradlane: important bytes per round (last round).
     important_bytes: u64,
     /// gradlane: mean zero-filled bytes per round.
@@ -160,6 +167,11 @@ impl Bench {
     /// Runs one variant on a fresh connection: a warm-up round, then timed
     /// rounds until `--rounds` or the budget.
     async fn run(&self, name: &str, kind: Kind, congestion: Option<Congestion>, loss: f64) -> Row {
+        let skip = self
+            .args
+            .only
+            .as_ref()
+            .is_some_and(|o| !name.contains(o.as_str()));
         let mut row = Row {
             name: name.to_string(),
             congestion,
@@ -167,15 +179,20 @@ impl Bench {
             kind,
             times: Vec::new(),
             important: Vec::new(),
-            encode: Vec::new(),
+            plan: Vec::new(),
             important_bytes: 0,
             zero_filled: 0.0,
             note: String::new(),
         };
         let seed = 1000 + (loss * 1e4) as u64;
+        if skip {
+            row.note = "skipped (--only)".into();
+            return row;
+        }
         let result = match kind {
-            Kind::Gradlane(ratio) => {
-                self.gradlane(ratio, congestion.unwrap_or_default(), loss, seed, &mut row)
+            Kind::Gradlane(ratio, release) => {
+                let cc = congestion.unwrap_or_default();
+                self.gradlane(ratio, release, cc, loss, seed, &mut row)
                     .await
             }
             Kind::Quinn(bytes) => {
@@ -189,7 +206,7 @@ impl Bench {
         }
         row.times.sort_by(f64::total_cmp);
         row.important.sort_by(f64::total_cmp);
-        row.encode.sort_by(f64::total_cmp);
+        row.plan.sort_by(f64::total_cmp);
         eprintln!(
             "{name} {congestion:?} loss {loss}: {} rounds, median {:.1} ms, p99 {:.1} ms {}",
             row.times.len(),
@@ -212,6 +229,7 @@ impl Bench {
     async fn gradlane(
         &self,
         ratio: f64,
+        release: LossyRelease,
         congestion: Congestion,
         loss: f64,
         seed: u64,
@@ -229,6 +247,10 @@ impl Bench {
             tuning: Tuning {
                 congestion,
                 ..Tuning::default()
+            },
+            timing: RoundTiming {
+                release,
+                ..RoundTiming::default()
             },
             ..Config::default()
         };
@@ -263,7 +285,7 @@ impl Bench {
             let start = Instant::now();
             let both = async {
                 tokio::join!(tx.send_round(r as u32, g), async {
-                    let round = rx.recv_round().await;
+                    let round = rx.recv_round_timed().await;
                     (round, Instant::now())
                 })
             };
@@ -271,15 +293,16 @@ impl Bench {
                 .await
                 .map_err(|_| format!("round {r} timed out"))?;
             let report = report?;
-            let round = round?;
+            let (round, arrival) = round?;
             if round.index != r as u32 {
                 return Err(format!("round {r}: received round {}", round.index).into());
             }
             if r > 0 {
                 row.times
                     .push(delivered.duration_since(start).as_secs_f64());
-                row.important.push(report.important.as_secs_f64());
-                row.encode.push(report.encode.as_secs_f64());
+                row.important
+                    .push(arrival.important.duration_since(start).as_secs_f64());
+                row.plan.push(report.plan.as_secs_f64());
                 row.important_bytes = report.important_bytes;
                 zero += round.stats.lossy().zero_filled_bytes;
             }
@@ -483,9 +506,20 @@ async fn measure(bench: &Bench, model_bytes: usize) -> Result<Measured, BoxError
     let bbr = Some(Congestion::Bbr);
     let cubic = Some(Congestion::Cubic);
     for &loss in &bench.args.losses {
-        let gl = bench.run("gradlane", Kind::Gradlane(0.8), bbr, loss).await;
+        let default = LossyRelease::default();
+        let gl = bench
+            .run("gradlane", Kind::Gradlane(0.8, default), bbr, loss)
+            .await;
         let imp = gl.important_bytes as usize;
         rows.push(gl);
+        // The same, but datagrams start once quinn has sent the important
+        // stream: the important bytes finish with lossy traffic in flight.
+        let sent = Kind::Gradlane(0.8, LossyRelease::Sent);
+        rows.push(
+            bench
+                .run("gradlane, datagrams once sent", sent, bbr, loss)
+                .await,
+        );
         rows.push(
             bench
                 .run("raw quinn", Kind::Quinn(model_bytes), bbr, loss)
@@ -493,7 +527,12 @@ async fn measure(bench: &Bench, model_bytes: usize) -> Result<Measured, BoxError
         );
         rows.push(
             bench
-                .run("gradlane all-reliable", Kind::Gradlane(1.0), bbr, loss)
+                .run(
+                    "gradlane all-reliable",
+                    Kind::Gradlane(1.0, default),
+                    bbr,
+                    loss,
+                )
                 .await,
         );
         if imp > 0 {
@@ -518,7 +557,7 @@ async fn measure(bench: &Bench, model_bytes: usize) -> Result<Measured, BoxError
         } else if !bench.args.quick {
             rows.push(
                 bench
-                    .run("gradlane", Kind::Gradlane(0.8), cubic, loss)
+                    .run("gradlane", Kind::Gradlane(0.8, default), cubic, loss)
                     .await,
             );
             rows.push(
@@ -564,13 +603,13 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
             _ => "-".into(),
         };
         let own = match (r.kind, r.p99(), lossless_gl(r.congestion)) {
-            (Kind::Gradlane(x), Some(p), Some(l)) if x < 1.0 && r.name == "gradlane" => {
+            (Kind::Gradlane(x, _), Some(p), Some(l)) if x < 1.0 && r.name == "gradlane" => {
                 format!("{:.2}x", p / l)
             }
             _ => "-".into(),
         };
         let zero = match r.kind {
-            Kind::Gradlane(_) => format!("{:.2}", r.zero_filled / 1e6),
+            Kind::Gradlane(..) => format!("{:.2}", r.zero_filled / 1e6),
             _ => "-".into(),
         };
         println!(
@@ -587,12 +626,15 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
     }
 
     println!();
-    println!("Important arrival (BBR): gradlane's SendReport.important vs a raw quinn stream of the important bytes only");
+    println!(
+        "Important arrival (BBR): gradlane's receiver holding every important chunk vs a raw quinn \
+         stream of the important bytes only read to its end"
+    );
     println!();
     println!(
-        "| loss | important MB | gradlane median ms | of which encode | raw quinn median ms | ratio | ratio without encode |"
+        "| loss | important MB | gradlane median ms | of which before the first byte | raw quinn median ms | ratio | ratio without that | datagrams once sent: median ms (lossy in flight) | with / without lossy in flight |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut imp_ratios = Vec::new();
     for (loss, q) in important_quinn {
         let Some(gl) = find("gradlane", Some(Congestion::Bbr), *loss) else {
@@ -607,18 +649,29 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
             }
             _ => "-".into(),
         };
-        let enc = median(&gl.encode);
+        let enc = median(&gl.plan);
         let net = match (a, enc, b) {
             (Some(a), Some(e), Some(b)) => format!("{:.2}x", (a - e) / b),
             _ => "-".into(),
         };
+        let busy = find(
+            "gradlane, datagrams once sent",
+            Some(Congestion::Bbr),
+            *loss,
+        )
+        .and_then(|r| median(&r.important));
+        let inflight = match (busy, a) {
+            (Some(b), Some(a)) => format!("{:.2}x", b / a),
+            _ => "-".into(),
+        };
         println!(
-            "| {}% | {:.1} | {} | {} | {} | {ratio} | {net} |",
+            "| {}% | {:.1} | {} | {} | {} | {ratio} | {net} | {} | {inflight} |",
             loss * 100.0,
             gl.important_bytes as f64 / 1e6,
             ms(a),
             ms(enc),
-            ms(b)
+            ms(b),
+            ms(busy)
         );
     }
 

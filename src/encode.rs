@@ -15,15 +15,25 @@
 //!
 //! All packets of a round live in one allocation; the [`Bytes`] handed out are
 //! views into it, so the transport sends them without another copy.
+//!
+//! Encoding has two steps, so a transport can send while it frames:
+//! [`Encoder::start`] scores and classes the chunks and fixes every segment
+//! and packet boundary (so the [`RoundEnd`] is known before a byte is
+//! framed); the returned [`RoundFramer`] then writes the bytes, the
+//! important ones first in pieces of a size the caller picks
+//! ([`RoundFramer::next_reliable`]), the lossy datagrams last
+//! ([`RoundFramer::finish`]). [`Encoder::encode`] does both at once; the
+//! bytes are the same however the reliable part is cut.
 
 use crate::classify::{Class, Classifier, ClassifyConfig, ClassifyError, IMPORTANT};
 use crate::layout::{ChunkOptions, ChunkPlan, Layout, LayoutError};
 use crate::score::{ContributionTracker, GradientError, DEFAULT_ALPHA};
 use crate::wire::{
-    id_digest, put_f32s, DataHeader, RoundEnd, CLASS_SLOTS, DATA_HEADER_LEN, MAX_SEGMENT_PAYLOAD,
+    id_digest, DataHeader, RoundEnd, CLASS_SLOTS, DATA_HEADER_LEN, MAX_SEGMENT_PAYLOAD,
     ROUND_END_LEN,
 };
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
+use std::sync::Arc;
 use thiserror::Error;
 
 /// A fragment shorter than this is not started at the tail of a datagram;
@@ -84,7 +94,9 @@ pub struct EncodedRound {
     /// Round index.
     pub round: u32,
     /// The important segments, then the [`RoundEnd`] segment: write these
-    /// bytes to the reliable stream as they are.
+    /// bytes to the reliable stream as they are. When the round was framed
+    /// with [`RoundFramer`], only the part not already taken with
+    /// [`RoundFramer::next_reliable`] (empty if all was).
     pub reliable: Bytes,
     /// Datagrams per lossy level: `lossy[l - 1]` holds level `l`'s, in chunk order.
     pub lossy: Vec<Vec<Bytes>>,
@@ -92,12 +104,16 @@ pub struct EncodedRound {
     pub end: RoundEnd,
     /// The class of every chunk, by chunk id.
     pub classes: Vec<Class>,
-    /// The allocation every packet is a view of; see [`Encoder::recycle`].
-    root: Bytes,
+    /// The empty tail of the allocation every packet is a view of; it gets
+    /// the whole allocation back once the views are gone (see
+    /// [`Encoder::recycle`]).
+    root: BytesMut,
 }
 
 impl EncodedRound {
-    /// Total bytes this round puts on the wire (headers included).
+    /// Total bytes this round puts on the wire (headers included), not
+    /// counting reliable pieces already taken with
+    /// [`RoundFramer::next_reliable`].
     pub fn wire_bytes(&self) -> usize {
         self.reliable.len() + self.lossy.iter().flatten().map(|d| d.len()).sum::<usize>()
     }
@@ -115,18 +131,21 @@ struct Piece {
 /// history between rounds.
 #[derive(Debug, Clone)]
 pub struct Encoder {
-    plan: ChunkPlan,
+    /// Shared with the [`RoundFramer`]s it starts, which need it to write
+    /// headers (cloning a ~100k-chunk plan per round would cost more).
+    plan: Arc<ChunkPlan>,
     tracker: ContributionTracker,
     classifier: Classifier,
     classes: Vec<Class>,
-    /// A packet buffer handed back through [`Encoder::recycle`].
-    spare: Option<Vec<u8>>,
+    /// The buffer of an earlier round, handed back through
+    /// [`Encoder::recycle`]; reclaimed when no packet of it is alive.
+    spare: Option<BytesMut>,
 }
 
 impl Encoder {
     /// An encoder for `layout`.
     pub fn new(layout: &Layout, config: EncoderConfig) -> Result<Self, EncodeError> {
-        let plan = layout.plan(config.chunking)?;
+        let plan = Arc::new(layout.plan(config.chunking)?);
         let tracker = ContributionTracker::new(plan.len(), config.alpha);
         let classifier = Classifier::new(config.classify)?;
         Ok(Self {
@@ -165,10 +184,27 @@ impl Encoder {
         grads: &[G],
         max_datagram: usize,
     ) -> Result<EncodedRound, EncodeError> {
+        self.start(round, grads, max_datagram)?.finish(grads)
+    }
+
+    /// Scores and classes round `round` and fixes its packets, without
+    /// framing a byte yet: the returned framer writes them. Every check on
+    /// `grads` (shapes, finite values) happens here, so once this returns,
+    /// framing cannot fail on the values and a transport may start sending
+    /// the first pieces while later ones are framed.
+    ///
+    /// On error nothing is changed: the contribution history only advances
+    /// with a round that was started.
+    pub fn start<G: AsRef<[f32]>>(
+        &mut self,
+        round: u32,
+        grads: &[G],
+        max_datagram: usize,
+    ) -> Result<RoundFramer, EncodeError> {
         if max_datagram < MIN_DATAGRAM {
             return Err(EncodeError::DatagramTooSmall { got: max_datagram });
         }
-        let _span = tracing::debug_span!("encode", round).entered();
+        let _span = tracing::debug_span!("encode_start", round).entered();
         let mut tracker = self.tracker.clone();
         let contributions = tracker.update(&self.plan, grads)?;
         let mut classes = std::mem::take(&mut self.classes);
@@ -176,18 +212,17 @@ impl Encoder {
             .classify(&self.plan, contributions, &mut classes)?;
         self.tracker = tracker;
         let levels = self.classifier.config().levels;
-        let spare = self.spare.take().unwrap_or_default();
-        let out = frame(
-            &self.plan,
+        let spare = self.spare.take();
+        let framer = RoundFramer::new(
+            self.plan.clone(),
             round,
-            grads,
-            &classes,
+            classes.clone(),
             levels,
             max_datagram,
             spare,
         );
-        self.classes = classes.clone();
-        Ok(EncodedRound { classes, ..out })
+        self.classes = classes;
+        Ok(framer)
     }
 
     /// Cuts one datagram of an encoded round into datagrams of at most `max`
@@ -230,178 +265,298 @@ impl Encoder {
 
     /// Hands a sent round back so its buffer is reused by the next round:
     /// mapping ~100 MB of fresh memory every round costs more than the
-    /// framing itself. Only works once every packet of the round has been
-    /// dropped elsewhere (the transport has sent them); otherwise it does
-    /// nothing.
+    /// framing itself. The buffer is reclaimed when the next round starts,
+    /// if by then every packet of this round has been dropped elsewhere (the
+    /// transport has sent them, and the peer acknowledged the stream);
+    /// otherwise the next round takes fresh memory.
     pub fn recycle(&mut self, sent: EncodedRound) {
-        let EncodedRound {
-            root,
-            reliable,
-            lossy,
-            ..
-        } = sent;
-        // The views must go first, or the root is not unique.
-        drop((reliable, lossy));
-        if let Ok(buf) = root.try_into_mut() {
-            self.spare = Some(buf.into());
-        }
+        self.spare = Some(sent.root);
     }
 }
 
-/// Frames the chunks as classed; pure, so tests can frame any classing.
-fn frame<G: AsRef<[f32]>>(
-    plan: &ChunkPlan,
+/// Writes one round's packets, in sending order: the important segments and
+/// the round end, then the lossy datagrams level by level. Made by
+/// [`Encoder::start`] (or [`frame_with_classes`]).
+///
+/// `grads` must be the gradients the round was started with; they are
+/// passed again rather than borrowed so that the caller can frame on one
+/// thread while it sends on another. Gradients of the right shapes but
+/// other values are framed as they are (the round end was computed from the
+/// classes, not the values, so it stays true).
+#[derive(Debug)]
+pub struct RoundFramer {
+    plan: Arc<ChunkPlan>,
     round: u32,
-    grads: &[G],
-    classes: &[Class],
     levels: u8,
-    max_datagram: usize,
-    mut buf: Vec<u8>,
-) -> EncodedRound {
-    let mut end = RoundEnd {
-        round,
-        levels,
-        ..Default::default()
-    };
-    // Runs per class: adjacent chunks of one tensor with the same class.
-    let mut runs: Vec<Vec<Piece>> = vec![Vec::new(); CLASS_SLOTS];
-    for (id, (chunk, &class)) in plan.chunks().iter().zip(classes).enumerate() {
-        let c = class as usize;
-        end.chunks[c] += 1;
-        end.bytes[c] += chunk.byte_len() as u64;
-        if class == IMPORTANT {
-            end.important_digest = end.important_digest.wrapping_add(id_digest(id as u32));
-        }
-        match runs[c].last_mut() {
-            Some(r) if r.tensor == chunk.tensor && r.offset + r.len == chunk.byte_start() => {
-                r.len += chunk.byte_len();
-            }
-            _ => runs[c].push(Piece {
-                tensor: chunk.tensor,
-                offset: chunk.byte_start(),
-                len: chunk.byte_len(),
-            }),
-        }
-    }
+    end: RoundEnd,
+    classes: Vec<Class>,
+    /// Segments per class, in sending order.
+    segments: Vec<Vec<Piece>>,
+    /// Per lossy class, where each datagram ends, as a count of segments.
+    packet_ends: Vec<Vec<usize>>,
+    /// Important segments framed so far.
+    next_important: usize,
+    /// The round end is written: the reliable part is complete.
+    reliable_done: bool,
+    /// The part of the round's allocation not yet handed out.
+    buf: BytesMut,
+}
 
-    // Cut runs into segments: on the stream only at the segment limit, in
-    // datagrams to fill each one up. `packets[c]` lists where each packet of
-    // class c ends, as a count of segments.
-    let mut segments: Vec<Vec<Piece>> = vec![Vec::new(); CLASS_SLOTS];
-    let mut packet_ends: Vec<Vec<usize>> = vec![Vec::new(); CLASS_SLOTS];
-    for r in &runs[IMPORTANT as usize] {
-        let (mut off, mut rem) = (r.offset, r.len);
-        while rem > 0 {
-            let n = rem.min(MAX_SEGMENT_PAYLOAD);
-            segments[0].push(Piece {
-                tensor: r.tensor,
-                offset: off,
-                len: n,
-            });
-            off += n;
-            rem -= n;
+impl RoundFramer {
+    /// Fixes every segment and packet of a classed round and makes room for
+    /// its bytes (in `spare` if it can be reclaimed and is large enough).
+    fn new(
+        plan: Arc<ChunkPlan>,
+        round: u32,
+        classes: Vec<Class>,
+        levels: u8,
+        max_datagram: usize,
+        spare: Option<BytesMut>,
+    ) -> Self {
+        let mut end = RoundEnd {
+            round,
+            levels,
+            ..Default::default()
+        };
+        // Runs per class: adjacent chunks of one tensor with the same class.
+        let mut runs: Vec<Vec<Piece>> = vec![Vec::new(); CLASS_SLOTS];
+        for (id, (chunk, &class)) in plan.chunks().iter().zip(&classes).enumerate() {
+            let c = class as usize;
+            end.chunks[c] += 1;
+            end.bytes[c] += chunk.byte_len() as u64;
+            if class == IMPORTANT {
+                end.important_digest = end.important_digest.wrapping_add(id_digest(id as u32));
+            }
+            match runs[c].last_mut() {
+                Some(r) if r.tensor == chunk.tensor && r.offset + r.len == chunk.byte_start() => {
+                    r.len += chunk.byte_len();
+                }
+                _ => runs[c].push(Piece {
+                    tensor: chunk.tensor,
+                    offset: chunk.byte_start(),
+                    len: chunk.byte_len(),
+                }),
+            }
         }
-    }
-    end.packets[0] = segments[0].len() as u32;
-    let max = max_datagram.min(DATA_HEADER_LEN + MAX_SEGMENT_PAYLOAD as usize);
-    for c in 1..CLASS_SLOTS {
-        let (segs, ends) = (&mut segments[c], &mut packet_ends[c]);
-        let mut used = 0usize;
-        for r in &runs[c] {
-            let (mut off, mut rem) = (r.offset as usize, r.len as usize);
+
+        // Cut runs into segments: on the stream only at the segment limit, in
+        // datagrams to fill each one up.
+        let mut segments: Vec<Vec<Piece>> = vec![Vec::new(); CLASS_SLOTS];
+        let mut packet_ends: Vec<Vec<usize>> = vec![Vec::new(); CLASS_SLOTS];
+        for r in &runs[IMPORTANT as usize] {
+            let (mut off, mut rem) = (r.offset, r.len);
             while rem > 0 {
-                let avail = max.saturating_sub(used + DATA_HEADER_LEN) & !3;
-                let take = if rem <= avail {
-                    rem
-                } else if avail >= MIN_FRAGMENT || (used == 0 && avail >= 4) {
-                    avail
-                } else {
-                    ends.push(segs.len());
-                    used = 0;
-                    continue;
-                };
-                segs.push(Piece {
+                let n = rem.min(MAX_SEGMENT_PAYLOAD);
+                segments[0].push(Piece {
                     tensor: r.tensor,
-                    offset: off as u32,
-                    len: take as u32,
+                    offset: off,
+                    len: n,
                 });
-                used += DATA_HEADER_LEN + take;
-                off += take;
-                rem -= take;
+                off += n;
+                rem -= n;
             }
         }
-        if used > 0 {
-            ends.push(segs.len());
+        end.packets[0] = segments[0].len() as u32;
+        let max = max_datagram.min(DATA_HEADER_LEN + MAX_SEGMENT_PAYLOAD as usize);
+        for c in 1..CLASS_SLOTS {
+            let (segs, ends) = (&mut segments[c], &mut packet_ends[c]);
+            let mut used = 0usize;
+            for r in &runs[c] {
+                let (mut off, mut rem) = (r.offset as usize, r.len as usize);
+                while rem > 0 {
+                    let avail = max.saturating_sub(used + DATA_HEADER_LEN) & !3;
+                    let take = if rem <= avail {
+                        rem
+                    } else if avail >= MIN_FRAGMENT || (used == 0 && avail >= 4) {
+                        avail
+                    } else {
+                        ends.push(segs.len());
+                        used = 0;
+                        continue;
+                    };
+                    segs.push(Piece {
+                        tensor: r.tensor,
+                        offset: off as u32,
+                        len: take as u32,
+                    });
+                    used += DATA_HEADER_LEN + take;
+                    off += take;
+                    rem -= take;
+                }
+            }
+            if used > 0 {
+                ends.push(segs.len());
+            }
+            end.packets[c] = ends.len() as u32;
         }
-        end.packets[c] = ends.len() as u32;
+
+        let total: usize = segments
+            .iter()
+            .flatten()
+            .map(|p| DATA_HEADER_LEN + p.len as usize)
+            .sum::<usize>()
+            + ROUND_END_LEN;
+        let had_spare = spare.is_some();
+        let reclaimed = spare.and_then(|mut b| {
+            b.clear();
+            // Reclaiming never copies (the spare is an empty tail) and fails
+            // while a packet of its round is still alive somewhere.
+            b.try_reclaim(total).then_some(b)
+        });
+        if had_spare && reclaimed.is_none() {
+            tracing::debug!(round, "previous round's buffer still in use: fresh memory");
+        }
+        // A little headroom, so that a later round with a few more headers
+        // still fits the recycled buffer.
+        let buf = reclaimed.unwrap_or_else(|| BytesMut::with_capacity(total + total / 64));
+        Self {
+            plan,
+            round,
+            levels,
+            end,
+            classes,
+            segments,
+            packet_ends,
+            next_important: 0,
+            reliable_done: false,
+            buf,
+        }
     }
 
-    // Write everything into one buffer.
-    let total: usize = segments
-        .iter()
-        .flatten()
-        .map(|p| DATA_HEADER_LEN + p.len as usize)
-        .sum::<usize>()
-        + ROUND_END_LEN;
-    // Every byte below `total` is written before it is read, but safe Rust
-    // wants it initialised; on a recycled buffer this only touches the tail.
-    buf.resize(total, 0);
-    let mut pos = 0;
-    let mut bounds: Vec<Vec<usize>> = vec![Vec::new(); CLASS_SLOTS];
-    for (c, segs) in segments.iter().enumerate() {
-        let mut next_end = packet_ends[c].iter().peekable();
-        for (i, p) in segs.iter().enumerate() {
-            let t = p.tensor as usize;
-            let span = plan.tensor_chunks(t);
-            let header = DataHeader {
-                class: c as Class,
-                round,
-                tensor: p.tensor,
-                // Pieces start inside the tensor, so a holder always exists.
-                chunk: plan.chunk_at(t, p.offset).unwrap_or(span.start) as u32,
-                first_chunk: span.start as u32,
-                last_chunk: span.end as u32 - 1,
-                tensor_bytes: plan.tensor_bytes(t),
-                byte_offset: p.offset,
-                payload_len: p.len,
-            };
-            header.write(&mut buf[pos..pos + DATA_HEADER_LEN]);
-            pos += DATA_HEADER_LEN;
-            let values = &grads[t].as_ref()[p.offset as usize / 4..(p.offset + p.len) as usize / 4];
-            put_f32s(&mut buf[pos..pos + p.len as usize], values);
-            pos += p.len as usize;
-            if next_end.peek() == Some(&&(i + 1)) {
-                next_end.next();
-                bounds[c].push(pos);
+    /// Round index.
+    pub fn round(&self) -> u32 {
+        self.round
+    }
+
+    /// What the round sends per class; known before any byte is framed.
+    pub fn end(&self) -> &RoundEnd {
+        &self.end
+    }
+
+    /// The class of every chunk, by chunk id.
+    pub fn classes(&self) -> &[Class] {
+        &self.classes
+    }
+
+    /// Bytes of the reliable stream (important segments and the round end).
+    pub fn reliable_len(&self) -> usize {
+        self.segments[0]
+            .iter()
+            .map(|p| DATA_HEADER_LEN + p.len as usize)
+            .sum::<usize>()
+            + ROUND_END_LEN
+    }
+
+    /// True once every reliable byte was handed out or framed.
+    pub fn reliable_done(&self) -> bool {
+        self.reliable_done
+    }
+
+    /// Frames the next important segments, whole, until at least
+    /// `min_bytes` are written or none is left, and returns them; after the
+    /// last segment, the round end is appended. `None` once the reliable
+    /// part is complete. Concatenated, the pieces are exactly the reliable
+    /// part [`Encoder::encode`] produces.
+    pub fn next_reliable<G: AsRef<[f32]>>(
+        &mut self,
+        grads: &[G],
+        min_bytes: usize,
+    ) -> Result<Option<Bytes>, EncodeError> {
+        if self.reliable_done {
+            return Ok(None);
+        }
+        crate::score::check_shapes(&self.plan, grads)?;
+        self.write_reliable(grads, min_bytes);
+        Ok(Some(self.buf.split().freeze()))
+    }
+
+    /// Frames what is left: the rest of the reliable part (in
+    /// [`EncodedRound::reliable`]) and every lossy datagram.
+    pub fn finish<G: AsRef<[f32]>>(mut self, grads: &[G]) -> Result<EncodedRound, EncodeError> {
+        crate::score::check_shapes(&self.plan, grads)?;
+        let _span = tracing::debug_span!("encode_finish", round = self.round).entered();
+        self.write_reliable(grads, usize::MAX);
+        let reliable = self.buf.split().freeze();
+        let mut lossy = Vec::with_capacity(self.levels as usize);
+        let packet_ends = std::mem::take(&mut self.packet_ends);
+        for (c, ends) in packet_ends
+            .iter()
+            .enumerate()
+            .take(self.levels as usize + 1)
+            .skip(1)
+        {
+            let mut datagrams = Vec::with_capacity(ends.len());
+            let mut first = 0;
+            for &e in ends {
+                for i in first..e {
+                    self.write_segment(grads, c as Class, self.segments[c][i]);
+                }
+                datagrams.push(self.buf.split().freeze());
+                first = e;
+            }
+            lossy.push(datagrams);
+        }
+        Ok(EncodedRound {
+            round: self.round,
+            reliable,
+            lossy,
+            end: self.end,
+            classes: self.classes,
+            root: self.buf,
+        })
+    }
+
+    /// Writes important segments (then the round end) into the buffer
+    /// until `min_bytes` are pending or the reliable part is complete.
+    fn write_reliable<G: AsRef<[f32]>>(&mut self, grads: &[G], min_bytes: usize) {
+        while !self.reliable_done && self.buf.len() < min_bytes {
+            match self.segments[0].get(self.next_important).copied() {
+                Some(p) => {
+                    self.write_segment(grads, IMPORTANT, p);
+                    self.next_important += 1;
+                }
+                None => {
+                    self.buf.put_slice(&self.end.to_bytes());
+                    self.reliable_done = true;
+                }
             }
         }
-        if c == 0 {
-            end.write(&mut buf[pos..pos + ROUND_END_LEN]);
-            pos += ROUND_END_LEN;
-            bounds[0].push(pos);
-        }
     }
-    debug_assert_eq!(pos, total);
 
-    let buf = Bytes::from(buf);
-    let reliable = buf.slice(0..bounds[0][0]);
-    let mut start = bounds[0][0];
-    let mut lossy = Vec::with_capacity(levels as usize);
-    for b in bounds.iter().take(levels as usize + 1).skip(1) {
-        let mut datagrams = Vec::with_capacity(b.len());
-        for &e in b {
-            datagrams.push(buf.slice(start..e));
-            start = e;
-        }
-        lossy.push(datagrams);
+    /// Appends one segment: header, then the values as little-endian f32.
+    fn write_segment<G: AsRef<[f32]>>(&mut self, grads: &[G], class: Class, p: Piece) {
+        let plan = &self.plan;
+        let t = p.tensor as usize;
+        let span = plan.tensor_chunks(t);
+        let header = DataHeader {
+            class,
+            round: self.round,
+            tensor: p.tensor,
+            // Pieces start inside the tensor, so a holder always exists.
+            chunk: plan.chunk_at(t, p.offset).unwrap_or(span.start) as u32,
+            first_chunk: span.start as u32,
+            last_chunk: span.end as u32 - 1,
+            tensor_bytes: plan.tensor_bytes(t),
+            byte_offset: p.offset,
+            payload_len: p.len,
+        };
+        let mut h = [0u8; DATA_HEADER_LEN];
+        header.write(&mut h);
+        self.buf.put_slice(&h);
+        let values = &grads[t].as_ref()[p.offset as usize / 4..(p.offset + p.len) as usize / 4];
+        extend_f32s(&mut self.buf, values);
     }
-    EncodedRound {
-        round,
-        reliable,
-        lossy,
-        end,
-        classes: Vec::new(),
-        root: buf,
+}
+
+/// Appends `values` as little-endian f32 bytes.
+fn extend_f32s(buf: &mut BytesMut, values: &[f32]) {
+    if cfg!(target_endian = "little") {
+        // The in-memory form is the wire form: one memcpy.
+        buf.put_slice(bytemuck::cast_slice(values));
+    } else {
+        for v in values {
+            buf.put_f32_le(*v);
+        }
     }
 }
 
@@ -430,17 +585,287 @@ pub fn frame_with_classes<G: AsRef<[f32]>>(
     if let Some(&bad) = classes.iter().find(|&&c| c > levels) {
         return Err(ClassifyError::Levels(bad).into());
     }
-    let out = frame(
-        plan,
+    RoundFramer::new(
+        Arc::new(plan.clone()),
         round,
-        grads,
-        classes,
+        classes.to_vec(),
         levels,
         max_datagram,
-        Vec::new(),
-    );
-    Ok(EncodedRound {
-        classes: classes.to_vec(),
-        ..out
-    })
+        None,
+    )
+    .finish(grads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::splitmix64;
+    use crate::wire::put_f32s;
+
+    /// The one-shot framer as it was before framing became incremental, kept
+    /// as the oracle the incremental one must match byte for byte.
+    fn oracle_frame<G: AsRef<[f32]>>(
+        plan: &ChunkPlan,
+        round: u32,
+        grads: &[G],
+        classes: &[Class],
+        levels: u8,
+        max_datagram: usize,
+        mut buf: Vec<u8>,
+    ) -> EncodedRound {
+        let mut end = RoundEnd {
+            round,
+            levels,
+            ..Default::default()
+        };
+        // Runs per class: adjacent chunks of one tensor with the same class.
+        let mut runs: Vec<Vec<Piece>> = vec![Vec::new(); CLASS_SLOTS];
+        for (id, (chunk, &class)) in plan.chunks().iter().zip(classes).enumerate() {
+            let c = class as usize;
+            end.chunks[c] += 1;
+            end.bytes[c] += chunk.byte_len() as u64;
+            if class == IMPORTANT {
+                end.important_digest = end.important_digest.wrapping_add(id_digest(id as u32));
+            }
+            match runs[c].last_mut() {
+                Some(r) if r.tensor == chunk.tensor && r.offset + r.len == chunk.byte_start() => {
+                    r.len += chunk.byte_len();
+                }
+                _ => runs[c].push(Piece {
+                    tensor: chunk.tensor,
+                    offset: chunk.byte_start(),
+                    len: chunk.byte_len(),
+                }),
+            }
+        }
+
+        // Cut runs into segments: on the stream only at the segment limit, in
+        // datagrams to fill each one up. `packets[c]` lists where each packet of
+        // class c ends, as a count of segments.
+        let mut segments: Vec<Vec<Piece>> = vec![Vec::new(); CLASS_SLOTS];
+        let mut packet_ends: Vec<Vec<usize>> = vec![Vec::new(); CLASS_SLOTS];
+        for r in &runs[IMPORTANT as usize] {
+            let (mut off, mut rem) = (r.offset, r.len);
+            while rem > 0 {
+                let n = rem.min(MAX_SEGMENT_PAYLOAD);
+                segments[0].push(Piece {
+                    tensor: r.tensor,
+                    offset: off,
+                    len: n,
+                });
+                off += n;
+                rem -= n;
+            }
+        }
+        end.packets[0] = segments[0].len() as u32;
+        let max = max_datagram.min(DATA_HEADER_LEN + MAX_SEGMENT_PAYLOAD as usize);
+        for c in 1..CLASS_SLOTS {
+            let (segs, ends) = (&mut segments[c], &mut packet_ends[c]);
+            let mut used = 0usize;
+            for r in &runs[c] {
+                let (mut off, mut rem) = (r.offset as usize, r.len as usize);
+                while rem > 0 {
+                    let avail = max.saturating_sub(used + DATA_HEADER_LEN) & !3;
+                    let take = if rem <= avail {
+                        rem
+                    } else if avail >= MIN_FRAGMENT || (used == 0 && avail >= 4) {
+                        avail
+                    } else {
+                        ends.push(segs.len());
+                        used = 0;
+                        continue;
+                    };
+                    segs.push(Piece {
+                        tensor: r.tensor,
+                        offset: off as u32,
+                        len: take as u32,
+                    });
+                    used += DATA_HEADER_LEN + take;
+                    off += take;
+                    rem -= take;
+                }
+            }
+            if used > 0 {
+                ends.push(segs.len());
+            }
+            end.packets[c] = ends.len() as u32;
+        }
+
+        // Write everything into one buffer.
+        let total: usize = segments
+            .iter()
+            .flatten()
+            .map(|p| DATA_HEADER_LEN + p.len as usize)
+            .sum::<usize>()
+            + ROUND_END_LEN;
+        // Every byte below `total` is written before it is read, but safe Rust
+        // wants it initialised; on a recycled buffer this only touches the tail.
+        buf.resize(total, 0);
+        let mut pos = 0;
+        let mut bounds: Vec<Vec<usize>> = vec![Vec::new(); CLASS_SLOTS];
+        for (c, segs) in segments.iter().enumerate() {
+            let mut next_end = packet_ends[c].iter().peekable();
+            for (i, p) in segs.iter().enumerate() {
+                let t = p.tensor as usize;
+                let span = plan.tensor_chunks(t);
+                let header = DataHeader {
+                    class: c as Class,
+                    round,
+                    tensor: p.tensor,
+                    // Pieces start inside the tensor, so a holder always exists.
+                    chunk: plan.chunk_at(t, p.offset).unwrap_or(span.start) as u32,
+                    first_chunk: span.start as u32,
+                    last_chunk: span.end as u32 - 1,
+                    tensor_bytes: plan.tensor_bytes(t),
+                    byte_offset: p.offset,
+                    payload_len: p.len,
+                };
+                header.write(&mut buf[pos..pos + DATA_HEADER_LEN]);
+                pos += DATA_HEADER_LEN;
+                let values =
+                    &grads[t].as_ref()[p.offset as usize / 4..(p.offset + p.len) as usize / 4];
+                put_f32s(&mut buf[pos..pos + p.len as usize], values);
+                pos += p.len as usize;
+                if next_end.peek() == Some(&&(i + 1)) {
+                    next_end.next();
+                    bounds[c].push(pos);
+                }
+            }
+            if c == 0 {
+                end.write(&mut buf[pos..pos + ROUND_END_LEN]);
+                pos += ROUND_END_LEN;
+                bounds[0].push(pos);
+            }
+        }
+        debug_assert_eq!(pos, total);
+
+        let buf = Bytes::from(buf);
+        let reliable = buf.slice(0..bounds[0][0]);
+        let mut start = bounds[0][0];
+        let mut lossy = Vec::with_capacity(levels as usize);
+        for b in bounds.iter().take(levels as usize + 1).skip(1) {
+            let mut datagrams = Vec::with_capacity(b.len());
+            for &e in b {
+                datagrams.push(buf.slice(start..e));
+                start = e;
+            }
+            lossy.push(datagrams);
+        }
+        EncodedRound {
+            round,
+            reliable,
+            lossy,
+            end,
+            classes: Vec::new(),
+            root: BytesMut::new(),
+        }
+    }
+
+    fn grads(layout: &Layout, seed: u64) -> Vec<Vec<f32>> {
+        let mut s = seed;
+        (0..layout.len())
+            .map(|t| {
+                (0..layout.tensor_len(t))
+                    .map(|_| {
+                        s = splitmix64(s);
+                        ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * (1 + (s & 7)) as f32
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn assert_same(a: &EncodedRound, b: &EncodedRound) {
+        assert_eq!(a.reliable, b.reliable);
+        assert_eq!(a.lossy, b.lossy);
+        assert_eq!(a.end, b.end);
+    }
+
+    /// One-shot and incremental framing, whatever the piece size and with
+    /// recycled buffers, give exactly the bytes of the original framer.
+    #[test]
+    fn incremental_framing_matches_the_one_shot_oracle() {
+        let layout = crate::presets::resnet18();
+        for (levels, max_datagram) in [(3u8, 1414usize), (1, 1162), (7, MIN_DATAGRAM + 60)] {
+            let config = EncoderConfig {
+                classify: ClassifyConfig {
+                    levels,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let mut one_shot = Encoder::new(&layout, config).unwrap();
+            let mut pieces = Encoder::new(&layout, config).unwrap();
+            for (round, piece) in [(0u32, 1usize), (1, 4096), (2, 1 << 20), (3, usize::MAX)] {
+                let g = grads(&layout, 10 + round as u64);
+                let a = one_shot.encode(round, &g, max_datagram).unwrap();
+                let want = oracle_frame(
+                    one_shot.plan(),
+                    round,
+                    &g,
+                    &a.classes,
+                    levels,
+                    max_datagram,
+                    Vec::new(),
+                );
+                assert_same(&a, &want);
+
+                let mut framer = pieces.start(round, &g, max_datagram).unwrap();
+                assert_eq!(framer.end(), &want.end);
+                assert_eq!(framer.classes(), &a.classes[..]);
+                assert_eq!(framer.reliable_len(), want.reliable.len());
+                let mut reliable = Vec::new();
+                while let Some(b) = framer.next_reliable(&g, piece).unwrap() {
+                    // Whole segments only, at least `piece` bytes unless last.
+                    assert!(b.len() >= piece.min(want.reliable.len() - reliable.len()));
+                    reliable.extend_from_slice(&b);
+                }
+                assert!(framer.reliable_done());
+                assert_eq!(reliable, want.reliable);
+                let b = framer.finish(&g).unwrap();
+                assert!(b.reliable.is_empty());
+                assert_eq!(b.lossy, want.lossy);
+                assert_eq!(b.classes, a.classes);
+                one_shot.recycle(a);
+                pieces.recycle(b);
+            }
+        }
+    }
+
+    #[test]
+    fn a_recycled_buffer_is_reused_once_its_packets_are_gone() {
+        let layout = crate::presets::tiny();
+        let mut enc = Encoder::new(&layout, EncoderConfig::default()).unwrap();
+        let g = grads(&layout, 1);
+        let a = enc.encode(0, &g, 1414).unwrap();
+        let ptr = a.reliable.as_ptr();
+        enc.recycle(a);
+        let b = enc.encode(1, &g, 1414).unwrap();
+        assert_eq!(b.reliable.as_ptr(), ptr, "the buffer was reclaimed");
+        // A packet still held (by a transport) keeps the buffer from being
+        // reclaimed; the next round takes fresh memory and is still right.
+        let held = b.reliable.clone();
+        enc.recycle(b);
+        let c = enc.encode(2, &g, 1414).unwrap();
+        assert_ne!(c.reliable.as_ptr(), held.as_ptr());
+        assert_eq!(c.reliable[8..12], 2u32.to_le_bytes());
+        assert_eq!(held[8..12], 1u32.to_le_bytes());
+    }
+
+    #[test]
+    fn framing_other_shapes_is_an_error() {
+        let layout = crate::presets::tiny();
+        let mut enc = Encoder::new(&layout, EncoderConfig::default()).unwrap();
+        let g = grads(&layout, 1);
+        let mut framer = enc.start(0, &g, 1414).unwrap();
+        let short: Vec<Vec<f32>> = g.iter().skip(1).cloned().collect();
+        assert!(matches!(
+            framer.next_reliable(&short, 1),
+            Err(EncodeError::Gradient(_))
+        ));
+        assert!(matches!(
+            framer.finish(&short),
+            Err(EncodeError::Gradient(_))
+        ));
+    }
 }

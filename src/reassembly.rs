@@ -23,7 +23,8 @@
 use crate::classify::{Class, IMPORTANT};
 use crate::layout::{ChunkOptions, ChunkPlan, Layout, LayoutError};
 use crate::wire::{
-    self, get_f32s, id_digest, DataHeader, RoundEnd, Segment, WireError, CLASS_SLOTS,
+    self, get_f32s, id_digest, DataHeader, Head, RoundEnd, Segment, WireError, CLASS_SLOTS,
+    ROUND_END_LEN,
 };
 use std::collections::{BTreeMap, VecDeque};
 use thiserror::Error;
@@ -94,6 +95,9 @@ pub enum ReassemblyError {
     /// Deliver was asked for a round that is not complete.
     #[error("round {0} is not complete")]
     NotComplete(u32),
+    /// A stream decoder was fed again after refusing its input.
+    #[error("the stream already failed")]
+    StreamBroken,
     /// Deliver was asked for a round at or below the last delivered one.
     #[error("round {round} is not after the last delivered round {last}")]
     AlreadyDelivered {
@@ -288,6 +292,39 @@ struct LateSegment {
     tensor: u32,
     offset: u32,
     values: Vec<f32>,
+}
+
+/// Sets to zero every value of `tensor` (whose first value is bit `base`
+/// of `seen`) that `seen` does not mark as received. Whole words of 64
+/// received values are skipped at once, so a complete round costs one scan
+/// of the bitmap.
+fn zero_unseen(seen: &Bitmap, base: u64, tensor: &mut [f32]) {
+    let len = tensor.len() as u64;
+    let mut i = 0u64;
+    while i < len {
+        let g = base + i;
+        let word = seen.0[(g / 64) as usize];
+        let bit = g % 64;
+        if bit == 0 && i + 64 <= len {
+            match word {
+                u64::MAX => {}
+                0 => tensor[i as usize..i as usize + 64].fill(0.0),
+                w => {
+                    for b in 0..64 {
+                        if (w >> b) & 1 == 0 {
+                            tensor[(i + b) as usize] = 0.0;
+                        }
+                    }
+                }
+            }
+            i += 64;
+            continue;
+        }
+        if (word >> bit) & 1 == 0 {
+            tensor[i as usize] = 0.0;
+        }
+        i += 1;
+    }
 }
 
 /// Rebuilds rounds from segments; see the module docs.
@@ -555,10 +592,10 @@ impl Reassembler {
 
     fn new_round(&mut self) -> OpenRound {
         let tensors = match self.spare_tensors.pop() {
-            Some(mut t) => {
-                t.iter_mut().for_each(|v| v.fill(0.0));
-                t
-            }
+            // Not cleared here: `deliver` zeroes exactly the values that
+            // never arrived, which for a whole round is none (clearing ~100
+            // MB up front cost a pass over memory, in the receive path).
+            Some(t) => t,
             // vec![0.0; n] comes from zeroed pages.
             None => (0..self.layout.len())
                 .map(|t| vec![0f32; self.layout.tensor_len(t)])
@@ -695,6 +732,10 @@ impl Reassembler {
                 stats.classes[class as usize].partial_chunks += 1;
             }
         }
+        // Recycled tensors still hold an older round where nothing arrived.
+        for (t, tensor) in r.tensors.iter_mut().enumerate() {
+            zero_unseen(&r.seen, self.layout.value_offset(t), tensor);
+        }
         for seg in self.late.drain(..) {
             let t = &mut r.tensors[seg.tensor as usize];
             let off = seg.offset as usize / 4;
@@ -727,4 +768,191 @@ impl Reassembler {
             stats,
         })
     }
+}
+
+/// Feeds one round's reliable stream into a [`Reassembler`] in whatever
+/// pieces the transport hands over (QUIC gives one packet's worth at a
+/// time), placing payload bytes straight from those pieces into the round:
+/// a segment may straddle any number of pieces, and only a header or a
+/// value cut by a piece boundary is ever copied aside.
+///
+/// A segment's header is decoded and validated in full before any of its
+/// payload is placed; the payload then lands fragment by fragment, each
+/// fragment being a valid segment of its own (its own byte position and
+/// holding chunk), so the round ends up exactly as if the segments had been
+/// pushed whole. [`PushOutcome`] counts fragments, not segments. After an
+/// error the stream is broken and the decoder refuses further input.
+#[derive(Debug, Default)]
+pub struct StreamDecoder {
+    /// The start of a header cut by a piece boundary.
+    head: Vec<u8>,
+    /// The data segment whose payload is arriving.
+    payload: Option<Payload>,
+    /// A previous input was refused.
+    failed: bool,
+}
+
+#[derive(Debug)]
+struct Payload {
+    header: DataHeader,
+    /// Payload bytes consumed so far (placed, or waiting in `carry`).
+    consumed: u32,
+    /// The first bytes of a value cut by a piece boundary.
+    carry: [u8; 4],
+    carry_len: usize,
+}
+
+impl StreamDecoder {
+    /// A decoder at the start of a stream.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// True between segments: a stream that ends here ends cleanly.
+    pub fn at_boundary(&self) -> bool {
+        self.head.is_empty() && self.payload.is_none()
+    }
+
+    /// Decodes the next piece of the stream into `rx`.
+    pub fn feed(
+        &mut self,
+        rx: &mut Reassembler,
+        piece: &[u8],
+    ) -> Result<PushOutcome, ReassemblyError> {
+        let mut out = PushOutcome::default();
+        if self.failed {
+            return Err(ReassemblyError::StreamBroken);
+        }
+        match self.feed_inner(rx, piece, &mut out) {
+            Ok(()) => Ok(out),
+            Err(e) => {
+                self.failed = true;
+                if matches!(e, ReassemblyError::Wire(_)) {
+                    rx.counters.malformed += 1;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn feed_inner(
+        &mut self,
+        rx: &mut Reassembler,
+        mut bytes: &[u8],
+        out: &mut PushOutcome,
+    ) -> Result<(), ReassemblyError> {
+        while !bytes.is_empty() {
+            if let Some(p) = &mut self.payload {
+                let h = p.header;
+                if p.carry_len > 0 {
+                    // Complete the value cut by the last piece boundary.
+                    let take = (4 - p.carry_len).min(bytes.len());
+                    p.carry[p.carry_len..p.carry_len + take].copy_from_slice(&bytes[..take]);
+                    p.carry_len += take;
+                    p.consumed += take as u32;
+                    bytes = &bytes[take..];
+                    if p.carry_len == 4 {
+                        p.carry_len = 0;
+                        let value = p.carry;
+                        let offset = h.byte_offset + p.consumed - 4;
+                        place_fragment(rx, &h, offset, &value, out);
+                    }
+                } else {
+                    let n = ((h.payload_len - p.consumed) as usize).min(bytes.len());
+                    // A piece boundary may cut a value (QUIC frames end at
+                    // any byte): place the whole values, keep the cut one.
+                    let whole = n & !3;
+                    if whole > 0 {
+                        let offset = h.byte_offset + p.consumed;
+                        place_fragment(rx, &h, offset, &bytes[..whole], out);
+                    }
+                    p.carry[..n - whole].copy_from_slice(&bytes[whole..n]);
+                    p.carry_len = n - whole;
+                    p.consumed += n as u32;
+                    bytes = &bytes[n..];
+                }
+                if p.consumed == h.payload_len && p.carry_len == 0 {
+                    self.payload = None;
+                }
+                continue;
+            }
+            if self.head.is_empty() {
+                // Decode the header in place when the piece holds all of it.
+                if let Some(len) = wire::head_len(bytes)? {
+                    if bytes.len() >= len {
+                        self.start_segment(rx, &bytes[..len], out)?;
+                        bytes = &bytes[len..];
+                        continue;
+                    }
+                }
+                // Headers are at most a round end long.
+                let take = bytes.len().min(ROUND_END_LEN);
+                self.head.extend_from_slice(&bytes[..take]);
+                bytes = &bytes[take..];
+                continue;
+            }
+            // Complete a cut header from this piece: first its prefix, which
+            // tells its length, then the rest.
+            let want = wire::head_len(&self.head)?.unwrap_or(wire::PREFIX_LEN);
+            let take = want.saturating_sub(self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if wire::head_len(&self.head)? == Some(self.head.len()) {
+                let head = std::mem::take(&mut self.head);
+                let started = self.start_segment(rx, &head, out);
+                // Keep the allocation for the next cut header.
+                self.head = head;
+                self.head.clear();
+                started?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes a decoded header: a round end is applied, a data header is
+    /// validated and its payload awaited.
+    fn start_segment(
+        &mut self,
+        rx: &mut Reassembler,
+        head: &[u8],
+        out: &mut PushOutcome,
+    ) -> Result<(), ReassemblyError> {
+        match wire::decode_head(head)?.0 {
+            Head::RoundEnd(end) => {
+                rx.end_round(end)?;
+                out.ended = Some(end.round);
+            }
+            Head::Data(h) => {
+                h.validate(&rx.plan)?;
+                self.payload = Some(Payload {
+                    header: h,
+                    consumed: 0,
+                    carry: [0; 4],
+                    carry_len: 0,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Places `bytes` (whole values) of the validated segment `h` at `offset`.
+fn place_fragment(
+    rx: &mut Reassembler,
+    h: &DataHeader,
+    offset: u32,
+    bytes: &[u8],
+    out: &mut PushOutcome,
+) {
+    let fragment = DataHeader {
+        // Inside the validated segment, so inside the tensor.
+        chunk: rx
+            .plan
+            .chunk_at(h.tensor as usize, offset)
+            .unwrap_or(h.chunk as usize) as u32,
+        byte_offset: offset,
+        payload_len: bytes.len() as u32,
+        ..*h
+    };
+    rx.place(fragment, bytes, out);
 }

@@ -356,11 +356,37 @@ fn check_prefix(b: &[u8]) -> Result<(), WireError> {
     Ok(())
 }
 
-/// Decodes the segment at the start of `buf`; returns it and the bytes it used.
+/// The fixed part of a segment: a data segment's header (its payload
+/// follows) or a whole round end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// A data segment's header; `payload_len` payload bytes follow it.
+    Data(DataHeader),
+    /// A round end (it has no payload).
+    RoundEnd(RoundEnd),
+}
+
+/// How many bytes the fixed part of the segment starting with `prefix` has
+/// ([`DATA_HEADER_LEN`] or [`ROUND_END_LEN`]), once its [`PREFIX_LEN`]
+/// bytes are known; `Ok(None)` means "need more bytes".
+pub fn head_len(prefix: &[u8]) -> Result<Option<usize>, WireError> {
+    if prefix.len() < PREFIX_LEN {
+        return Ok(None);
+    }
+    check_prefix(prefix)?;
+    Ok(Some(if prefix[3] == KIND_ROUND_END {
+        ROUND_END_LEN
+    } else {
+        DATA_HEADER_LEN
+    }))
+}
+
+/// Decodes the fixed part of the segment at the start of `buf` without
+/// needing its payload, so a stream reader can place payload bytes as they
+/// arrive; returns it and its length (see [`head_len`]).
 ///
-/// Checks everything that can be checked without the layout; use
-/// [`DataHeader::validate`] for the rest.
-pub fn decode(buf: &[u8]) -> Result<(Segment<'_>, usize), WireError> {
+/// Checks everything [`decode`] checks except that the payload is there.
+pub fn decode_head(buf: &[u8]) -> Result<(Head, usize), WireError> {
     if buf.len() < PREFIX_LEN {
         return Err(WireError::Truncated {
             need: PREFIX_LEN,
@@ -404,7 +430,7 @@ pub fn decode(buf: &[u8]) -> Result<(Segment<'_>, usize), WireError> {
                 return Err(WireError::BadRoundEnd);
             }
         }
-        return Ok((Segment::RoundEnd(end), ROUND_END_LEN));
+        return Ok((Head::RoundEnd(end), ROUND_END_LEN));
     }
     if buf.len() < DATA_HEADER_LEN {
         return Err(WireError::Truncated {
@@ -452,14 +478,27 @@ pub fn decode(buf: &[u8]) -> Result<(Segment<'_>, usize), WireError> {
             last: h.last_chunk,
         });
     }
-    let total = DATA_HEADER_LEN + h.payload_len as usize;
-    if buf.len() < total {
-        return Err(WireError::Truncated {
-            need: total,
-            have: buf.len(),
-        });
+    Ok((Head::Data(h), DATA_HEADER_LEN))
+}
+
+/// Decodes the segment at the start of `buf`; returns it and the bytes it used.
+///
+/// Checks everything that can be checked without the layout; use
+/// [`DataHeader::validate`] for the rest.
+pub fn decode(buf: &[u8]) -> Result<(Segment<'_>, usize), WireError> {
+    match decode_head(buf)? {
+        (Head::RoundEnd(end), used) => Ok((Segment::RoundEnd(end), used)),
+        (Head::Data(h), _) => {
+            let total = DATA_HEADER_LEN + h.payload_len as usize;
+            if buf.len() < total {
+                return Err(WireError::Truncated {
+                    need: total,
+                    have: buf.len(),
+                });
+            }
+            Ok((Segment::Data(h, &buf[DATA_HEADER_LEN..total]), total))
+        }
     }
-    Ok((Segment::Data(h, &buf[DATA_HEADER_LEN..total]), total))
 }
 
 /// Decodes every segment of a packet (a datagram, or a run of stream bytes).

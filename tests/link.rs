@@ -6,7 +6,7 @@ use gradlane::layout::{Layout, TensorSpec};
 use gradlane::presets;
 use gradlane::transport::handshake::codes;
 use gradlane::transport::tls::generate_certs;
-use gradlane::transport::{Config, Endpoint, Faults, Link, LinkError, RoundTiming};
+use gradlane::transport::{Config, Endpoint, Faults, Link, LinkError, LossyRelease, RoundTiming};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -52,10 +52,14 @@ fn bit_equal(a: &[f32], b: &[f32]) -> bool {
 /// Every round delivered, every important chunk exact, and in the first round
 /// every other chunk exact or all zero; nothing unaccounted.
 async fn rounds_under_loss(loss: f64, seed: u64) {
+    rounds_under_loss_with(loss, seed, quick()).await;
+}
+
+async fn rounds_under_loss_with(loss: f64, seed: u64, config: Config) {
     let layout = presets::resnet18();
     let faults = Faults::symmetric_loss(loss, seed);
     let (_se, mut server, client_ep, mut client) =
-        pair(&format!("loss{seed}"), &layout, Some(faults), quick()).await;
+        pair(&format!("loss{seed}"), &layout, Some(faults), config).await;
     let plan = layout.plan(Default::default()).unwrap();
     let mut sent_lossy_bytes = 0u64;
     let mut delivered_bytes = 0u64;
@@ -100,6 +104,8 @@ async fn rounds_under_loss(loss: f64, seed: u64) {
     assert!(delivered_bytes + late_bytes <= sent_lossy_bytes);
     if loss == 0.0 {
         assert_eq!(delivered_bytes, sent_lossy_bytes);
+        // Every datagram quinn received was read by the link.
+        assert_eq!(server.datagrams_dropped_by_quinn(), 0);
     } else {
         let stats = client_ep.fault_stats().unwrap();
         assert!(stats.segments_dropped_out > 0, "{stats:?}");
@@ -125,6 +131,17 @@ async fn rounds_at_5_percent_loss() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rounds_at_20_percent_loss() {
     rounds_under_loss(0.20, 4).await;
+}
+
+/// Datagrams released once the important stream has left instead of on
+/// the peer's confirmation: the same guarantees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_with_datagrams_released_once_sent() {
+    for (loss, seed) in [(0.0, 11), (0.05, 12)] {
+        let mut config = quick();
+        config.timing.release = LossyRelease::Sent;
+        rounds_under_loss_with(loss, seed, config).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,9 +233,15 @@ async fn late_datagrams_are_merged_into_the_next_round() {
     // Delay on the sender and no grace on the receiver: the datagrams of a
     // round arrive after it was delivered. (No jitter: reordering by more
     // than quinn's duplicate-detection window makes it discard packets.)
-    let layout = presets::resnet18();
+    // A small model: ResNet-18's 9 MB burst of datagrams now and then
+    // overflowed the kernel's socket buffer when the tests share 2 cores,
+    // a real loss this test cannot tell from lateness.
+    let layout = presets::tiny();
     let config = Config {
         timing: RoundTiming {
+            // Datagrams leave only after the round end was confirmed, so
+            // none can arrive before the round is delivered.
+            release: LossyRelease::Acknowledged,
             grace: Duration::ZERO,
             max_grace: Duration::ZERO,
             lossy_deadline: None,
@@ -246,7 +269,15 @@ async fn late_datagrams_are_merged_into_the_next_round() {
         }
     })
     .await
-    .expect("every missing byte of round 0 arrives late");
+    .unwrap_or_else(|_| {
+        panic!(
+            "every missing byte of round 0 arrives late: {} of {missing0} came; \
+             sender's path stats {:?}; receiver counters {:?}",
+            server.late_buffered_bytes(),
+            client.connection().stats().path,
+            server.counters()
+        )
+    });
     let (a, r1) = tokio::join!(client.send_round(1, &g1), server.recv_round());
     a.unwrap();
     let r1 = r1.unwrap();

@@ -6,7 +6,9 @@ use gradlane::classify::{splitmix64, ClassifyConfig};
 use gradlane::encode::{EncodedRound, Encoder, EncoderConfig};
 use gradlane::layout::{ChunkOptions, Layout, TensorSpec};
 use gradlane::presets;
-use gradlane::reassembly::{Channel, Reassembler, ReassemblyConfig, ReassemblyError};
+use gradlane::reassembly::{
+    Channel, Reassembler, ReassemblyConfig, ReassemblyError, StreamDecoder,
+};
 use gradlane::wire::{self, Segment, WireError};
 use proptest::prelude::*;
 
@@ -365,4 +367,130 @@ fn delivery_is_in_order_and_skipped_rounds_are_counted() {
         rx.deliver(0).unwrap_err(),
         ReassemblyError::AlreadyDelivered { round: 0, last: 1 }
     );
+}
+
+/// Feeds `stream` to a decoder in pieces cut at `cuts` (sorted positions).
+fn feed_in_pieces(
+    rx: &mut Reassembler,
+    stream: &[u8],
+    cuts: &[usize],
+) -> Result<Option<u32>, ReassemblyError> {
+    let mut decoder = StreamDecoder::new();
+    let mut ended = None;
+    let mut from = 0;
+    for &to in cuts.iter().chain(std::iter::once(&stream.len())) {
+        let to = to.clamp(from, stream.len());
+        let out = decoder.feed(rx, &stream[from..to])?;
+        ended = ended.or(out.ended);
+        from = to;
+    }
+    assert!(
+        decoder.at_boundary(),
+        "a whole stream ends between segments"
+    );
+    Ok(ended)
+}
+
+/// Round delivered from the whole segments, and from the same stream cut
+/// into pieces: the same tensors, bit for bit, and the same stats.
+fn assert_pieces_rebuild_the_round(layout: &Layout, cuts: &[usize]) {
+    let grads = common::grads(layout, 5);
+    let enc = encode(layout, 0, &grads, 1200);
+    let mut whole = receiver(layout);
+    push_round(&mut whole, &enc, |_| true);
+    let want = whole.deliver(0).unwrap();
+    let mut cut = receiver(layout);
+    assert_eq!(
+        feed_in_pieces(&mut cut, &enc.reliable, cuts).unwrap(),
+        Some(0)
+    );
+    for d in enc.lossy.iter().flatten() {
+        cut.push(d, Channel::Lossy).unwrap();
+    }
+    let got = cut.deliver(0).unwrap();
+    assert_eq!(got.stats, want.stats);
+    for (g, w) in got.tensors.iter().zip(&want.tensors) {
+        assert!(g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}
+
+#[test]
+fn stream_pieces_of_every_small_size_rebuild_the_round() {
+    // Pieces of 1..=45 bytes cut every header, value and round end at every
+    // position; 1452 is a QUIC packet's worth, 3 keeps cutting values.
+    let layout = presets::tiny();
+    let len = {
+        let enc = encode(&layout, 0, &common::grads(&layout, 5), 1200);
+        enc.reliable.len()
+    };
+    for step in (1..=45).chain([151, 152, 153, 1452, 4096]) {
+        let cuts: Vec<usize> = (1..len.div_ceil(step)).map(|i| i * step).collect();
+        assert_pieces_rebuild_the_round(&layout, &cuts);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(30))]
+
+    #[test]
+    fn stream_pieces_cut_anywhere_rebuild_the_round(
+        mut cuts in proptest::collection::vec(0usize..400_000, 0..300),
+    ) {
+        let layout = presets::tiny();
+        cuts.sort_unstable();
+        assert_pieces_rebuild_the_round(&layout, &cuts);
+    }
+}
+
+#[test]
+fn a_broken_stream_is_a_typed_error_and_stays_broken() {
+    let layout = presets::tiny();
+    let enc = encode(&layout, 0, &common::grads(&layout, 5), 1200);
+    let mut bad = enc.reliable.to_vec();
+    bad[0] ^= 0xff; // magic
+    let mut rx = receiver(&layout);
+    let mut decoder = StreamDecoder::new();
+    // The prefix is cut: nothing is known until it is whole.
+    decoder.feed(&mut rx, &bad[..3]).unwrap();
+    assert!(!decoder.at_boundary());
+    assert!(matches!(
+        decoder.feed(&mut rx, &bad[3..100]),
+        Err(ReassemblyError::Wire(WireError::BadMagic(_)))
+    ));
+    assert_eq!(rx.counters().malformed, 1);
+    assert!(matches!(
+        decoder.feed(&mut rx, &bad[100..]),
+        Err(ReassemblyError::StreamBroken)
+    ));
+    // A stream cut inside a segment does not end at a boundary.
+    let mut rx = receiver(&layout);
+    let mut decoder = StreamDecoder::new();
+    decoder.feed(&mut rx, &enc.reliable[..50]).unwrap();
+    assert!(!decoder.at_boundary());
+}
+
+#[test]
+fn recycled_tensors_are_zero_where_nothing_arrived() {
+    // Tensors handed back are not cleared when a round opens; delivery must
+    // zero exactly what never arrived, never leak an older round's values.
+    let layout = presets::tiny();
+    let mut enc = Encoder::new(&layout, EncoderConfig::default()).unwrap();
+    let mut rx = receiver(&layout);
+    let g0: Vec<Vec<f32>> = common::grads(&layout, 1);
+    let e0 = enc.encode(0, &g0, 1200).unwrap();
+    push_round(&mut rx, &e0, |_| true);
+    let r0 = rx.deliver(0).unwrap();
+    rx.recycle(r0.tensors).unwrap();
+    let g1 = common::grads(&layout, 2);
+    let e1 = enc.encode(1, &g1, 1200).unwrap();
+    let dropped = push_round(&mut rx, &e1, |i| i % 3 == 0);
+    assert!(!dropped.is_empty());
+    let mask = dropped_mask(&layout, &dropped);
+    let r1 = rx.deliver(1).unwrap();
+    for t in 0..layout.len() {
+        for (i, v) in r1.tensors[t].iter().enumerate() {
+            let want = if mask[t][i] { 0.0 } else { g1[t][i] };
+            assert_eq!(v.to_bits(), want.to_bits(), "tensor {t} value {i}");
+        }
+    }
 }

@@ -26,6 +26,8 @@ pub mod codes {
     pub const LAYOUT_MISMATCH: u32 = 0x4702;
     /// The handshake could not be read.
     pub const BAD_HELLO: u32 = 0x4703;
+    /// Stream reset: the sender gave up on a round before its end.
+    pub const ROUND_ABANDONED: u32 = 0x4704;
 }
 
 /// Largest control message accepted (a layout of ~100k tensors fits).
@@ -34,6 +36,7 @@ pub const MAX_MESSAGE: usize = 16 << 20;
 const HELLO_MAGIC: &[u8; 4] = b"GLH1";
 const TAG_WELCOME: u8 = 1;
 const TAG_IMPORTANT: u8 = 2;
+const TAG_LOSSY_SENT: u8 = 3;
 
 /// Why a control message could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -80,6 +83,11 @@ pub enum Control {
     Welcome,
     /// Every important chunk of this round arrived.
     ImportantReceived(u32),
+    /// Every datagram of this round was handed to QUIC. quinn sends queued
+    /// datagrams ahead of any stream data, so the datagrams were sent before
+    /// this message: once it is read, the receiver need not wait out its
+    /// grace period for datagrams that were lost.
+    LossySent(u32),
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -191,6 +199,11 @@ impl Control {
                 v.extend_from_slice(&r.to_le_bytes());
                 v
             }
+            Control::LossySent(r) => {
+                let mut v = vec![TAG_LOSSY_SENT];
+                v.extend_from_slice(&r.to_le_bytes());
+                v
+            }
         }
     }
 
@@ -200,6 +213,7 @@ impl Control {
         let msg = match r.u8()? {
             TAG_WELCOME => Control::Welcome,
             TAG_IMPORTANT => Control::ImportantReceived(r.u32()?),
+            TAG_LOSSY_SENT => Control::LossySent(r.u32()?),
             x => return Err(HandshakeError::UnknownControl(x)),
         };
         if !r.0.is_empty() {
@@ -232,7 +246,11 @@ mod tests {
             },
         };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
-        for c in [Control::Welcome, Control::ImportantReceived(7)] {
+        for c in [
+            Control::Welcome,
+            Control::ImportantReceived(7),
+            Control::LossySent(9),
+        ] {
             assert_eq!(Control::decode(&c.encode()).unwrap(), c);
         }
     }

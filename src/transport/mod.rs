@@ -20,4 +20,6 @@ pub mod tuning;
 
 pub use endpoint::{Config, Endpoint, SetupError};
 pub use faults::Faults;
-pub use link::{Link, LinkError, LinkReceiver, LinkSender, RoundTiming, SendReport};
+pub use link::{
+    Link, LinkError, LinkReceiver, LinkSender, LossyRelease, RoundArrival, RoundTiming, SendReport,
+};
