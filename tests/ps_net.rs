@@ -77,6 +77,7 @@ async fn worker_loop(
     steps: usize,
     seed: u64,
     compression: Compression,
+    pause: Option<(usize, tokio::sync::watch::Receiver<bool>)>,
 ) -> Result<Vec<Disposition>, WorkerError> {
     let (addr, dir) = run;
     let config = Config {
@@ -89,7 +90,14 @@ async fn worker_loop(
     let mut rng = SplitMix64::new(seed);
     let mut grad = Vec::new();
     let mut seen = Vec::new();
-    for _ in 0..steps {
+    let mut pause = pause;
+    for step in 0..steps {
+        // Hold here, mid-run, until told to go on (the kill test).
+        if let Some((at, go)) = &mut pause {
+            if step == *at {
+                go.wait_for(|&v| v).await.unwrap();
+            }
+        }
         let batch: Vec<usize> = (0..32).map(|_| rng.below(problem.samples())).collect();
         problem.gradient(&params.values, &batch, &mut grad);
         let reply = w.push(params.index, &[&grad]).await?;
@@ -121,6 +129,7 @@ async fn ormo_trains_over_lossy_links() {
                 40,
                 10 + i,
                 Compression::Rounds,
+                None,
             ))
         })
         .collect();
@@ -165,6 +174,7 @@ async fn codec_pushes_and_sync_rounds() {
                 30,
                 20 + i,
                 codec,
+                None,
             ))
         })
         .collect();
@@ -317,6 +327,23 @@ async fn a_killed_worker_does_not_stop_the_others() {
     };
     let run = start("kill", OrderedMomentum::new(cfg, w0).unwrap());
 
+    // Two survivors train; after 20 pushes each they hold until the victim
+    // is dead, then push 40 more each.
+    let (killed_tx, killed_rx) = tokio::sync::watch::channel(false);
+    let survivors: Vec<_> = (0..2)
+        .map(|i| {
+            tokio::spawn(worker_loop(
+                (run.addr, run.dir.clone()),
+                layout.clone(),
+                p.clone(),
+                60,
+                30 + i,
+                Compression::Rounds,
+                Some((20, killed_rx.clone())),
+            ))
+        })
+        .collect();
+
     // The victim lives in its own runtime and dies mid-run holding a ticket,
     // without a goodbye: shutting its runtime down stops its packets at once,
     // as a killed process would.
@@ -344,29 +371,27 @@ async fn a_killed_worker_does_not_stop_the_others() {
             rt.shutdown_background();
         })
     };
-    let victim_ticket = pushed_rx.await.unwrap();
+    pushed_rx.await.unwrap();
     victim.join().unwrap();
+    let handle = run.handle.clone();
+    // Both survivors are parked at their 20th push (or on their way there).
+    assert!(
+        eventually(Duration::from_secs(15), || handle.snapshot().1 == 10 + 40).await,
+        "survivors did not reach the pause: {:?}",
+        handle.stats()
+    );
     let (at_kill, _) = run.handle.snapshot();
     let loss_at_kill = p.loss(&at_kill);
+    killed_tx.send(true).unwrap();
 
-    let survivors: Vec<_> = (0..2)
-        .map(|i| {
-            tokio::spawn(worker_loop(
-                (run.addr, run.dir.clone()),
-                layout.clone(),
-                p.clone(),
-                60,
-                30 + i,
-                Compression::Rounds,
-            ))
-        })
-        .collect();
     for s in survivors {
         let seen = s.await.unwrap().unwrap();
         assert_eq!(seen.len(), 60);
+        assert!(seen
+            .iter()
+            .all(|d| matches!(d, Disposition::Applied { .. })));
     }
     // The victim's session ends at the idle timeout and gives its ticket back.
-    let handle = run.handle.clone();
     assert!(
         eventually(Duration::from_secs(15), || handle.stats().workers_left == 3).await,
         "the dead worker's session never ended: {:?}",
@@ -375,7 +400,6 @@ async fn a_killed_worker_does_not_stop_the_others() {
     assert_eq!(run.handle.with(|s| s.outstanding()), 0);
     let (params, steps) = run.handle.snapshot();
     assert_eq!(steps, 10 + 120);
-    assert!(victim_ticket <= 10);
     let end_loss = p.loss(&params);
     assert!(
         end_loss < 0.2 * loss_at_kill,
