@@ -186,28 +186,8 @@ where
             accepted = &mut accepting => {
                 accepting = Box::pin(endpoint.accept());
                 match accepted {
-                None => break Err(ServeError::EndpointClosed),
-                Some(Err(e)) => {
-                    tracing::info!(%e, "worker link failed");
-                    lock(&handle.shared.stats).links_refused += 1;
-                }
-                Some(Ok(link)) => {
-                    let values = link.layout().total_values();
-                    if values != dim as u64 {
-                        let why = format!("model has {dim} parameters, link layout {values}");
-                        tracing::warn!(%why, "refusing worker");
-                        link.connection()
-                            .close(VarInt::from_u32(codes::LAYOUT_MISMATCH), why.as_bytes());
-                        lock(&handle.shared.stats).links_refused += 1;
-                        continue;
-                    }
-                    let span = tracing::info_span!(
-                        "ps_session",
-                        remote = %link.connection().remote_address()
-                    );
-                    lock(&handle.shared.stats).workers_joined += 1;
-                    sessions.spawn(session(link, handle.shared.clone(), dim).instrument(span));
-                }
+                    None => break Err(ServeError::EndpointClosed),
+                    Some(accepted) => admit(accepted, &handle.shared, dim, &mut sessions),
                 }
             }
         }
@@ -216,6 +196,36 @@ where
     endpoint.close();
     while sessions.join_next().await.is_some() {}
     result.map(|()| handle.stats())
+}
+
+/// Starts a session for a new link, or refuses it (failed handshake, wrong
+/// model size).
+fn admit<S: ParameterServer + Send + 'static>(
+    accepted: Result<Link, LinkError>,
+    shared: &Arc<Shared<S>>,
+    dim: usize,
+    sessions: &mut JoinSet<()>,
+) {
+    let link = match accepted {
+        Ok(link) => link,
+        Err(e) => {
+            tracing::info!(%e, "worker link failed");
+            lock(&shared.stats).links_refused += 1;
+            return;
+        }
+    };
+    let values = link.layout().total_values();
+    if values != dim as u64 {
+        let why = format!("model has {dim} parameters, link layout {values}");
+        tracing::warn!(%why, "refusing worker");
+        link.connection()
+            .close(VarInt::from_u32(codes::LAYOUT_MISMATCH), why.as_bytes());
+        lock(&shared.stats).links_refused += 1;
+        return;
+    }
+    let span = tracing::info_span!("ps_session", remote = %link.connection().remote_address());
+    lock(&shared.stats).workers_joined += 1;
+    sessions.spawn(session(link, shared.clone(), dim).instrument(span));
 }
 
 /// One worker's session; gives its ticket back however it ends.
