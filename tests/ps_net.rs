@@ -39,12 +39,20 @@ struct Running<S> {
 }
 
 fn start<S: ParameterServer + Send + 'static>(tag: &str, server: S) -> Running<S> {
+    start_with(tag, server, quick())
+}
+
+fn start_with<S: ParameterServer + Send + 'static>(
+    tag: &str,
+    server: S,
+    config: Config,
+) -> Running<S> {
     let dir = cert_dir(tag);
     let endpoint = Endpoint::server(
         "127.0.0.1:0".parse().unwrap(),
         dir.join("server.pem"),
         dir.join("server.key"),
-        quick(),
+        config,
     )
     .unwrap();
     let addr = endpoint.local_addr().unwrap();
@@ -472,4 +480,82 @@ async fn three_workers_train_an_mlp_to_90_percent_over_5_percent_loss() {
     // The loss was real: some gradient bytes were zero-filled.
     assert!(stats.zero_filled_bytes > 0, "{stats:?}");
     assert!(after.accuracy >= 0.9, "test accuracy {}", after.accuracy);
+}
+
+/// A QUIC connection to the server that never says hello.
+async fn silent_client(run: &Running<OrderedMomentum>) -> (quinn::Endpoint, quinn::Connection) {
+    let cfg = gradlane::transport::tls::client_config(&run.dir.join("ca.pem")).unwrap();
+    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    ep.set_default_client_config(cfg);
+    let conn = ep.connect(run.addr, "localhost").unwrap().await.unwrap();
+    (ep, conn)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_says_hello_holds_up_nobody() {
+    let (p, layout) = problem();
+    let cfg = OrderedMomentumConfig {
+        workers: 2,
+        momentum: 0.5,
+        learning_rate: 0.01,
+    };
+    // Long enough that a server handshaking one client at a time would
+    // still be waiting on the silent one when the real worker is done.
+    let config = Config {
+        hello_timeout: Duration::from_secs(20),
+        ..quick()
+    };
+    let run = start_with(
+        "silent",
+        OrderedMomentum::new(cfg, vec![0.0; p.dim()]).unwrap(),
+        config,
+    );
+    let (_silent_ep, silent) = silent_client(&run).await;
+
+    let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
+    let mut w = Worker::join(&ep, run.addr, "localhost", &layout, Compression::Rounds)
+        .await
+        .unwrap();
+    let params = w.pull().await.unwrap();
+    w.push(params.index, &[vec![1.0f32; p.dim()]])
+        .await
+        .unwrap();
+    w.leave().await;
+    assert!(
+        silent.close_reason().is_none(),
+        "the worker only got through after the silent client was closed"
+    );
+    silent.close(0u32.into(), b"bye");
+    run.stop.send(()).unwrap();
+    let stats = run.done.await.unwrap().unwrap();
+    assert_eq!(stats.applied, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_says_hello_is_closed_after_the_timeout() {
+    let (p, _) = problem();
+    let cfg = OrderedMomentumConfig {
+        workers: 2,
+        momentum: 0.5,
+        learning_rate: 0.01,
+    };
+    let config = Config {
+        hello_timeout: Duration::from_millis(200),
+        ..quick()
+    };
+    let run = start_with(
+        "silent-timeout",
+        OrderedMomentum::new(cfg, vec![0.0; p.dim()]).unwrap(),
+        config,
+    );
+    let (_silent_ep, silent) = silent_client(&run).await;
+    match silent.closed().await {
+        quinn::ConnectionError::ApplicationClosed(c) => {
+            assert_eq!(c.error_code.into_inner(), u64::from(codes::BAD_HELLO))
+        }
+        other => panic!("expected a bad-hello close, got {other:?}"),
+    }
+    run.stop.send(()).unwrap();
+    let stats = run.done.await.unwrap().unwrap();
+    assert_eq!(stats.links_refused, 1);
 }

@@ -14,7 +14,7 @@ use super::stream::{read_body, write_bytes, StreamError};
 use crate::codec;
 use crate::ps::{Disposition, ParameterServer, PullError, PushError};
 use crate::transport::handshake::codes;
-use crate::transport::{Endpoint, Link, LinkError};
+use crate::transport::{Endpoint, IncomingError, Link, LinkError};
 use bytes::Bytes;
 use quinn::{SendStream, VarInt};
 use std::future::Future;
@@ -174,44 +174,49 @@ where
     let dim = handle.with(|s| s.params().len());
     let mut sessions = JoinSet::new();
     tokio::pin!(shutdown);
-    // `accept` runs the gradlane handshake and is not cancel-safe: dropping
-    // it halfway would drop a half-welcomed connection. Keep one alive
-    // across loop turns and replace it only once it has finished.
-    let mut accepting = Box::pin(endpoint.accept());
     let result = loop {
         tokio::select! {
             _ = &mut shutdown => break Ok(()),
             // Reap finished sessions as we go so the set does not grow.
             Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
-            accepted = &mut accepting => {
-                accepting = Box::pin(endpoint.accept());
-                match accepted {
-                    None => break Err(ServeError::EndpointClosed),
-                    Some(accepted) => admit(accepted, &handle.shared, dim, &mut sessions),
+            // Each client's handshakes run in its own task: a client that
+            // stalls after the QUIC handshake holds up nobody else (and is
+            // closed after the endpoint's hello timeout).
+            incoming = endpoint.incoming() => match incoming {
+                None => break Err(ServeError::EndpointClosed),
+                Some(incoming) => {
+                    let shared = handle.shared.clone();
+                    sessions.spawn(async move {
+                        if let Some(link) = admit(incoming.finish().await, &shared, dim) {
+                            let span = tracing::info_span!(
+                                "ps_session",
+                                remote = %link.connection().remote_address()
+                            );
+                            session(link, shared, dim).instrument(span).await;
+                        }
+                    });
                 }
-            }
+            },
         }
     };
-    drop(accepting);
     endpoint.close();
     while sessions.join_next().await.is_some() {}
     result.map(|()| handle.stats())
 }
 
-/// Starts a session for a new link, or refuses it (failed handshake, wrong
+/// Takes a new link into service, or refuses it (failed handshake, wrong
 /// model size).
-fn admit<S: ParameterServer + Send + 'static>(
-    accepted: Result<Link, LinkError>,
-    shared: &Arc<Shared<S>>,
+fn admit<S: ParameterServer>(
+    finished: Result<Link, IncomingError>,
+    shared: &Shared<S>,
     dim: usize,
-    sessions: &mut JoinSet<()>,
-) {
-    let link = match accepted {
+) -> Option<Link> {
+    let link = match finished {
         Ok(link) => link,
         Err(e) => {
             tracing::info!(%e, "worker link failed");
             lock(&shared.stats).links_refused += 1;
-            return;
+            return None;
         }
     };
     let values = link.layout().total_values();
@@ -221,11 +226,10 @@ fn admit<S: ParameterServer + Send + 'static>(
         link.connection()
             .close(VarInt::from_u32(codes::LAYOUT_MISMATCH), why.as_bytes());
         lock(&shared.stats).links_refused += 1;
-        return;
+        return None;
     }
-    let span = tracing::info_span!("ps_session", remote = %link.connection().remote_address());
     lock(&shared.stats).workers_joined += 1;
-    sessions.spawn(session(link, shared.clone(), dim).instrument(span));
+    Some(link)
 }
 
 /// One worker's session; gives its ticket back however it ends.

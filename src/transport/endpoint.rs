@@ -8,7 +8,7 @@
 //! was told which layout to expect.
 
 use super::faults::{FaultStats, Faults, FaultySocket};
-use super::handshake::{codes, framed, Control, Hello};
+use super::handshake::{codes, framed, Control, HandshakeError, Hello};
 use super::link::{read_control, write_control, Link, LinkError, RoundTiming};
 use super::tls::{self, ClientConfigError, ServerConfigError};
 use super::tuning::{self, EndpointError, Tuning, TuningError};
@@ -19,10 +19,11 @@ use quinn::VarInt;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 use thiserror::Error;
 
 /// Everything a link end can be configured with.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// Chunking, scoring and classification of the rounds this end sends.
     /// The client's chunking is used in both directions.
@@ -37,6 +38,24 @@ pub struct Config {
     pub faults: Option<Faults>,
     /// On a server: refuse clients whose layout differs from this one.
     pub expect_layout: Option<Layout>,
+    /// On a server: how long a client that completed the QUIC handshake may
+    /// take to send its hello before it is closed with
+    /// [`codes::BAD_HELLO`](super::handshake::codes::BAD_HELLO).
+    pub hello_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            encoder: EncoderConfig::default(),
+            reassembly: ReassemblyConfig::default(),
+            timing: RoundTiming::default(),
+            tuning: Tuning::default(),
+            faults: None,
+            expect_layout: None,
+            hello_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// Why an endpoint could not be made.
@@ -149,63 +168,32 @@ impl Endpoint {
     }
 
     /// Accepts the next link. Returns `None` once the endpoint is closed.
+    ///
+    /// Handshakes run one after the other here; a server that must not let
+    /// one slow client hold up the next uses [`Endpoint::incoming`] and
+    /// finishes each [`Incoming`] in its own task.
     pub async fn accept(&self) -> Option<Result<Link, LinkError>> {
         loop {
-            let incoming = self.inner.accept().await?;
-            let conn = match incoming.await {
-                Ok(c) => c,
-                // A failed handshake (wrong CA, a scan) is that peer's
-                // problem; keep listening.
-                Err(e) => {
+            match self.incoming().await?.finish().await {
+                Err(IncomingError::Quic(e)) => {
+                    // A failed QUIC handshake (wrong CA, a scan) is that
+                    // peer's problem; keep listening.
                     tracing::info!(%e, "incoming connection failed");
-                    continue;
                 }
-            };
-            return Some(self.welcome(conn).await);
+                Err(IncomingError::Link(e)) => return Some(Err(e)),
+                Ok(link) => return Some(Ok(link)),
+            }
         }
     }
 
-    async fn welcome(&self, conn: quinn::Connection) -> Result<Link, LinkError> {
-        let (mut send, mut recv) = conn.accept_bi().await.map_err(LinkError::from_conn)?;
-        let hello = match read_control(&mut recv).await {
-            Ok(Some(body)) => Hello::decode(&body),
-            Ok(None) => Err(super::handshake::HandshakeError::Truncated),
-            Err(LinkError::Handshake(e)) => Err(e),
-            Err(e) => return Err(e),
-        };
-        let hello = match hello {
-            Ok(h) => h,
-            Err(e) => {
-                let why = format!("bad hello: {e}");
-                conn.close(VarInt::from_u32(codes::BAD_HELLO), why.as_bytes());
-                return Err(e.into());
-            }
-        };
-        if let Some(expected) = &self.config.expect_layout {
-            if expected != &hello.layout {
-                let why = layout_difference(expected, &hello.layout);
-                conn.close(VarInt::from_u32(codes::LAYOUT_MISMATCH), why.as_bytes());
-                return Err(LinkError::Rejected {
-                    code: codes::LAYOUT_MISMATCH as u64,
-                    reason: why,
-                });
-            }
-        }
-        write_control(&mut send, Control::Welcome).await?;
-        tracing::info!(remote = %conn.remote_address(), tensors = hello.layout.len(), "link up");
-        let encoder = EncoderConfig {
-            chunking: hello.chunking,
-            ..self.config.encoder
-        };
-        Link::start(
-            conn,
-            hello.layout,
-            encoder,
-            self.config.reassembly,
-            self.config.timing,
-            send,
-            recv,
-        )
+    /// The next client knocking, before any handshake. Returns `None` once
+    /// the endpoint is closed.
+    pub async fn incoming(&self) -> Option<Incoming> {
+        let incoming = self.inner.accept().await?;
+        Some(Incoming {
+            incoming,
+            config: self.config.clone(),
+        })
     }
 
     /// Closes every connection and stops listening.
@@ -238,4 +226,84 @@ fn layout_difference(expected: &Layout, got: &Layout) -> String {
         }
     }
     "layout mismatch".into()
+}
+
+/// A client that reached the endpoint and has not been through the QUIC
+/// and gradlane handshakes yet (see [`Endpoint::incoming`]).
+#[derive(Debug)]
+pub struct Incoming {
+    incoming: quinn::Incoming,
+    config: Config,
+}
+
+/// Why an incoming client did not become a link.
+#[derive(Debug, Error)]
+pub enum IncomingError {
+    /// The QUIC/TLS handshake failed.
+    #[error("quic handshake: {0}")]
+    Quic(quinn::ConnectionError),
+    /// The gradlane handshake failed (bad hello, layout mismatch, no hello
+    /// in time).
+    #[error(transparent)]
+    Link(#[from] LinkError),
+}
+
+impl Incoming {
+    /// Runs both handshakes; the client has [`Config::hello_timeout`] after
+    /// the QUIC handshake to send its hello.
+    pub async fn finish(self) -> Result<Link, IncomingError> {
+        let conn = self.incoming.await.map_err(IncomingError::Quic)?;
+        let config = self.config;
+        match tokio::time::timeout(config.hello_timeout, welcome(&config, conn.clone())).await {
+            Ok(r) => Ok(r?),
+            Err(_) => {
+                let why = format!("no hello within {:?}", config.hello_timeout);
+                conn.close(VarInt::from_u32(codes::BAD_HELLO), why.as_bytes());
+                Err(LinkError::Handshake(HandshakeError::Timeout).into())
+            }
+        }
+    }
+}
+
+async fn welcome(config: &Config, conn: quinn::Connection) -> Result<Link, LinkError> {
+    let (mut send, mut recv) = conn.accept_bi().await.map_err(LinkError::from_conn)?;
+    let hello = match read_control(&mut recv).await {
+        Ok(Some(body)) => Hello::decode(&body),
+        Ok(None) => Err(super::handshake::HandshakeError::Truncated),
+        Err(LinkError::Handshake(e)) => Err(e),
+        Err(e) => return Err(e),
+    };
+    let hello = match hello {
+        Ok(h) => h,
+        Err(e) => {
+            let why = format!("bad hello: {e}");
+            conn.close(VarInt::from_u32(codes::BAD_HELLO), why.as_bytes());
+            return Err(e.into());
+        }
+    };
+    if let Some(expected) = &config.expect_layout {
+        if expected != &hello.layout {
+            let why = layout_difference(expected, &hello.layout);
+            conn.close(VarInt::from_u32(codes::LAYOUT_MISMATCH), why.as_bytes());
+            return Err(LinkError::Rejected {
+                code: codes::LAYOUT_MISMATCH as u64,
+                reason: why,
+            });
+        }
+    }
+    write_control(&mut send, Control::Welcome).await?;
+    tracing::info!(remote = %conn.remote_address(), tensors = hello.layout.len(), "link up");
+    let encoder = EncoderConfig {
+        chunking: hello.chunking,
+        ..config.encoder
+    };
+    Link::start(
+        conn,
+        hello.layout,
+        encoder,
+        config.reassembly,
+        config.timing,
+        send,
+        recv,
+    )
 }

@@ -62,6 +62,9 @@ pub enum HandshakeError {
     /// A control message of an unknown kind.
     #[error("unknown control message {0}")]
     UnknownControl(u8),
+    /// The client sent no hello in time.
+    #[error("no hello in time")]
+    Timeout,
     /// The message is longer than [`MAX_MESSAGE`].
     #[error("control message of {0} bytes is too large")]
     TooLarge(usize),

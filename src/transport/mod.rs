@@ -18,7 +18,7 @@ pub mod link;
 pub mod tls;
 pub mod tuning;
 
-pub use endpoint::{Config, Endpoint, SetupError};
+pub use endpoint::{Config, Endpoint, Incoming, IncomingError, SetupError};
 pub use faults::Faults;
 pub use link::{
     Link, LinkError, LinkReceiver, LinkSender, LossyRelease, RoundArrival, RoundTiming, SendReport,
