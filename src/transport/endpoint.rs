@@ -40,7 +40,7 @@ pub struct Config {
     pub expect_layout: Option<Layout>,
     /// On a server: how long a client that completed the QUIC handshake may
     /// take to send its hello before it is closed with
-    /// [`codes::BAD_HELLO`](super::handshake::codes::BAD_HELLO).
+    /// [`codes::BAD_HELLO`].
     pub hello_timeout: Duration,
 }
 
