@@ -781,10 +781,15 @@ impl LinkReceiver {
             }
         }
         let waited = ended.elapsed();
+        let progress = lock(&self.rx.reassembler).lossy_progress(round);
+        let reported = lock(&self.rx.lossy_sent).get(&round).copied();
         lock(&self.rx.lossy_sent).retain(|&r, _| r > round);
         let delivered = lock(&self.rx.reassembler).deliver(round)?;
         tracing::debug!(
             ?waited,
+            ?progress,
+            ?reported,
+            placed = self.rx.datagrams_read.load(Ordering::Relaxed),
             quinn_dropped = self.datagrams_dropped_by_quinn(),
             zero_filled = delivered.stats.lossy().zero_filled_bytes,
             late = delivered.stats.lossy().late_merged_bytes,
