@@ -427,10 +427,7 @@ impl LinkSender {
         grads: &[G],
     ) -> Result<SendReport, LinkError> {
         let start = Instant::now();
-        let max = self
-            .conn
-            .max_datagram_size()
-            .ok_or(LinkError::NoDatagrams)?;
+        let max = lossy_datagram_limit(&self.conn).ok_or(LinkError::NoDatagrams)?;
         // Scoring and classing read the whole round: every check on the
         // gradients happens here, before a byte is sent.
         let encoder = &mut self.encoder;
@@ -701,6 +698,40 @@ async fn write_reliable(
     }
     let _ = stream.finish();
     Ok(())
+}
+
+/// The smallest path MTU quinn falls back to: its `TransportConfig::min_mtu`,
+/// which [`Tuning`](super::tuning::Tuning) leaves at QUIC's minimum.
+const QUIC_MIN_MTU: u16 = 1200;
+
+/// The datagram payload a round's lossy part is framed for: what the path
+/// takes now, less what MTU discovery added above the floor.
+///
+/// When quinn suspects a black hole (under random loss it sometimes does:
+/// a burst of lost large packets) it drops the path MTU back to the floor
+/// and silently discards every queued datagram that no longer fits
+/// (`drop_oversized` in quinn-proto 0.11): with a whole round's lossy part
+/// queued that was up to 8 MB, measured at 1% loss as rounds with 5-7 MB
+/// zero-filled instead of 0.2. Datagrams framed for the floor survive the
+/// fall; the price is ~23% more, smaller datagrams on a path whose MTU was
+/// raised. The payload limit is linear in the MTU (quinn subtracts a fixed
+/// packet overhead), so subtracting the MTU's rise is exact; when the peer's
+/// own limit is the smaller one this errs on the small side. Never below
+/// what the encoder needs: then the path's limit is used as it is, and
+/// `SendDatagramError::TooLarge` is handled by reframing.
+fn lossy_datagram_limit(conn: &Connection) -> Option<usize> {
+    let max = conn.max_datagram_size()?;
+    Some(limit_at_floor(max, conn.stats().path.current_mtu))
+}
+
+/// [`lossy_datagram_limit`] from the path's datagram limit `max` at path
+/// MTU `mtu`.
+fn limit_at_floor(max: usize, mtu: u16) -> usize {
+    let rise = mtu.saturating_sub(QUIC_MIN_MTU) as usize;
+    match max.saturating_sub(rise) {
+        floor if floor >= crate::encode::MIN_DATAGRAM => floor,
+        _ => max,
+    }
 }
 
 /// Bytes quinn has sent on the connection, less those it declared lost.
@@ -1016,5 +1047,25 @@ fn ready_now<F: std::future::Future>(f: F) -> Option<F::Output> {
     match f.as_mut().poll(&mut cx) {
         std::task::Poll::Ready(x) => Some(x),
         std::task::Poll::Pending => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lossy_datagrams_are_framed_for_the_mtu_floor() {
+        // quinn 0.11 on loopback: 1162 at the 1200-byte floor, 1414 at 1452.
+        assert_eq!(limit_at_floor(1162, 1200), 1162);
+        assert_eq!(limit_at_floor(1414, 1452), 1162);
+        // A peer's smaller limit: the result errs on the small side.
+        assert_eq!(limit_at_floor(600, 1452), 348);
+        // Never below what the encoder can frame: the path's limit as is.
+        let tiny = crate::encode::MIN_DATAGRAM + 10;
+        assert_eq!(limit_at_floor(tiny, 1452), tiny);
+        // An MTU under the floor (a config this crate does not make) takes
+        // nothing off.
+        assert_eq!(limit_at_floor(1000, 1100), 1000);
     }
 }
