@@ -72,6 +72,11 @@ struct Args {
     /// variant; the goal lines then only cover what ran).
     #[arg(long)]
     only: Option<String>,
+    /// Print, per gradlane round, where its datagrams went: sent, dropped
+    /// by the fault injector (all packets, both directions), received in
+    /// time, zero-filled, merged late into the next round, dropped by quinn.
+    #[arg(long)]
+    per_round: bool,
 }
 
 /// What a variant moves.
@@ -280,6 +285,7 @@ impl Bench {
         let limit = Duration::from_secs(self.args.round_timeout_s);
         let mut zero = 0u64;
         let mut started = None;
+        let mut faults_before = client.fault_stats().unwrap_or_default();
         for r in 0..=self.args.rounds {
             let g = &self.grads[r % 2];
             let start = Instant::now();
@@ -305,6 +311,29 @@ impl Bench {
                 row.plan.push(report.plan.as_secs_f64());
                 row.important_bytes = report.important_bytes;
                 zero += round.stats.lossy().zero_filled_bytes;
+            }
+            if self.args.per_round {
+                let f = client.fault_stats().unwrap_or_default();
+                let lossy = round.stats.lossy();
+                eprintln!(
+                    "  round {r}: datagrams sent {} ({:.2} MB), injector dropped {} out / {} in \
+                     of {} / {} packets, lossy received {:.2} MB, zero-filled {:.2} MB, \
+                     late merged into this round {:.2} MB, quinn dropped {} (total), \
+                     path MTU {}, black holes detected {} (total)",
+                    report.lossy_packets.iter().sum::<u64>(),
+                    report.lossy_bytes.iter().sum::<u64>() as f64 / 1e6,
+                    f.segments_dropped_out - faults_before.segments_dropped_out,
+                    f.datagrams_dropped_in - faults_before.datagrams_dropped_in,
+                    f.segments_sent - faults_before.segments_sent,
+                    f.datagrams_received - faults_before.datagrams_received,
+                    lossy.received_bytes as f64 / 1e6,
+                    lossy.zero_filled_bytes as f64 / 1e6,
+                    lossy.late_merged_bytes as f64 / 1e6,
+                    rx.datagrams_dropped_by_quinn(),
+                    tx.connection().stats().path.current_mtu,
+                    tx.connection().stats().path.black_holes_detected,
+                );
+                faults_before = f;
             }
             rx.recycle(round.tensors);
             let started = *started.get_or_insert_with(Instant::now);

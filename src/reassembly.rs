@@ -279,8 +279,6 @@ struct OpenRound {
     received_bytes: [u64; CLASS_SLOTS],
     important_digest: u64,
     end: Option<RoundEnd>,
-    /// Datagrams that brought bytes into this round.
-    lossy_packets: u64,
 }
 
 const NO_CLASS: Class = u8::MAX;
@@ -414,10 +412,6 @@ impl Reassembler {
             return Err(e);
         }
         let mut out = PushOutcome::default();
-        let first_round = match segments.first() {
-            Some(Segment::Data(h, _)) => Some(h.round),
-            _ => None,
-        };
         for seg in segments {
             match seg {
                 Segment::Data(h, payload) => self.place(h, payload, &mut out),
@@ -427,23 +421,22 @@ impl Reassembler {
                 }
             }
         }
-        if let (Channel::Lossy, Some(round), true) = (channel, first_round, out.accepted > 0) {
-            if let Some(r) = self.open.get_mut(&round) {
-                r.lossy_packets += 1;
-            }
-        }
         Ok(out)
     }
 
-    /// For an open round: datagrams received so far, and once its end is in,
-    /// how many the sender sent. Lets the transport stop waiting for
+    /// For an open round: lossy payload bytes held so far, and once its end
+    /// is in, how many the sender sent. Lets the transport stop waiting for
     /// datagrams as soon as all have come.
+    ///
+    /// Bytes, not datagrams: a sender may cut a datagram into several when
+    /// the path's limit shrinks after the round was framed, so the round
+    /// end's packet count can be reached while pieces are still on the way
+    /// (measured: a round delivered with 8 MB of them still coming, which
+    /// then arrived late). Duplicates add no bytes.
     pub fn lossy_progress(&self, round: u32) -> Option<(u64, Option<u64>)> {
         let r = self.open.get(&round)?;
-        let sent = r
-            .end
-            .map(|e| e.packets[1..].iter().map(|&p| p as u64).sum());
-        Some((r.lossy_packets, sent))
+        let sent = r.end.map(|e| e.bytes[1..].iter().sum());
+        Some((r.received_bytes[1..].iter().sum(), sent))
     }
 
     fn check_packet<'a>(
@@ -617,7 +610,6 @@ impl Reassembler {
             received_bytes: [0; CLASS_SLOTS],
             important_digest: 0,
             end: None,
-            lossy_packets: 0,
         }
     }
 

@@ -494,3 +494,42 @@ fn recycled_tensors_are_zero_where_nothing_arrived() {
         }
     }
 }
+
+/// A sender cuts datagrams into smaller ones when the path's limit shrinks
+/// after framing: the round is not complete until every piece is in, even
+/// though more datagrams than the round end announces have arrived.
+#[test]
+fn lossy_progress_counts_bytes_so_reframed_datagrams_are_waited_for() {
+    let layout = presets::tiny();
+    let grads = common::grads(&layout, 3);
+    let mut enc = Encoder::new(&layout, EncoderConfig::default()).unwrap();
+    let round = enc.encode(0, &grads, 1200).unwrap();
+    let framed: usize = round.lossy.iter().map(Vec::len).sum();
+    let pieces: Vec<bytes::Bytes> = round
+        .lossy
+        .iter()
+        .flatten()
+        .flat_map(|d| enc.reframe(d, 400).unwrap())
+        .collect();
+    assert!(
+        pieces.len() > framed,
+        "the test needs datagrams that are cut"
+    );
+    let mut rx = receiver(&layout);
+    for seg in common::split_segments(&round.reliable) {
+        rx.push(seg, Channel::Reliable).unwrap();
+    }
+    for (i, p) in pieces.iter().enumerate() {
+        let (got, sent) = rx.lossy_progress(0).unwrap();
+        let sent = sent.unwrap();
+        assert!(got < sent, "complete after {i} of {} pieces", pieces.len());
+        rx.push(p, Channel::Lossy).unwrap();
+    }
+    let (got, sent) = rx.lossy_progress(0).unwrap();
+    assert_eq!(Some(got), sent);
+    // A duplicate adds nothing.
+    rx.push(&pieces[0], Channel::Lossy).unwrap();
+    assert_eq!(rx.lossy_progress(0).unwrap(), (got, sent));
+    let delivered = rx.deliver(0).unwrap();
+    assert_eq!(delivered.stats.lossy().zero_filled_bytes, 0);
+}
