@@ -244,6 +244,14 @@ async fn refusals_leave_tickets_and_links_intact() {
         a.push(reply.params.index, &[&grad[1..]]).await,
         Err(WorkerError::GradientShape { .. })
     ));
+    // A NaN is refused by the encoder before anything is sent; the link
+    // stays in step and the ticket still works.
+    let mut bad = grad.clone();
+    bad[3] = f32::NAN;
+    assert!(matches!(
+        a.push(reply.params.index, &[&bad]).await,
+        Err(WorkerError::Link(gradlane::transport::LinkError::Encode(_)))
+    ));
     let reply = a.push(reply.params.index, &[&grad]).await.unwrap();
     assert_eq!(reply.params.steps, 2);
     a.leave().await;

@@ -178,11 +178,15 @@ impl Worker {
         self.check_shape(grads)?;
         let (send, gradient_bytes) = match self.compression {
             Compression::Rounds => {
+                // The round goes first and the request naming it after: a
+                // round the encoder refuses (a NaN, say) is refused before
+                // any byte leaves, and then no request announces it, so the
+                // server is never left waiting for a round that never comes.
                 let round = self.next_round;
+                let report = self.link.send_round(round, grads).await?;
                 self.next_round = self.next_round.wrapping_add(1);
                 let header = Request::PushRound { index, round }.encode();
                 write_bytes(&mut self.send, Bytes::from(header)).await?;
-                let report = self.link.send_round(round, grads).await?;
                 let bytes = report.important_bytes + report.lossy_bytes.iter().sum::<u64>();
                 (Some(report), bytes)
             }
