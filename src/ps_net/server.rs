@@ -14,7 +14,7 @@ use super::stream::{read_body, write_bytes, StreamError};
 use crate::codec;
 use crate::ps::{Disposition, ParameterServer, PullError, PushError};
 use crate::transport::handshake::codes;
-use crate::transport::{Endpoint, IncomingError, Link, LinkError};
+use crate::transport::{blocking, Endpoint, IncomingError, Link, LinkError};
 use bytes::Bytes;
 use quinn::{SendStream, VarInt};
 use std::future::Future;
@@ -95,17 +95,6 @@ struct Shared<S> {
     changed: Notify,
     /// Buffers of params replies, reused.
     pool: Arc<BufferPool>,
-}
-
-/// Runs `f`, which takes the server lock and may spend milliseconds on a
-/// large model (apply a gradient, copy the parameters). On a multi-threaded
-/// runtime the thread is handed over first, so quinn's tasks queued behind
-/// it (and sessions waiting for the lock) do not stall the connections.
-fn blocking<R>(f: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

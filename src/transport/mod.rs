@@ -23,3 +23,16 @@ pub use faults::Faults;
 pub use link::{
     Link, LinkError, LinkReceiver, LinkSender, LossyRelease, RoundArrival, RoundTiming, SendReport,
 };
+
+/// Runs CPU-heavy work (scoring and framing a round, applying a gradient to
+/// a large model: tens of milliseconds). On a multi-threaded runtime it
+/// tells tokio first, which moves the other tasks of this worker thread
+/// (quinn's drivers, stream writers) to another thread meanwhile; a
+/// current-thread runtime has no other thread, and outside a runtime there
+/// is nothing to move.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}

@@ -1,0 +1,461 @@
+//! A bidirectional gradient link over one QUIC connection.
+//!
+//! Sending a round: the core encoder scores and classes it, then frames the
+//! important segments piece by piece while a writer task hands each piece
+//! to a fresh unidirectional stream at the highest priority, closed by the
+//! round end. The lossy datagrams, level 1 first, are released once the
+//! peer confirmed the important data (or, as an option, once quinn has sent
+//! it; see [`LossyRelease`]): quinn puts datagrams ahead of stream data in
+//! every packet, so releasing them earlier would slow the important bytes. Because datagrams are queued with
+//! `send_datagram_wait`, quinn never drops the oldest queued ones on its
+//! own: what is not sent by the optional deadline is dropped here, lowest
+//! level first, and counted.
+//!
+//! Receiving: a reliable engine (one task per round stream) and an
+//! unreliable engine (one task reading datagrams) both feed the core
+//! [`Reassembler`]. When a round end arrives the round is complete;
+//! `recv_round` then waits, at most a grace period after the last datagram
+//! of that round, for the datagrams still in flight, and delivers. Anything
+//! later is merged into the next round by the core.
+//!
+//! This file holds the types and the link itself; `send` the sending half,
+//! `receive` the receiving half and the background tasks.
+
+use super::handshake::{codes, framed, Control, HandshakeError, MAX_MESSAGE};
+use crate::encode::{EncodeError, EncodedRound, Encoder, EncoderConfig, RoundFramer};
+use crate::layout::Layout;
+use crate::reassembly::{
+    Channel, Reassembler, ReassemblyConfig, ReassemblyError, Round, StreamDecoder,
+};
+use crate::wire::{self, DATA_HEADER_LEN};
+use bytes::Bytes;
+use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+mod receive;
+mod send;
+
+use receive::{control_reader, datagram_reader, stream_acceptor};
+
+/// When a round's lossy datagrams may start.
+///
+/// Measured with round_bench (ResNet-50, loopback, 2 shared cores): with
+/// [`LossyRelease::Sent`] the important data is complete 11-19% later (the
+/// receiver's CPU is shared with the datagrams), while rounds are no
+/// shorter at 0-1% loss and 3-21% shorter at 5% (the path is CPU-bound;
+/// the round trip saved is a few milliseconds). Important data first is
+/// the point, hence the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LossyRelease {
+    /// Once every important byte is in quinn's hands and quinn has sent at
+    /// least as many bytes (less those lost) as the important stream holds.
+    /// The path does not idle while the peer's confirmation travels back;
+    /// the datagrams may overtake only the stream's unsent tail, which its
+    /// flow-control window bounds (measured on loopback: about 200 kB of an
+    /// 82 MB stream). The peer's confirmation, if it comes first, also
+    /// releases them.
+    Sent,
+    /// Once the peer confirmed every important chunk: the path idles for
+    /// about a round trip, but no datagram competes with important data, on
+    /// the path or for the receiver's CPU.
+    #[default]
+    Acknowledged,
+}
+
+/// Timing and dropping policy of a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundTiming {
+    /// When the lossy datagrams start.
+    pub release: LossyRelease,
+    /// After a round's important data is in, how long to wait after the last
+    /// datagram of the round before delivering without the rest (plus two
+    /// round-trip times, for datagrams released on the peer's confirmation
+    /// and still in flight). Once the sender reports every datagram of the
+    /// round sent (`Control::LossySent`), the wait shrinks to a few
+    /// milliseconds: under loss a round no longer waits out the grace period
+    /// for datagrams that were lost. The default, 30 ms, is above quinn's 25 ms
+    /// maximum ACK delay: a sender whose congestion window is full of
+    /// datagrams can stall that long waiting for an ACK, and a shorter grace
+    /// then turns a lossless round's datagrams into late ones (measured on
+    /// loopback: with 5 ms, 94% of the first round's datagrams came late).
+    /// Until the round's first lossy byte or the sender's report arrives,
+    /// there is no last datagram to count from: the wait is then bounded
+    /// by `max_grace` alone (the sender starts the datagrams only once it
+    /// has this end's confirmation, which loss can delay by a probe
+    /// timeout).
+    pub grace: Duration,
+    /// Upper bound on that wait, whatever arrives.
+    pub max_grace: Duration,
+    /// Drop lossy datagrams not yet queued this long after `send_round`
+    /// started (lowest levels are sent last, so they are dropped first).
+    pub lossy_deadline: Option<Duration>,
+}
+
+impl Default for RoundTiming {
+    fn default() -> Self {
+        Self {
+            release: LossyRelease::default(),
+            grace: Duration::from_millis(30),
+            max_grace: Duration::from_secs(2),
+            lossy_deadline: None,
+        }
+    }
+}
+
+/// Why a link operation failed.
+#[derive(Debug, Error)]
+pub enum LinkError {
+    /// The connection is gone (closed by either side, timed out, reset).
+    #[error("connection: {0}")]
+    Connection(#[from] ConnectionError),
+    /// The peer closed the connection with a gradlane error code.
+    #[error("peer closed the link (code {code:#x}): {reason}")]
+    Rejected {
+        /// The application error code (see [`codes`]).
+        code: u64,
+        /// The peer's reason.
+        reason: String,
+    },
+    /// Writing to a stream failed.
+    #[error("write: {0}")]
+    Write(#[from] quinn::WriteError),
+    /// Reading a stream failed.
+    #[error("read: {0}")]
+    Read(#[from] quinn::ReadError),
+    /// The round could not be encoded (bad gradients, bad config).
+    #[error("encode: {0}")]
+    Encode(#[from] EncodeError),
+    /// The received data broke the protocol; the connection was closed.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// A local reassembly request failed.
+    #[error("reassembly: {0}")]
+    Reassembly(#[from] ReassemblyError),
+    /// The handshake could not be decoded.
+    #[error("handshake: {0}")]
+    Handshake(#[from] HandshakeError),
+    /// The peer does not accept QUIC datagrams.
+    #[error("peer does not accept datagrams")]
+    NoDatagrams,
+    /// A datagram could not be sent.
+    #[error("datagram: {0}")]
+    Datagram(#[from] quinn::SendDatagramError),
+    /// A task of the link failed (panicked or was cancelled).
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl LinkError {
+    /// Maps a connection error that carries a gradlane close code to
+    /// [`LinkError::Rejected`].
+    pub(crate) fn from_conn(e: ConnectionError) -> Self {
+        match e {
+            ConnectionError::ApplicationClosed(c) => LinkError::Rejected {
+                code: c.error_code.into_inner(),
+                reason: String::from_utf8_lossy(&c.reason).into_owned(),
+            },
+            e => LinkError::Connection(e),
+        }
+    }
+}
+
+/// What sending one round did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SendReport {
+    /// Round index.
+    pub round: u32,
+    /// Payload bytes sent reliably.
+    pub important_bytes: u64,
+    /// Per lossy level (index `l - 1`): datagrams queued.
+    pub lossy_packets: Vec<u64>,
+    /// Per lossy level: payload bytes in the queued datagrams.
+    pub lossy_bytes: Vec<u64>,
+    /// Per lossy level: datagrams dropped by the sender (deadline passed, or
+    /// the path's datagram size shrank below what can be reframed).
+    pub lossy_dropped: Vec<u64>,
+    /// Per lossy level: datagrams cut into smaller ones because the path's
+    /// datagram size shrank after the round was framed (the pieces are
+    /// counted in `lossy_packets`).
+    pub lossy_reframed: Vec<u64>,
+    /// Time to score and class the round: until the first important byte
+    /// could be handed to quinn.
+    pub plan: Duration,
+    /// Time until the whole round was framed (framing overlaps sending).
+    pub encode: Duration,
+    /// From the start until the peer confirmed every important chunk.
+    pub important: Duration,
+    /// From the start until the first datagram could be queued.
+    pub lossy_start: Duration,
+    /// From the start until quinn had sent the last datagram (its queue
+    /// drained, at most a second after the last was queued).
+    pub total: Duration,
+}
+
+/// When a delivered round's parts arrived, for measuring a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundArrival {
+    /// When the round end was read: every important chunk was in.
+    pub important: Instant,
+    /// When the round was delivered.
+    pub delivered: Instant,
+}
+
+/// State shared between a link's receive tasks and `recv_round`.
+struct RxShared {
+    reassembler: Mutex<Reassembler>,
+    /// Woken whenever a datagram is placed.
+    progress: Notify,
+    /// Datagrams the unreliable engine took from quinn and placed.
+    datagrams_read: AtomicU64,
+    /// Rounds whose sender reported every datagram sent, with how many
+    /// datagrams quinn had received by then: once the engine has placed as
+    /// many, every datagram of the round that was not lost is in.
+    lossy_sent: Mutex<HashMap<u32, u64>>,
+}
+
+/// State shared between the control reader and `send_round`.
+struct TxShared {
+    /// Rounds the peer confirmed, and when the confirmation came.
+    acked: Mutex<HashMap<u32, Instant>>,
+    acked_notify: Notify,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic in another task cannot leave the core half-updated in a way
+    // that matters more than losing the link: keep going with its state.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The sending half of a link.
+pub struct LinkSender {
+    conn: Connection,
+    /// The control stream to the peer (shared with the receive side, which
+    /// sends its confirmations on it).
+    control: Arc<tokio::sync::Mutex<SendStream>>,
+    encoder: Encoder,
+    levels: u8,
+    tx: Arc<TxShared>,
+    timing: RoundTiming,
+}
+
+/// The receiving half of a link.
+pub struct LinkReceiver {
+    conn: Connection,
+    rx: Arc<RxShared>,
+    ended: mpsc::UnboundedReceiver<Result<(u32, Instant), String>>,
+    timing: RoundTiming,
+    _tasks: TaskGuard,
+}
+
+/// Aborts the link's background tasks when the receiver goes away.
+struct TaskGuard(Vec<JoinHandle<()>>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// A bidirectional gradient link: both ends can send and receive rounds.
+pub struct Link {
+    layout: Layout,
+    sender: LinkSender,
+    receiver: LinkReceiver,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("remote", &self.sender.conn.remote_address())
+            .field("tensors", &self.layout.len())
+            .finish()
+    }
+}
+
+impl Link {
+    /// Builds the link once the handshake is done; starts the receive tasks.
+    pub(crate) fn start(
+        conn: Connection,
+        layout: Layout,
+        encoder: EncoderConfig,
+        reassembly: ReassemblyConfig,
+        timing: RoundTiming,
+        control_send: SendStream,
+        control_recv: RecvStream,
+    ) -> Result<Self, LinkError> {
+        let levels = encoder.classify.levels;
+        let encoder = Encoder::new(&layout, encoder)?;
+        let reassembler = Reassembler::new(
+            layout.clone(),
+            ReassemblyConfig {
+                chunking: encoder.plan().options(),
+                ..reassembly
+            },
+        )?;
+        let rx = Arc::new(RxShared {
+            reassembler: Mutex::new(reassembler),
+            progress: Notify::new(),
+            datagrams_read: AtomicU64::new(0),
+            lossy_sent: Mutex::new(HashMap::new()),
+        });
+        let tx = Arc::new(TxShared {
+            acked: Mutex::new(HashMap::new()),
+            acked_notify: Notify::new(),
+        });
+        let (ended_tx, ended) = mpsc::unbounded_channel();
+        let control_send = Arc::new(tokio::sync::Mutex::new(control_send));
+        let tasks = vec![
+            tokio::spawn(control_reader(
+                conn.clone(),
+                control_recv,
+                tx.clone(),
+                rx.clone(),
+            )),
+            tokio::spawn(stream_acceptor(
+                conn.clone(),
+                rx.clone(),
+                control_send.clone(),
+                ended_tx,
+            )),
+            tokio::spawn(datagram_reader(conn.clone(), rx.clone())),
+        ];
+        Ok(Self {
+            layout,
+            sender: LinkSender {
+                conn: conn.clone(),
+                control: control_send,
+                encoder,
+                levels,
+                tx,
+                timing,
+            },
+            receiver: LinkReceiver {
+                conn,
+                rx,
+                ended,
+                timing,
+                _tasks: TaskGuard(tasks),
+            },
+        })
+    }
+
+    /// The model layout both ends agreed on.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Sends one round; `grads` in layout order. See [`LinkSender::send_round`].
+    pub async fn send_round<G: AsRef<[f32]>>(
+        &mut self,
+        round: u32,
+        grads: &[G],
+    ) -> Result<SendReport, LinkError> {
+        self.sender.send_round(round, grads).await
+    }
+
+    /// Receives the next round. See [`LinkReceiver::recv_round`].
+    pub async fn recv_round(&mut self) -> Result<Round, LinkError> {
+        self.receiver.recv_round().await
+    }
+
+    /// Receives the next round with its arrival times. See
+    /// [`LinkReceiver::recv_round_timed`].
+    pub async fn recv_round_timed(&mut self) -> Result<(Round, RoundArrival), LinkError> {
+        self.receiver.recv_round_timed().await
+    }
+
+    /// Reports the training loss to the classifier (adaptive ratio).
+    pub fn report_loss(&mut self, loss: f64) -> Result<(), LinkError> {
+        Ok(self.sender.encoder.report_loss(loss)?)
+    }
+
+    /// Hands a delivered round's tensors back for reuse (saves mapping fresh
+    /// memory each round). Tensors of the wrong shape are ignored.
+    pub fn recycle(&mut self, tensors: Vec<Vec<f32>>) {
+        let _ = lock(&self.receiver.rx.reassembler).recycle(tensors);
+    }
+
+    /// The receiver's counters (malformed, duplicates, late drops, ...).
+    pub fn counters(&self) -> crate::reassembly::ReceiverCounters {
+        self.receiver.counters()
+    }
+
+    /// Datagrams quinn received but dropped before the link read them; see
+    /// [`LinkReceiver::datagrams_dropped_by_quinn`].
+    pub fn datagrams_dropped_by_quinn(&self) -> u64 {
+        self.receiver.datagrams_dropped_by_quinn()
+    }
+
+    /// Payload bytes of late segments waiting to be added into the next round.
+    pub fn late_buffered_bytes(&self) -> usize {
+        lock(&self.receiver.rx.reassembler).late_buffered_bytes()
+    }
+
+    /// The underlying QUIC connection (for statistics: rtt, cwnd, losses).
+    pub fn connection(&self) -> &Connection {
+        &self.sender.conn
+    }
+
+    /// Splits into a sending and a receiving half that can be used from two
+    /// tasks at once.
+    pub fn split(self) -> (LinkSender, LinkReceiver) {
+        (self.sender, self.receiver)
+    }
+
+    /// Closes the connection in an orderly way.
+    pub fn close(&self) {
+        self.sender
+            .conn
+            .close(VarInt::from_u32(codes::CLOSED), b"done");
+    }
+}
+
+fn protocol_close(conn: &Connection, why: &str) {
+    tracing::warn!(why, "closing link: protocol error");
+    conn.close(VarInt::from_u32(codes::PROTOCOL), why.as_bytes());
+}
+
+/// Reads one length-prefixed control message; `None` at a clean end.
+pub(crate) async fn read_control(stream: &mut RecvStream) -> Result<Option<Vec<u8>>, LinkError> {
+    let mut len = [0u8; 4];
+    match stream.read_exact(&mut len).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(quinn::ReadExactError::FinishedEarly(_)) => {
+            return Err(HandshakeError::Truncated.into())
+        }
+        Err(quinn::ReadExactError::ReadError(e)) => return Err(read_error(e)),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_MESSAGE {
+        return Err(HandshakeError::TooLarge(len).into());
+    }
+    let mut body = vec![0u8; len];
+    match stream.read_exact(&mut body).await {
+        Ok(()) => Ok(Some(body)),
+        Err(quinn::ReadExactError::FinishedEarly(_)) => Err(HandshakeError::Truncated.into()),
+        Err(quinn::ReadExactError::ReadError(e)) => Err(read_error(e)),
+    }
+}
+
+fn read_error(e: quinn::ReadError) -> LinkError {
+    match e {
+        quinn::ReadError::ConnectionLost(c) => LinkError::from_conn(c),
+        e => LinkError::Read(e),
+    }
+}
+
+/// Writes one length-prefixed control message.
+pub(crate) async fn write_control(stream: &mut SendStream, msg: Control) -> Result<(), LinkError> {
+    stream.write_all(&framed(&msg.encode())).await?;
+    Ok(())
+}

@@ -1,0 +1,348 @@
+//! The sending half: framing pipelined with the stream writer, the release
+//! of the lossy datagrams, level by level.
+
+use super::*;
+use crate::transport::blocking;
+
+impl LinkSender {
+    /// Sends one round; `grads` in layout order.
+    ///
+    /// Returns once the peer has confirmed every important chunk and every
+    /// datagram was queued (or dropped by the deadline), so the caller may
+    /// reuse `grads` right away.
+    pub async fn send_round<G: AsRef<[f32]>>(
+        &mut self,
+        round: u32,
+        grads: &[G],
+    ) -> Result<SendReport, LinkError> {
+        let span = tracing::info_span!("send_round", round);
+        self.send_round_inner(round, grads).instrument(span).await
+    }
+
+    async fn send_round_inner<G: AsRef<[f32]>>(
+        &mut self,
+        round: u32,
+        grads: &[G],
+    ) -> Result<SendReport, LinkError> {
+        let start = Instant::now();
+        let max = lossy_datagram_limit(&self.conn).ok_or(LinkError::NoDatagrams)?;
+        // Scoring and classing read the whole round: every check on the
+        // gradients happens here, before a byte is sent.
+        let encoder = &mut self.encoder;
+        let framer = blocking(|| encoder.start(round, grads, max))?;
+        let plan = start.elapsed();
+        tracing::debug!(?plan, "classed");
+        let mut report = SendReport {
+            round,
+            important_bytes: framer.end().bytes[0],
+            lossy_packets: vec![0; self.levels as usize],
+            lossy_bytes: vec![0; self.levels as usize],
+            lossy_dropped: vec![0; self.levels as usize],
+            lossy_reframed: vec![0; self.levels as usize],
+            plan,
+            ..Default::default()
+        };
+
+        // Bytes quinn sent so far, less those it declared lost (their
+        // retransmissions are counted again): the baseline for knowing when
+        // the important stream has left.
+        let sent_before = sent_bytes(&self.conn);
+        let reliable_len = framer.reliable_len() as u64;
+        let stream = self.conn.open_uni().await.map_err(LinkError::from_conn)?;
+        // Above the control stream and any stream of an older round.
+        let _ = stream.set_priority(i32::MAX);
+        // Framing ~100 MB takes tens of milliseconds: the important pieces go
+        // to quinn from a writer task as soon as each is framed, while this
+        // thread frames the next ones and then the datagrams.
+        let (pieces, queue) = mpsc::unbounded_channel();
+        let writer = tokio::spawn(write_reliable(stream, queue, framer.reliable_len()));
+        let encoded = frame_pipelined(framer, grads, pieces).await;
+        report.encode = start.elapsed();
+        tracing::debug!(?report.encode, "framed");
+        let written = writer
+            .await
+            .map_err(|e| LinkError::Internal(format!("stream writer: {e}")));
+        let encoded = encoded?;
+        written??;
+        tracing::debug!(elapsed = ?start.elapsed(), "important data handed to quinn");
+        // Every important byte is now in quinn's hands; its stream's
+        // flow-control window (4 MiB by default) bounds how much of it is
+        // still unsent (measured on loopback: about 200 kB of 82 MB). Also
+        // wait until quinn has sent at least as many bytes as the stream
+        // holds, a lower bound for its last byte having left.
+        let released = match self.timing.release {
+            LossyRelease::Sent => Some(sent_before + reliable_len),
+            LossyRelease::Acknowledged => None,
+        };
+        tracing::debug!(
+            sent = sent_bytes(&self.conn).saturating_sub(sent_before),
+            reliable_len,
+            "waiting to release"
+        );
+        self.wait_release(round, released).await?;
+        report.lossy_start = start.elapsed();
+        tracing::debug!(
+            ?report.lossy_start,
+            sent = sent_bytes(&self.conn).saturating_sub(sent_before),
+            "lossy data released"
+        );
+
+        // quinn's datagram queue is empty between rounds: its free space now
+        // is what "all sent" looks like.
+        let empty = self.conn.datagram_send_buffer_space();
+        self.send_lossy(&encoded, start, &mut report).await?;
+        // Report the datagrams sent only once quinn has put the last one
+        // into a packet, so the report travels behind all of them and the
+        // receiver stops waiting as soon as it has what was not lost.
+        self.wait_datagrams_sent(empty).await?;
+        write_control(&mut *self.control.lock().await, Control::LossySent(round)).await?;
+        report.total = start.elapsed();
+        tracing::debug!(?report.total, "lossy data sent");
+        let confirmed = self.wait_release(round, None).await?;
+        lock(&self.tx.acked).remove(&round);
+        report.important = confirmed.saturating_duration_since(start);
+        tracing::debug!(?report.important, "important data confirmed");
+        self.encoder.recycle(encoded);
+        Ok(report)
+    }
+
+    /// Waits until the peer confirmed `round`'s important data, or (with
+    /// `sent`) until quinn's count of sent bytes reaches `sent`, whichever
+    /// comes first. Returns when the confirmation came, if it has (the
+    /// caller removes it once done with the round).
+    async fn wait_release(&self, round: u32, sent: Option<u64>) -> Result<Instant, LinkError> {
+        let acked = self.tx.acked_notify.notified();
+        tokio::pin!(acked);
+        loop {
+            acked.as_mut().enable();
+            if let Some(&at) = lock(&self.tx.acked).get(&round) {
+                return Ok(at);
+            }
+            if sent.is_some_and(|s| sent_bytes(&self.conn) >= s) {
+                return Ok(Instant::now());
+            }
+            // quinn has no event for "sent": poll its counters at the
+            // timer's granularity (a millisecond) while the stream drains.
+            let poll = async {
+                match sent {
+                    Some(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = acked.as_mut() => acked.set(self.tx.acked_notify.notified()),
+                _ = poll => {}
+                e = self.conn.closed() => return Err(LinkError::from_conn(e)),
+            }
+        }
+    }
+
+    /// Waits until quinn's datagram queue has `empty` bytes free again, or
+    /// at most a second (a path that stalls that long is better served by
+    /// the receiver's grace period than by a late report).
+    async fn wait_datagrams_sent(&self, empty: usize) -> Result<(), LinkError> {
+        let give_up = Instant::now() + Duration::from_secs(1);
+        // quinn has no event for it: poll at the timer's granularity.
+        while self.conn.datagram_send_buffer_space() < empty && Instant::now() < give_up {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                e = self.conn.closed() => return Err(LinkError::from_conn(e)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn send_lossy(
+        &self,
+        encoded: &EncodedRound,
+        start: Instant,
+        report: &mut SendReport,
+    ) -> Result<(), LinkError> {
+        let deadline = self.timing.lossy_deadline.map(|d| start + d);
+        for (l, datagrams) in encoded.lossy.iter().enumerate() {
+            for (i, d) in datagrams.iter().enumerate() {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    // Everything not yet queued, this level and below, is dropped.
+                    report.lossy_dropped[l] += (datagrams.len() - i) as u64;
+                    for (k, rest) in encoded.lossy.iter().enumerate().skip(l + 1) {
+                        report.lossy_dropped[k] += rest.len() as u64;
+                    }
+                    return Ok(());
+                }
+                match self.conn.send_datagram_wait(d.clone()).await {
+                    Ok(()) => {
+                        report.lossy_packets[l] += 1;
+                        report.lossy_bytes[l] += payload_bytes(d);
+                    }
+                    // MTU black-hole detection may lower the limit below a
+                    // datagram framed a moment ago: cut it for the new one.
+                    Err(quinn::SendDatagramError::TooLarge) => {
+                        self.send_reframed(d, l, report).await?
+                    }
+                    Err(quinn::SendDatagramError::ConnectionLost(e)) => {
+                        return Err(LinkError::from_conn(e))
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a datagram that became too large as several smaller ones;
+    /// counts it dropped if even that is impossible.
+    async fn send_reframed(
+        &self,
+        d: &Bytes,
+        level: usize,
+        report: &mut SendReport,
+    ) -> Result<(), LinkError> {
+        let pieces = match self.conn.max_datagram_size() {
+            Some(max) => self.encoder.reframe(d, max).unwrap_or_default(),
+            None => Vec::new(),
+        };
+        if pieces.is_empty() {
+            report.lossy_dropped[level] += 1;
+            return Ok(());
+        }
+        report.lossy_reframed[level] += 1;
+        for p in pieces {
+            match self.conn.send_datagram_wait(p.clone()).await {
+                Ok(()) => {
+                    report.lossy_packets[level] += 1;
+                    report.lossy_bytes[level] += payload_bytes(&p);
+                }
+                Err(quinn::SendDatagramError::TooLarge) => report.lossy_dropped[level] += 1,
+                Err(quinn::SendDatagramError::ConnectionLost(e)) => {
+                    return Err(LinkError::from_conn(e))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Important pieces handed to quinn at a time: small enough that the first
+/// leaves within a fraction of a millisecond of framing, large enough that
+/// the per-piece cost (a channel message, a `write_chunk`) is negligible.
+const RELIABLE_PIECE: usize = 512 << 10;
+
+/// Frames the important segments piece by piece into `pieces`, then the
+/// datagrams.
+async fn frame_pipelined<G: AsRef<[f32]>>(
+    mut framer: RoundFramer,
+    grads: &[G],
+    pieces: mpsc::UnboundedSender<Bytes>,
+) -> Result<EncodedRound, LinkError> {
+    let feed = |framer: &mut RoundFramer| -> Result<bool, LinkError> {
+        match framer.next_reliable(grads, RELIABLE_PIECE)? {
+            // A closed queue means the writer failed; its error is reported.
+            Some(piece) => Ok(pieces.send(piece).is_ok()),
+            None => Ok(false),
+        }
+    };
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(|| {
+            while feed(&mut framer)? {}
+            Ok(framer.finish(grads)?)
+        }),
+        // One thread for everything: let the writer and quinn's driver run
+        // between pieces.
+        _ => {
+            while feed(&mut framer)? {
+                tokio::task::yield_now().await;
+            }
+            Ok(framer.finish(grads)?)
+        }
+    }
+}
+
+/// The writer of a round's reliable stream: writes the pieces as they come
+/// and finishes the stream once all `total` bytes are written. If the
+/// queue closes before (the round was abandoned: `send_round` dropped or
+/// failed), the stream is reset instead, so the peer never mistakes a cut
+/// stream for a whole round.
+async fn write_reliable(
+    mut stream: SendStream,
+    mut pieces: mpsc::UnboundedReceiver<Bytes>,
+    total: usize,
+) -> Result<(), LinkError> {
+    let mut written = 0;
+    while written < total {
+        let Some(piece) = pieces.recv().await else {
+            let _ = stream.reset(VarInt::from_u32(codes::ROUND_ABANDONED));
+            return Ok(());
+        };
+        written += piece.len();
+        stream.write_chunk(piece).await?;
+    }
+    let _ = stream.finish();
+    Ok(())
+}
+
+/// The smallest path MTU quinn falls back to: its `TransportConfig::min_mtu`,
+/// which [`Tuning`](super::tuning::Tuning) leaves at QUIC's minimum.
+const QUIC_MIN_MTU: u16 = 1200;
+
+/// The datagram payload a round's lossy part is framed for: what the path
+/// takes now, less what MTU discovery added above the floor.
+///
+/// When quinn suspects a black hole (under random loss it sometimes does:
+/// a burst of lost large packets) it drops the path MTU back to the floor
+/// and silently discards every queued datagram that no longer fits
+/// (`drop_oversized` in quinn-proto 0.11): with a whole round's lossy part
+/// queued that was up to 8 MB, measured at 1% loss as rounds with 5-7 MB
+/// zero-filled instead of 0.2. Datagrams framed for the floor survive the
+/// fall; the price is ~23% more, smaller datagrams on a path whose MTU was
+/// raised. The payload limit is linear in the MTU (quinn subtracts a fixed
+/// packet overhead), so subtracting the MTU's rise is exact; when the peer's
+/// own limit is the smaller one this errs on the small side. Never below
+/// what the encoder needs: then the path's limit is used as it is, and
+/// `SendDatagramError::TooLarge` is handled by reframing.
+fn lossy_datagram_limit(conn: &Connection) -> Option<usize> {
+    let max = conn.max_datagram_size()?;
+    Some(limit_at_floor(max, conn.stats().path.current_mtu))
+}
+
+/// [`lossy_datagram_limit`] from the path's datagram limit `max` at path
+/// MTU `mtu`.
+fn limit_at_floor(max: usize, mtu: u16) -> usize {
+    let rise = mtu.saturating_sub(QUIC_MIN_MTU) as usize;
+    match max.saturating_sub(rise) {
+        floor if floor >= crate::encode::MIN_DATAGRAM => floor,
+        _ => max,
+    }
+}
+
+/// Bytes quinn has sent on the connection, less those it declared lost.
+fn sent_bytes(conn: &Connection) -> u64 {
+    let stats = conn.stats();
+    stats.udp_tx.bytes.saturating_sub(stats.path.lost_bytes)
+}
+
+/// Payload bytes of a datagram framed by this crate.
+fn payload_bytes(d: &Bytes) -> u64 {
+    let headers = wire::decode_all(d).count() * DATA_HEADER_LEN;
+    (d.len() - headers.min(d.len())) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lossy_datagrams_are_framed_for_the_mtu_floor() {
+        // quinn 0.11 on loopback: 1162 at the 1200-byte floor, 1414 at 1452.
+        assert_eq!(limit_at_floor(1162, 1200), 1162);
+        assert_eq!(limit_at_floor(1414, 1452), 1162);
+        // A peer's smaller limit: the result errs on the small side.
+        assert_eq!(limit_at_floor(600, 1452), 348);
+        // Never below what the encoder can frame: the path's limit as is.
+        let tiny = crate::encode::MIN_DATAGRAM + 10;
+        assert_eq!(limit_at_floor(tiny, 1452), tiny);
+        // An MTU under the floor (a config this crate does not make) takes
+        // nothing off.
+        assert_eq!(limit_at_floor(1000, 1100), 1000);
+    }
+}
