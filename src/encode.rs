@@ -244,16 +244,7 @@ impl Encoder {
             h.validate(&self.plan)?;
             for (i, piece) in payload.chunks(step).enumerate() {
                 let offset = h.byte_offset + (i * step) as u32;
-                let header = DataHeader {
-                    // The piece starts inside the tensor (validated above).
-                    chunk: self
-                        .plan
-                        .chunk_at(h.tensor as usize, offset)
-                        .unwrap_or(h.chunk as usize) as u32,
-                    byte_offset: offset,
-                    payload_len: piece.len() as u32,
-                    ..h
-                };
+                let header = h.fragment(&self.plan, offset, piece.len() as u32);
                 let mut d = vec![0u8; DATA_HEADER_LEN + piece.len()];
                 header.write(&mut d);
                 d[DATA_HEADER_LEN..].copy_from_slice(piece);

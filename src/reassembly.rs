@@ -936,15 +936,6 @@ fn place_fragment(
     bytes: &[u8],
     out: &mut PushOutcome,
 ) {
-    let fragment = DataHeader {
-        // Inside the validated segment, so inside the tensor.
-        chunk: rx
-            .plan
-            .chunk_at(h.tensor as usize, offset)
-            .unwrap_or(h.chunk as usize) as u32,
-        byte_offset: offset,
-        payload_len: bytes.len() as u32,
-        ..*h
-    };
+    let fragment = h.fragment(&rx.plan, offset, bytes.len() as u32);
     rx.place(fragment, bytes, out);
 }

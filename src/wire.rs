@@ -222,6 +222,22 @@ impl DataHeader {
         }
     }
 
+    /// The header of a piece of this (validated) segment: `len` payload
+    /// bytes starting at tensor byte `offset`, with `chunk` set to the chunk
+    /// that holds `offset`.
+    pub fn fragment(&self, plan: &ChunkPlan, offset: u32, len: u32) -> DataHeader {
+        DataHeader {
+            // Inside a validated segment, so inside the tensor; keep the
+            // segment's chunk should a caller pass an offset outside it.
+            chunk: plan
+                .chunk_at(self.tensor as usize, offset)
+                .unwrap_or(self.chunk as usize) as u32,
+            byte_offset: offset,
+            payload_len: len,
+            ..*self
+        }
+    }
+
     /// Checks the header against the plan: known tensor, its size, its chunk
     /// span, and that `chunk` holds `byte_offset`.
     pub fn validate(&self, plan: &ChunkPlan) -> Result<(), WireError> {

@@ -69,6 +69,17 @@ fn start_with<S: ParameterServer + Send + 'static>(
     }
 }
 
+/// OrMo for `workers` over `dim` zero parameters, for tests about the
+/// runtime rather than the training.
+fn small_ormo(workers: usize, dim: usize) -> OrderedMomentum {
+    let cfg = OrderedMomentumConfig {
+        workers,
+        momentum: 0.5,
+        learning_rate: 0.01,
+    };
+    OrderedMomentum::new(cfg, vec![0.0; dim]).unwrap()
+}
+
 /// The least-squares problem split into 256-value tensors so a round has
 /// several chunks to classify.
 fn problem() -> (LeastSquares, Layout) {
@@ -205,15 +216,7 @@ async fn codec_pushes_and_sync_rounds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_leave_tickets_and_links_intact() {
     let (p, layout) = problem();
-    let cfg = OrderedMomentumConfig {
-        workers: 1,
-        momentum: 0.5,
-        learning_rate: 0.01,
-    };
-    let run = start(
-        "refuse",
-        OrderedMomentum::new(cfg, vec![0.0; p.dim()]).unwrap(),
-    );
+    let run = start("refuse", small_ormo(1, p.dim()));
     let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
     let mut a = Worker::join(&ep, run.addr, "localhost", &layout, Compression::Rounds)
         .await
@@ -265,15 +268,7 @@ async fn refusals_leave_tickets_and_links_intact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_model_size_and_malformed_requests_close_only_that_link() {
     let (p, layout) = problem();
-    let cfg = OrderedMomentumConfig {
-        workers: 2,
-        momentum: 0.5,
-        learning_rate: 0.01,
-    };
-    let run = start(
-        "malformed",
-        OrderedMomentum::new(cfg, vec![0.0; p.dim()]).unwrap(),
-    );
+    let run = start("malformed", small_ormo(2, p.dim()));
     let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
 
     // A layout with one value too many: the server closes with the
@@ -502,22 +497,13 @@ async fn silent_client(run: &Running<OrderedMomentum>) -> (quinn::Endpoint, quin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_says_hello_holds_up_nobody() {
     let (p, layout) = problem();
-    let cfg = OrderedMomentumConfig {
-        workers: 2,
-        momentum: 0.5,
-        learning_rate: 0.01,
-    };
     // Long enough that a server handshaking one client at a time would
     // still be waiting on the silent one when the real worker is done.
     let config = Config {
         hello_timeout: Duration::from_secs(20),
         ..quick()
     };
-    let run = start_with(
-        "silent",
-        OrderedMomentum::new(cfg, vec![0.0; p.dim()]).unwrap(),
-        config,
-    );
+    let run = start_with("silent", small_ormo(2, p.dim()), config);
     let (_silent_ep, silent) = silent_client(&run).await;
 
     let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
@@ -542,20 +528,11 @@ async fn a_client_that_never_says_hello_holds_up_nobody() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_says_hello_is_closed_after_the_timeout() {
     let (p, _) = problem();
-    let cfg = OrderedMomentumConfig {
-        workers: 2,
-        momentum: 0.5,
-        learning_rate: 0.01,
-    };
     let config = Config {
         hello_timeout: Duration::from_millis(200),
         ..quick()
     };
-    let run = start_with(
-        "silent-timeout",
-        OrderedMomentum::new(cfg, vec![0.0; p.dim()]).unwrap(),
-        config,
-    );
+    let run = start_with("silent-timeout", small_ormo(2, p.dim()), config);
     let (_silent_ep, silent) = silent_client(&run).await;
     match silent.closed().await {
         quinn::ConnectionError::ApplicationClosed(c) => {
