@@ -6,6 +6,10 @@
 //! is copied in place, so whatever never arrives stays zero. A round is
 //! *complete* once its [`RoundEnd`] has arrived and every important chunk it
 //! announces is held — checked by count, bytes and an id digest, not assumed.
+//! The important part may come on several streams at once (lanes), so the
+//! round end may arrive before the last important chunks do: it is then kept
+//! and the round completes when the count is reached; holding more than it
+//! announces, or the wrong chunks, is an error.
 //! The caller (the transport, which owns the clock) then [`delivers`] it,
 //! perhaps after a grace period for datagrams in flight.
 //!
@@ -81,14 +85,6 @@ pub enum ReassemblyError {
     /// A round end for a round already delivered.
     #[error("round end for round {0}, which was already delivered")]
     EndAfterDelivery(u32),
-    /// The round end announces important chunks that are not held.
-    #[error("round {round}: {missing} important chunks missing")]
-    ImportantMissing {
-        /// Round index.
-        round: u32,
-        /// How many of the announced important chunks are not held.
-        missing: u64,
-    },
     /// The round end's important digest or bytes differ from what is held.
     #[error("round {0}: important chunks held differ from those announced")]
     ImportantMismatch(u32),
@@ -211,8 +207,10 @@ pub struct PushOutcome {
     pub duplicates: u32,
     /// Segments dropped for a limit (late buffer, window, open rounds).
     pub dropped: u32,
-    /// A round end in this packet, and whether that round is now complete.
-    pub ended: Option<u32>,
+    /// A round this packet completed: its end and every important chunk it
+    /// announces are now held (the end may have come first, on another
+    /// lane).
+    pub completed: Option<u32>,
 }
 
 /// One bit per value of the model.
@@ -279,6 +277,8 @@ struct OpenRound {
     received_bytes: [u64; CLASS_SLOTS],
     important_digest: u64,
     end: Option<RoundEnd>,
+    /// The end is in and every important chunk it announces is held.
+    complete: bool,
 }
 
 const NO_CLASS: Class = u8::MAX;
@@ -414,10 +414,11 @@ impl Reassembler {
         let mut out = PushOutcome::default();
         for seg in segments {
             match seg {
-                Segment::Data(h, payload) => self.place(h, payload, &mut out),
+                Segment::Data(h, payload) => self.place(h, payload, &mut out)?,
                 Segment::RoundEnd(end) => {
-                    self.end_round(end)?;
-                    out.ended = Some(end.round);
+                    if self.end_round(end)? {
+                        out.completed = Some(end.round);
+                    }
                 }
             }
         }
@@ -473,30 +474,38 @@ impl Reassembler {
         self.layout.value_offset(h.tensor as usize) + h.byte_offset as u64 / 4
     }
 
-    fn place(&mut self, h: DataHeader, payload: &[u8], out: &mut PushOutcome) {
+    /// Places a validated segment. Fails only when it is important data
+    /// beyond what the round's end (already in) announces.
+    fn place(
+        &mut self,
+        h: DataHeader,
+        payload: &[u8],
+        out: &mut PushOutcome,
+    ) -> Result<(), ReassemblyError> {
         let start = self.global_value(&h);
         let n = payload.len() as u64 / 4;
         if self.last_delivered.is_some_and(|d| h.round <= d) {
-            return self.place_late(h, payload, start, n, out);
+            self.place_late(h, payload, start, n, out);
+            return Ok(());
         }
         if !self.open.contains_key(&h.round) {
             if self.open.len() >= self.config.max_open_rounds {
                 self.counters.too_many_open += 1;
                 out.dropped += 1;
-                return;
+                return Ok(());
             }
             let fresh = self.new_round();
             self.open.insert(h.round, fresh);
         }
         let Some(r) = self.open.get_mut(&h.round) else {
-            return;
+            return Ok(());
         };
         match r.seen.state(start, n) {
             RangeState::Empty => {}
             _ => {
                 self.counters.duplicates += 1;
                 out.duplicates += 1;
-                return;
+                return Ok(());
             }
         }
         // Every chunk the range touches must keep the class it was first
@@ -512,7 +521,7 @@ impl Reassembler {
         {
             self.counters.malformed += 1;
             out.dropped += 1;
-            return;
+            return Ok(());
         }
         let class = h.class as usize;
         r.seen.set(start, n);
@@ -542,6 +551,17 @@ impl Reassembler {
             id += 1;
         }
         out.accepted += 1;
+        // The round's end came first, on another lane: this may be the
+        // last important chunk it waits for.
+        if h.class == IMPORTANT && !r.complete {
+            if let Some(end) = r.end {
+                if check_important(r, &end)? {
+                    r.complete = true;
+                    out.completed = Some(h.round);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn place_late(
@@ -610,6 +630,7 @@ impl Reassembler {
             received_bytes: [0; CLASS_SLOTS],
             important_digest: 0,
             end: None,
+            complete: false,
         }
     }
 
@@ -630,9 +651,10 @@ impl Reassembler {
         Ok(())
     }
 
-    /// Records the end of a round's important data and checks that every
-    /// important chunk it announces is held.
-    fn end_round(&mut self, end: RoundEnd) -> Result<(), ReassemblyError> {
+    /// Records the end of a round's important data; returns whether every
+    /// important chunk it announces is held (if not, the round completes
+    /// when the last one comes, see [`check_important`]).
+    fn end_round(&mut self, end: RoundEnd) -> Result<bool, ReassemblyError> {
         if self.last_delivered.is_some_and(|d| end.round <= d) {
             return Err(ReassemblyError::EndAfterDelivery(end.round));
         }
@@ -647,40 +669,24 @@ impl Reassembler {
             self.open.insert(end.round, fresh);
         }
         let Some(r) = self.open.get_mut(&end.round) else {
-            return Ok(());
+            return Ok(false);
         };
         if r.end.is_some() {
             return Err(ReassemblyError::DuplicateEnd(end.round));
         }
-        let held = r.received_chunks[0];
-        let want = end.chunks[0] as u64;
-        if held < want {
-            return Err(ReassemblyError::ImportantMissing {
-                round: end.round,
-                missing: want - held,
-            });
-        }
-        if held != want
-            || r.important_digest != end.important_digest
-            || r.received_bytes[0] != end.bytes[0]
-        {
-            return Err(ReassemblyError::ImportantMismatch(end.round));
-        }
+        r.complete = check_important(r, &end)?;
         r.end = Some(end);
-        Ok(())
+        Ok(r.complete)
     }
 
     /// True when round `round` has its end and every important chunk.
     pub fn is_complete(&self, round: u32) -> bool {
-        self.open.get(&round).is_some_and(|r| r.end.is_some())
+        self.open.get(&round).is_some_and(|r| r.complete)
     }
 
     /// The lowest complete round, if any: the next one to deliver.
     pub fn next_complete(&self) -> Option<u32> {
-        self.open
-            .iter()
-            .find(|(_, r)| r.end.is_some())
-            .map(|(&i, _)| i)
+        self.open.iter().find(|(_, r)| r.complete).map(|(&i, _)| i)
     }
 
     /// Delivers a complete round: its tensors with zeros where nothing
@@ -704,7 +710,7 @@ impl Reassembler {
         let Some(mut r) = self.open.remove(&round) else {
             return Err(ReassemblyError::NotComplete(round));
         };
-        let Some(end) = r.end else {
+        let Some(end) = r.end.filter(|_| r.complete) else {
             return Err(ReassemblyError::NotComplete(round));
         };
         let mut stats = RoundStats {
@@ -847,7 +853,7 @@ impl StreamDecoder {
                         p.carry_len = 0;
                         let value = p.carry;
                         let offset = h.byte_offset + p.consumed - 4;
-                        place_fragment(rx, &h, offset, &value, out);
+                        place_fragment(rx, &h, offset, &value, out)?;
                     }
                 } else {
                     let n = ((h.payload_len - p.consumed) as usize).min(bytes.len());
@@ -856,7 +862,7 @@ impl StreamDecoder {
                     let whole = n & !3;
                     if whole > 0 {
                         let offset = h.byte_offset + p.consumed;
-                        place_fragment(rx, &h, offset, &bytes[..whole], out);
+                        place_fragment(rx, &h, offset, &bytes[..whole], out)?;
                     }
                     p.carry[..n - whole].copy_from_slice(&bytes[whole..n]);
                     p.carry_len = n - whole;
@@ -911,8 +917,9 @@ impl StreamDecoder {
     ) -> Result<(), ReassemblyError> {
         match wire::decode_head(head)?.0 {
             Head::RoundEnd(end) => {
-                rx.end_round(end)?;
-                out.ended = Some(end.round);
+                if rx.end_round(end)? {
+                    out.completed = Some(end.round);
+                }
             }
             Head::Data(h) => {
                 h.validate(&rx.plan)?;
@@ -935,7 +942,26 @@ fn place_fragment(
     offset: u32,
     bytes: &[u8],
     out: &mut PushOutcome,
-) {
+) -> Result<(), ReassemblyError> {
     let fragment = h.fragment(&rx.plan, offset, bytes.len() as u32);
-    rx.place(fragment, bytes, out);
+    rx.place(fragment, bytes, out)
+}
+
+/// Whether round `r` holds exactly the important chunks `end` announces:
+/// `Ok(false)` while some are still to come, an error once it holds more
+/// than announced or, at the announced count, other chunks or bytes.
+fn check_important(r: &OpenRound, end: &RoundEnd) -> Result<bool, ReassemblyError> {
+    let held = r.received_chunks[0];
+    let want = end.chunks[0] as u64;
+    let bytes = r.received_bytes[0];
+    if held > want || bytes > end.bytes[0] {
+        return Err(ReassemblyError::ImportantMismatch(end.round));
+    }
+    if held < want {
+        return Ok(false);
+    }
+    if r.important_digest != end.important_digest || bytes != end.bytes[0] {
+        return Err(ReassemblyError::ImportantMismatch(end.round));
+    }
+    Ok(true)
 }

@@ -69,9 +69,20 @@ pub enum LossyRelease {
     Acknowledged,
 }
 
-/// Timing and dropping policy of a link.
+/// How a link sends rounds: over how many streams, when the datagrams
+/// start, how long the receiver waits for them, and what is dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoundTiming {
+    /// Streams the important part of each round is spread over (0 counts
+    /// as 1), piece by piece in turn. Each QUIC stream has its own
+    /// flow-control window, and a lost packet holds up the rest of its
+    /// stream's window until it is retransmitted, over an RTT later: on a
+    /// long lossy path one window stalls. quinn also closes a connection
+    /// whose stream has more than 1024 gaps, which forbids simply raising
+    /// the window (`Tuning::stream_receive_window`) at high loss; lanes
+    /// multiply the window instead. The receiver needs no setting: the
+    /// round's end may arrive on any lane before the last important chunk.
+    pub lanes: u8,
     /// When the lossy datagrams start.
     pub release: LossyRelease,
     /// After a round's important data is in, how long to wait after the last
@@ -101,6 +112,10 @@ pub struct RoundTiming {
 impl Default for RoundTiming {
     fn default() -> Self {
         Self {
+            // Measured (README): on a 1 Gbit/s, 20 ms path at 5% loss, one
+            // lane took 2.0 s per ResNet-50 round and four 0.97 s (0.86 s
+            // lossless); on loopback, where the CPU binds, no difference.
+            lanes: 4,
             release: LossyRelease::default(),
             grace: Duration::from_millis(30),
             max_grace: Duration::from_secs(2),
@@ -173,6 +188,9 @@ pub struct SendReport {
     pub round: u32,
     /// Payload bytes sent reliably.
     pub important_bytes: u64,
+    /// Streams the important bytes went on ([`RoundTiming::lanes`], fewer
+    /// for a round too small to fill them).
+    pub lanes: usize,
     /// Per lossy level (index `l - 1`): datagrams queued.
     pub lossy_packets: Vec<u64>,
     /// Per lossy level: payload bytes in the queued datagrams.
@@ -201,7 +219,7 @@ pub struct SendReport {
 /// When a delivered round's parts arrived, for measuring a link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoundArrival {
-    /// When the round end was read: every important chunk was in.
+    /// When every important chunk and the round's end were in.
     pub important: Instant,
     /// When the round was delivered.
     pub delivered: Instant,
@@ -225,6 +243,9 @@ struct TxShared {
     /// Rounds the peer confirmed, and when the confirmation came.
     acked: Mutex<HashMap<u32, Instant>>,
     acked_notify: Notify,
+    /// The peer finished its control stream, and this end has read all of
+    /// it: every confirmation it sent is processed.
+    peer_finished: tokio::sync::watch::Sender<bool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -310,6 +331,7 @@ impl Link {
         let tx = Arc::new(TxShared {
             acked: Mutex::new(HashMap::new()),
             acked_notify: Notify::new(),
+            peer_finished: tokio::sync::watch::Sender::new(false),
         });
         let (ended_tx, ended) = mpsc::unbounded_channel();
         let control_send = Arc::new(tokio::sync::Mutex::new(control_send));
@@ -317,6 +339,7 @@ impl Link {
             tokio::spawn(control_reader(
                 conn.clone(),
                 control_recv,
+                control_send.clone(),
                 tx.clone(),
                 rx.clone(),
             )),
@@ -411,11 +434,35 @@ impl Link {
         (self.sender, self.receiver)
     }
 
-    /// Closes the connection in an orderly way.
+    /// Closes the connection in an orderly way, at once: whatever this end
+    /// sent that the peer has not acknowledged is abandoned. See
+    /// [`close_when_confirmed`](Self::close_when_confirmed) for a receiver
+    /// done with its last round.
     pub fn close(&self) {
         self.sender
             .conn
             .close(VarInt::from_u32(codes::CLOSED), b"done");
+    }
+
+    /// Closes the connection once the peer has read everything this end
+    /// sent on the control stream, its confirmations of received rounds
+    /// among them, or after `wait` at most. A receiver that closes right
+    /// after its last `recv_round` could otherwise abandon a confirmation
+    /// lost on the way, or one the peer's QUIC stack holds but the link has
+    /// not read yet, and the peer's `send_round` of that round would fail
+    /// (measured: at 5% loss, a sender of rounds without datagrams).
+    ///
+    /// This end finishes its control stream; the peer's link, having read
+    /// it to the end, finishes its own in reply, and this end closes once
+    /// it has read that end too.
+    pub async fn close_when_confirmed(&self, wait: Duration) {
+        let mut finished = self.sender.tx.peer_finished.subscribe();
+        let both = async {
+            let _ = self.sender.control.lock().await.finish();
+            let _ = finished.wait_for(|&f| f).await;
+        };
+        let _ = tokio::time::timeout(wait, both).await;
+        self.close();
     }
 }
 

@@ -125,13 +125,22 @@ impl LinkReceiver {
 pub(super) async fn control_reader(
     conn: Connection,
     mut recv: RecvStream,
+    control: Arc<tokio::sync::Mutex<SendStream>>,
     tx: Arc<TxShared>,
     rx: Arc<RxShared>,
 ) {
     loop {
         let msg = match read_control(&mut recv).await {
             Ok(Some(body)) => Control::decode(&body),
-            Ok(None) | Err(LinkError::Connection(_) | LinkError::Rejected { .. }) => return,
+            // The peer is closing (`Link::close_when_confirmed`) and all it
+            // sent is read: finish this end's stream in reply, so the
+            // peer knows, and close no sooner than it.
+            Ok(None) => {
+                let _ = control.lock().await.finish();
+                tx.peer_finished.send_replace(true);
+                return;
+            }
+            Err(LinkError::Connection(_) | LinkError::Rejected { .. }) => return,
             Err(e) => {
                 protocol_close(&conn, &format!("control stream: {e}"));
                 return;
@@ -204,7 +213,7 @@ async fn round_stream_reader(
             let mut reassembler = lock(&rx.reassembler);
             pieces[..n].iter().try_for_each(|piece| {
                 let out = decoder.feed(&mut reassembler, piece)?;
-                round_end = round_end.or(out.ended);
+                round_end = round_end.or(out.completed);
                 Ok::<_, ReassemblyError>(())
             })
         };

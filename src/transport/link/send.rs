@@ -48,22 +48,35 @@ impl LinkSender {
         // the important stream has left.
         let sent_before = sent_bytes(&self.conn);
         let reliable_len = framer.reliable_len() as u64;
-        let stream = self.conn.open_uni().await.map_err(LinkError::from_conn)?;
-        // Above the control stream and any stream of an older round.
-        let _ = stream.set_priority(i32::MAX);
         // Framing ~100 MB takes tens of milliseconds: the important pieces go
-        // to quinn from a writer task as soon as each is framed, while this
-        // thread frames the next ones and then the datagrams.
-        let (pieces, queue) = mpsc::unbounded_channel();
-        let writer = tokio::spawn(write_reliable(stream, queue, framer.reliable_len()));
-        let encoded = frame_pipelined(framer, grads, pieces).await;
+        // to quinn from one writer task per lane as soon as each is framed,
+        // while this thread frames the next ones and then the datagrams.
+        let lanes = lane_count(self.timing.lanes, framer.reliable_len());
+        let mut queues = Vec::with_capacity(lanes);
+        let mut writers = Vec::with_capacity(lanes);
+        for _ in 0..lanes {
+            let stream = self.conn.open_uni().await.map_err(LinkError::from_conn)?;
+            // Above the control stream and any stream of an older round.
+            let _ = stream.set_priority(i32::MAX);
+            let (pieces, queue) = mpsc::unbounded_channel();
+            queues.push(pieces);
+            writers.push(tokio::spawn(write_lane(stream, queue)));
+        }
+        let encoded = frame_pipelined(framer, grads, &queues).await;
+        drop(queues);
         report.encode = start.elapsed();
-        tracing::debug!(?report.encode, "framed");
-        let written = writer
-            .await
-            .map_err(|e| LinkError::Internal(format!("stream writer: {e}")));
+        report.lanes = lanes;
+        tracing::debug!(?report.encode, lanes, "framed");
+        let mut written = Ok(());
+        for w in writers {
+            let w = w
+                .await
+                .map_err(|e| LinkError::Internal(format!("stream writer: {e}")))
+                .and_then(|r| r);
+            written = written.and(w);
+        }
         let encoded = encoded?;
-        written??;
+        written?;
         tracing::debug!(elapsed = ?start.elapsed(), "important data handed to quinn");
         // Every important byte is now in quinn's hands; its stream's
         // flow-control window (4 MiB by default) bounds how much of it is
@@ -95,7 +108,13 @@ impl LinkSender {
         // into a packet, so the report travels behind all of them and the
         // receiver stops waiting as soon as it has what was not lost.
         self.wait_datagrams_sent(empty).await?;
-        write_control(&mut *self.control.lock().await, Control::LossySent(round)).await?;
+        let reported =
+            write_control(&mut *self.control.lock().await, Control::LossySent(round)).await;
+        // A peer closing the link (`close_when_confirmed`) has finished its
+        // control stream, and this end its own in reply: the report is moot.
+        if !*self.tx.peer_finished.borrow() {
+            reported?;
+        }
         report.total = start.elapsed();
         tracing::debug!(?report.total, "lossy data sent");
         let confirmed = self.wait_release(round, None).await?;
@@ -228,18 +247,47 @@ impl LinkSender {
 /// the per-piece cost (a channel message, a `write_chunk`) is negligible.
 const RELIABLE_PIECE: usize = 512 << 10;
 
-/// Frames the important segments piece by piece into `pieces`, then the
-/// datagrams.
+/// Lanes a round's `reliable_len` important bytes are spread over: as many
+/// as asked, but not more than about as many pieces as there are (pieces
+/// may run a segment over their size, so the last lane can still end up
+/// empty: a stream the receiver reads to its end and drops).
+fn lane_count(asked: u8, reliable_len: usize) -> usize {
+    (asked.max(1) as usize).min(reliable_len.div_ceil(RELIABLE_PIECE).max(1))
+}
+
+/// What a lane's writer is handed.
+enum LanePiece {
+    /// The next piece of this lane's stream.
+    Bytes(Bytes),
+    /// Every piece was handed over: finish the stream.
+    End,
+}
+
+/// Frames the important segments piece by piece into the lanes' queues in
+/// turn, ends the lanes, then frames the datagrams.
 async fn frame_pipelined<G: AsRef<[f32]>>(
     mut framer: RoundFramer,
     grads: &[G],
-    pieces: mpsc::UnboundedSender<Bytes>,
+    lanes: &[mpsc::UnboundedSender<LanePiece>],
 ) -> Result<EncodedRound, LinkError> {
-    let feed = |framer: &mut RoundFramer| -> Result<bool, LinkError> {
+    let mut next = 0;
+    let mut feed = |framer: &mut RoundFramer| -> Result<bool, LinkError> {
         match framer.next_reliable(grads, RELIABLE_PIECE)? {
             // A closed queue means the writer failed; its error is reported.
-            Some(piece) => Ok(pieces.send(piece).is_ok()),
-            None => Ok(false),
+            Some(piece) => {
+                let lane = &lanes[next % lanes.len()];
+                next += 1;
+                Ok(lane.send(LanePiece::Bytes(piece)).is_ok())
+            }
+            // Every piece is handed over: the writers finish their streams.
+            // (Stopped early, the queues are dropped instead: the writers
+            // reset their streams.)
+            None => {
+                for lane in lanes {
+                    let _ = lane.send(LanePiece::End);
+                }
+                Ok(false)
+            }
         }
     };
     match tokio::runtime::Handle::current().runtime_flavor() {
@@ -258,27 +306,28 @@ async fn frame_pipelined<G: AsRef<[f32]>>(
     }
 }
 
-/// The writer of a round's reliable stream: writes the pieces as they come
-/// and finishes the stream once all `total` bytes are written. If the
-/// queue closes before (the round was abandoned: `send_round` dropped or
-/// failed), the stream is reset instead, so the peer never mistakes a cut
-/// stream for a whole round.
-async fn write_reliable(
+/// The writer of one lane of a round's important part: writes the pieces
+/// as they come and finishes the stream at [`LanePiece::End`]. If the queue
+/// closes before (the round was abandoned: `send_round` dropped or failed),
+/// the stream is reset instead, so the peer never mistakes a cut stream
+/// for a whole one.
+async fn write_lane(
     mut stream: SendStream,
-    mut pieces: mpsc::UnboundedReceiver<Bytes>,
-    total: usize,
+    mut pieces: mpsc::UnboundedReceiver<LanePiece>,
 ) -> Result<(), LinkError> {
-    let mut written = 0;
-    while written < total {
-        let Some(piece) = pieces.recv().await else {
-            let _ = stream.reset(VarInt::from_u32(codes::ROUND_ABANDONED));
-            return Ok(());
-        };
-        written += piece.len();
-        stream.write_chunk(piece).await?;
+    loop {
+        match pieces.recv().await {
+            Some(LanePiece::Bytes(piece)) => stream.write_chunk(piece).await?,
+            Some(LanePiece::End) => {
+                let _ = stream.finish();
+                return Ok(());
+            }
+            None => {
+                let _ = stream.reset(VarInt::from_u32(codes::ROUND_ABANDONED));
+                return Ok(());
+            }
+        }
     }
-    let _ = stream.finish();
-    Ok(())
 }
 
 /// The smallest path MTU quinn falls back to: its `TransportConfig::min_mtu`,
