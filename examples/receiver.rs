@@ -195,7 +195,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
             f.datagrams_received + f.datagrams_dropped_in
         );
     }
-    link.close();
+    // Not before the sender holds the confirmation of the last round.
+    link.close_when_confirmed(Duration::from_secs(2)).await;
     endpoint.wait_idle().await;
     Ok(())
 }

@@ -46,6 +46,10 @@ use tokio::sync::mpsc;
 #[derive(Debug, Parser)]
 #[command(name = "round_bench")]
 struct Args {
+    /// Streams each gradlane round's important part is spread over
+    /// (`RoundTiming::lanes`; default: the library's).
+    #[arg(long)]
+    lanes: Option<u8>,
     /// Timed rounds per variant (after one warm-up round).
     #[arg(long, default_value_t = 10)]
     rounds: usize,
@@ -255,6 +259,7 @@ impl Bench {
             },
             timing: RoundTiming {
                 release,
+                lanes: self.args.lanes.unwrap_or(RoundTiming::default().lanes),
                 ..RoundTiming::default()
             },
             ..Config::default()
