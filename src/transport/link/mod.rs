@@ -55,7 +55,7 @@ use receive::{control_reader, datagram_reader, stream_acceptor};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LossyRelease {
     /// Once every important byte is in quinn's hands and quinn has sent at
-    /// least as many bytes (less those lost) as the important stream holds.
+    /// least as many bytes (less those lost) as the important lanes hold.
     /// The path does not idle while the peer's confirmation travels back;
     /// the datagrams may overtake only the stream's unsent tail, which its
     /// flow-control window bounds (measured on loopback: about 200 kB of an

@@ -78,11 +78,11 @@ impl LinkSender {
         let encoded = encoded?;
         written?;
         tracing::debug!(elapsed = ?start.elapsed(), "important data handed to quinn");
-        // Every important byte is now in quinn's hands; its stream's
-        // flow-control window (4 MiB by default) bounds how much of it is
-        // still unsent (measured on loopback: about 200 kB of 82 MB). Also
-        // wait until quinn has sent at least as many bytes as the stream
-        // holds, a lower bound for its last byte having left.
+        // Every important byte is now in quinn's hands; the lanes'
+        // flow-control windows (4 MiB each by default) bound how much of it
+        // is still unsent. Also wait until quinn has sent at least as many
+        // bytes as the lanes hold, a lower bound for their last byte having
+        // left.
         let released = match self.timing.release {
             LossyRelease::Sent => Some(sent_before + reliable_len),
             LossyRelease::Acknowledged => None,
