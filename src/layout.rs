@@ -271,6 +271,9 @@ pub struct ChunkPlan {
     tensor_first: Vec<u32>,
     /// For each tensor, its byte size.
     tensor_bytes: Vec<u32>,
+    /// For each tensor, the values of each of its chunks but the last
+    /// (which may be shorter): chunks are found by division, not search.
+    tensor_step: Vec<u32>,
 }
 
 impl ChunkPlan {
@@ -281,6 +284,7 @@ impl ChunkPlan {
         let mut chunks = Vec::new();
         let mut tensor_first = Vec::with_capacity(layout.len() + 1);
         let mut tensor_bytes = Vec::with_capacity(layout.len());
+        let mut tensor_step = Vec::with_capacity(layout.len());
         for (id, spec) in layout.tensors().iter().enumerate() {
             let first = u32::try_from(chunks.len()).map_err(|_| LayoutError::TooManyChunks)?;
             tensor_first.push(first);
@@ -295,6 +299,7 @@ impl ChunkPlan {
                 },
                 TensorKind::Dense => options.block_values,
             };
+            tensor_step.push(step);
             let mut start = 0u32;
             while start < len {
                 let n = step.min(len - start);
@@ -313,6 +318,7 @@ impl ChunkPlan {
             chunks,
             tensor_first,
             tensor_bytes,
+            tensor_step,
         })
     }
 
@@ -352,15 +358,17 @@ impl ChunkPlan {
     }
 
     /// Which chunk of tensor `tensor` holds the byte at `byte`, if any.
+    ///
+    /// Called for every received piece (about a packet), so it divides by
+    /// the tensor's chunk step instead of searching.
     pub fn chunk_at(&self, tensor: usize, byte: u32) -> Option<usize> {
+        let step = *self.tensor_step.get(tensor)?;
         let range = self.tensor_chunks(tensor);
-        let chunks = &self.chunks[range.clone()];
-        // Chunks of a tensor are sorted by start: binary search the last one
-        // starting at or before `byte`.
-        let value = byte / 4;
-        let pos = chunks.partition_point(|c| c.start <= value);
-        let c = chunks.get(pos.checked_sub(1)?)?;
-        (value < c.start + c.len).then_some(range.start + pos - 1)
+        if step == 0 || byte >= self.tensor_bytes[tensor] {
+            return None;
+        }
+        let id = range.start + (byte / 4 / step) as usize;
+        (id < range.end).then_some(id)
     }
 }
 
@@ -398,6 +406,34 @@ mod tests {
         assert_eq!(plan.chunk_at(1, 256 * 4), Some(2));
         assert_eq!(plan.chunk_at(1, 599 * 4), Some(3));
         assert_eq!(plan.chunk_at(1, 600 * 4), None);
+        assert_eq!(plan.chunk_at(2, 0), None);
+    }
+
+    #[test]
+    fn chunk_at_agrees_with_the_chunk_list() {
+        // Steps that divide and that leave a short last chunk, per kernel
+        // and per slice.
+        let layout = Layout::new(vec![
+            TensorSpec::conv2d("c", [5, 3, 3, 3]),
+            TensorSpec::dense("d", [1000]),
+            TensorSpec::dense("e", [512]),
+            TensorSpec::conv2d("p", [2, 4, 1, 1]),
+        ])
+        .unwrap();
+        for conv in [ConvChunking::PerKernel, ConvChunking::PerSlice] {
+            let options = ChunkOptions {
+                block_values: 300,
+                conv,
+            };
+            let plan = layout.plan(options).unwrap();
+            for (id, c) in plan.chunks().iter().enumerate() {
+                for v in c.start..c.start + c.len {
+                    for b in 0..4 {
+                        assert_eq!(plan.chunk_at(c.tensor as usize, v * 4 + b), Some(id));
+                    }
+                }
+            }
+        }
     }
 
     #[test]

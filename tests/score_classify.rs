@@ -244,3 +244,51 @@ fn bad_caller_input_is_a_typed_error() {
         "layout has no tensors"
     );
 }
+
+/// Rounds above 8 MB are scored in parts on several threads: the scores
+/// equal a one-thread reference exactly, and of several bad values the
+/// first in layout order is named, wherever the parts are cut.
+#[test]
+fn a_large_round_scores_the_same_in_parts() {
+    let layout = Layout::new(vec![
+        TensorSpec::dense("a", [1500, 1000]),
+        TensorSpec::conv2d("b", [64, 64, 3, 3]),
+        TensorSpec::dense("c", [1000, 1024]),
+    ])
+    .unwrap();
+    let plan = layout.plan(ChunkOptions::default()).unwrap();
+    let mut grads = common::grads(&layout, 7);
+    let mut tracker = ContributionTracker::new(plan.len(), 0.3);
+    let got = tracker.update(&plan, &grads).unwrap().to_vec();
+    for (j, c) in plan.chunks().iter().enumerate() {
+        let v = &grads[c.tensor as usize][c.start as usize..(c.start + c.len) as usize];
+        let want = gradlane::score::abs_sum(v) / c.len as f32;
+        assert_eq!(got[j].to_bits(), want.to_bits(), "chunk {j}");
+    }
+
+    // Bad values near the end of the last tensor and early in the first:
+    // the early one is reported, then, once fixed, the late one.
+    grads[2][1_000_000] = f32::INFINITY;
+    grads[0][12] = f32::NAN;
+    let before = tracker.values().to_vec();
+    assert_eq!(
+        tracker.update(&plan, &grads).unwrap_err(),
+        GradientError::NonFinite {
+            tensor: 0,
+            index: 12
+        }
+    );
+    grads[0][12] = 0.5;
+    assert_eq!(
+        tracker.update(&plan, &grads).unwrap_err(),
+        GradientError::NonFinite {
+            tensor: 2,
+            index: 1_000_000
+        }
+    );
+    assert_eq!(
+        tracker.values(),
+        &before[..],
+        "a refused round changes nothing"
+    );
+}
