@@ -541,21 +541,26 @@ impl GradlaneRun {
             let lossy = round.stats.lossy();
             eprintln!(
                 "  round {r}: datagrams sent {} ({:.2} MB), injector dropped {} out / {} in \
-                 of {} / {} packets, lossy received {:.2} MB, zero-filled {:.2} MB, \
+                 of {} / {} packets, refused by the system {}, lossy received {:.2} MB, zero-filled {:.2} MB, \
                  late merged into this round {:.2} MB, quinn dropped {} (total), \
-                 path MTU {}, black holes detected {} (total)",
+                 path MTU {}, black holes detected {} (total), datagram frames sent {} / \
+                 received {} (total), packets declared lost {} (total)",
                 report.lossy_packets.iter().sum::<u64>(),
                 report.lossy_bytes.iter().sum::<u64>() as f64 / 1e6,
                 f.segments_dropped_out - before.segments_dropped_out,
                 f.datagrams_dropped_in - before.datagrams_dropped_in,
                 f.segments_sent - before.segments_sent,
                 f.datagrams_received - before.datagrams_received,
+                f.segments_send_failed - before.segments_send_failed,
                 lossy.received_bytes as f64 / 1e6,
                 lossy.zero_filled_bytes as f64 / 1e6,
                 lossy.late_merged_bytes as f64 / 1e6,
                 self.rx.datagrams_dropped_by_quinn(),
                 self.tx.connection().stats().path.current_mtu,
                 self.tx.connection().stats().path.black_holes_detected,
+                self.tx.connection().stats().frame_tx.datagram,
+                self.rx.connection().stats().frame_rx.datagram,
+                self.tx.connection().stats().path.lost_packets,
             );
             self.faults_before = f;
         }

@@ -111,6 +111,10 @@ pub struct FaultStats {
     pub datagrams_dropped_in: u64,
     /// Outgoing datagrams that went through the delay queue.
     pub segments_delayed: u64,
+    /// Delayed datagrams the operating system refused to send (a full
+    /// queue of a shaped interface answers `ENOBUFS`): lost, as on a real
+    /// network, and counted here.
+    pub segments_send_failed: u64,
 }
 
 /// Shared live counters of a [`FaultySocket`]; clone it to keep reading
@@ -126,6 +130,7 @@ struct CounterCells {
     datagrams_received: AtomicU64,
     datagrams_dropped_in: AtomicU64,
     segments_delayed: AtomicU64,
+    segments_send_failed: AtomicU64,
 }
 
 impl FaultCounters {
@@ -139,6 +144,7 @@ impl FaultCounters {
             datagrams_received: c.datagrams_received.load(Ordering::Relaxed),
             datagrams_dropped_in: c.datagrams_dropped_in.load(Ordering::Relaxed),
             segments_delayed: c.segments_delayed.load(Ordering::Relaxed),
+            segments_send_failed: c.segments_send_failed.load(Ordering::Relaxed),
         }
     }
 }
@@ -233,11 +239,16 @@ impl FaultySocket {
                 return Err(FaultySocketError::BadLoss(p));
             }
         }
+        let counters = FaultCounters::default();
         let queue = if faults.delays() {
             let handle =
                 tokio::runtime::Handle::try_current().map_err(|_| FaultySocketError::NoRuntime)?;
             let queue = Arc::new(DelayQueue::new(faults, capacity));
-            handle.spawn(run_delay_queue(queue.clone(), inner.clone()));
+            handle.spawn(run_delay_queue(
+                queue.clone(),
+                inner.clone(),
+                counters.clone(),
+            ));
             Some(queue)
         } else {
             None
@@ -245,7 +256,7 @@ impl FaultySocket {
         Ok(Arc::new(Self {
             inner,
             faults,
-            counters: FaultCounters::default(),
+            counters,
             out_index: Mutex::new(0),
             in_index: AtomicU64::new(0),
             queue,
@@ -601,7 +612,11 @@ impl DelayQueue {
 }
 
 /// Background sender: sends held-back transmits when they are due.
-async fn run_delay_queue(queue: Arc<DelayQueue>, inner: Arc<dyn AsyncUdpSocket>) {
+async fn run_delay_queue(
+    queue: Arc<DelayQueue>,
+    inner: Arc<dyn AsyncUdpSocket>,
+    counters: FaultCounters,
+) {
     let mut poller = inner.clone().create_io_poller();
     while !queue.is_closed() {
         match queue.pop_due(Instant::now()) {
@@ -625,8 +640,12 @@ async fn run_delay_queue(queue: Arc<DelayQueue>, inner: Arc<dyn AsyncUdpSocket>)
                             }
                         }
                         Err(e) => {
-                            // Like a real network: a failed send is a lost packet.
+                            // Like a real network: a failed send is a lost
+                            // packet (every segment of a GSO batch).
                             tracing::debug!("delayed send failed: {e}");
+                            let stride = item.segment_size.unwrap_or(item.contents.len());
+                            let lost = segment_count(item.contents.len(), stride) as u64;
+                            add(&counters.0.segments_send_failed, lost);
                             break;
                         }
                     }
@@ -655,6 +674,8 @@ mod tests {
         sent: Mutex<Vec<(Vec<u8>, Option<usize>)>>,
         inbox: Mutex<Vec<(Vec<u8>, usize)>>,
         would_block: AtomicU64,
+        /// Sends to refuse with another error (a full shaped queue).
+        refuse: AtomicU64,
         sent_notify: tokio::sync::Notify,
     }
 
@@ -678,6 +699,11 @@ mod tests {
             if self.would_block.load(Ordering::Relaxed) > 0 {
                 self.would_block.fetch_sub(1, Ordering::Relaxed);
                 return Err(io::ErrorKind::WouldBlock.into());
+            }
+            if self.refuse.load(Ordering::Relaxed) > 0 {
+                self.refuse.fetch_sub(1, Ordering::Relaxed);
+                self.sent_notify.notify_one();
+                return Err(io::Error::other("no buffer space available"));
             }
             lock(&self.sent).push((t.contents.to_vec(), t.segment_size));
             self.sent_notify.notify_one();
@@ -1044,6 +1070,31 @@ mod tests {
             .expect("room again");
         wait_sent(&mock, 11).await;
         assert_eq!(socket.stats().segments_delayed, 11);
+    }
+
+    /// A delayed send the system refuses is a lost packet, counted with
+    /// every segment of its GSO batch; the queue goes on with the next.
+    #[tokio::test]
+    async fn a_refused_delayed_send_is_counted() {
+        let mock = Arc::new(MockSocket::default());
+        mock.refuse.store(1, Ordering::Relaxed);
+        let faults = Faults {
+            delay: Duration::from_millis(1),
+            ..Faults::default()
+        };
+        let socket = FaultySocket::new(mock.clone(), faults).expect("valid faults");
+        let batch = [1u8; 250];
+        socket
+            .try_send(&transmit(&batch, Some(100)))
+            .expect("queued");
+        socket
+            .try_send(&transmit(&[2u8; 80], None))
+            .expect("queued");
+        wait_sent(&mock, 1).await;
+        let stats = socket.stats();
+        assert_eq!(stats.segments_send_failed, 3);
+        assert_eq!(stats.segments_sent, 4);
+        assert_eq!(lock(&mock.sent)[0].0, vec![2u8; 80]);
     }
 
     #[test]

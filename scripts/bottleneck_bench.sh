@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# round_bench behind a bottleneck: the whole benchmark (gradlane, raw quinn,
+# all-reliable, TCP; one process) runs in a fresh network namespace whose
+# loopback device has an HTB class of RATE on egress, a queue with tail
+# drop. Loopback alone is bound by the CPU on small machines; here the
+# link binds, as it does between hosts. Delay and loss are injected by the
+# QUIC sockets as in the plain run (this host has no netem).
+#
+#   sudo bash scripts/bottleneck_bench.sh                        # 1 Gbit/s
+#   RATE=2gbit sudo bash scripts/bottleneck_bench.sh --rounds 10 --quick
+#
+# Arguments go to round_bench. Needs root, iproute2 and tc.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RATE=${RATE:-1gbit}
+NS=gl-bottleneck
+
+if ! command -v tc >/dev/null || ! command -v ip >/dev/null; then
+    echo "== installing iproute2" >&2
+    apt-get install -y iproute2 >/dev/null
+fi
+
+cargo build --release --quiet --example round_bench
+trap 'ip netns del "$NS" 2>/dev/null || true' EXIT
+ip netns del "$NS" 2>/dev/null || true
+ip netns add "$NS"
+ip -n "$NS" link set lo up
+# Packets of both directions leave through lo's one egress: the rate is
+# shared by data and acknowledgements, as on a half-duplex link.
+ip netns exec "$NS" tc qdisc add dev lo root handle 1: htb default 10 r2q 1000
+ip netns exec "$NS" tc class add dev lo parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
+echo "round_bench in namespace $NS, loopback shaped to $RATE (HTB)" >&2
+ip netns exec "$NS" ./target/release/examples/round_bench "$@"
+ip netns exec "$NS" tc -s qdisc show dev lo | grep -m1 -o "dropped [0-9]*" | sed "s/^/bottleneck queue: /" >&2
+ip netns exec "$NS" awk '/^Udp:/ { if (!h) { split($0, k); h = 1 } else { for (i = 2; i <= NF; i++) if (k[i] ~ /Errors/) printf "udp %s %s\n", k[i], $i } }' /proc/net/snmp >&2
