@@ -832,7 +832,9 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
         let base = find("raw quinn", r.congestion.or(Some(Congestion::Bbr)), r.loss)
             .and_then(|q| gbps(q.median()));
         let vs = match (g, base) {
-            (Some(a), Some(b)) if !matches!(r.kind, Kind::Quinn(..)) => format!("{:.2}x", a / b),
+            (Some(a), Some(b)) if !matches!(r.kind, Kind::Quinn(_, false)) => {
+                format!("{:.2}x", a / b)
+            }
             _ => "-".into(),
         };
         let own = match (r.kind, r.p99(), lossless_gl(r.congestion)) {
