@@ -544,7 +544,8 @@ impl GradlaneRun {
                  of {} / {} packets, refused by the system {}, lossy received {:.2} MB, zero-filled {:.2} MB, \
                  late merged into this round {:.2} MB, quinn dropped {} (total), \
                  path MTU {}, black holes detected {} (total), datagram frames sent {} / \
-                 received {} (total), packets declared lost {} (total)",
+                 received {} (total), packets declared lost {} (total), congestion window {} KB, \
+                 smoothed RTT {:?}",
                 report.lossy_packets.iter().sum::<u64>(),
                 report.lossy_bytes.iter().sum::<u64>() as f64 / 1e6,
                 f.segments_dropped_out - before.segments_dropped_out,
@@ -561,6 +562,8 @@ impl GradlaneRun {
                 self.tx.connection().stats().frame_tx.datagram,
                 self.rx.connection().stats().frame_rx.datagram,
                 self.tx.connection().stats().path.lost_packets,
+                self.tx.connection().stats().path.cwnd / 1000,
+                self.tx.connection().stats().path.rtt,
             );
             self.faults_before = f;
         }
@@ -656,7 +659,8 @@ fn variants(
     ];
     if loss == 0.0 {
         v.push(("tokio TCP", Kind::Tcp(model_bytes), None));
-    } else if !bench.args.quick {
+    }
+    if !bench.args.quick {
         let cubic = Some(Congestion::Cubic);
         v.push(("gradlane", Kind::Gradlane(0.8, default), cubic));
         v.push(("raw quinn", Kind::Quinn(model_bytes, false), cubic));
