@@ -72,7 +72,7 @@ struct Args {
     /// Model preset.
     #[arg(long, default_value = "resnet50")]
     model: String,
-    /// Skip the Cubic rows.
+    /// Skip the rows of Cubic and of queue-gated Cubic.
     #[arg(long)]
     quick: bool,
     /// Stop a variant after this many seconds of timed rounds (slow Cubic
@@ -585,6 +585,7 @@ fn cc_name(c: Option<Congestion>) -> &'static str {
         Some(Congestion::Bbr) => "BBR",
         Some(Congestion::Cubic) => "Cubic",
         Some(Congestion::NewReno) => "NewReno",
+        Some(Congestion::QueueGatedCubic) => "Cubic, queue-gated",
     }
 }
 
@@ -661,9 +662,10 @@ fn variants(
         v.push(("tokio TCP", Kind::Tcp(model_bytes), None));
     }
     if !bench.args.quick {
-        let cubic = Some(Congestion::Cubic);
-        v.push(("gradlane", Kind::Gradlane(0.8, default), cubic));
-        v.push(("raw quinn", Kind::Quinn(model_bytes, false), cubic));
+        for cc in [Congestion::Cubic, Congestion::QueueGatedCubic] {
+            v.push(("gradlane", Kind::Gradlane(0.8, default), Some(cc)));
+            v.push(("raw quinn", Kind::Quinn(model_bytes, false), Some(cc)));
+        }
     }
     v
 }

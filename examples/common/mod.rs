@@ -23,6 +23,9 @@ pub enum Cc {
     Bbr,
     /// quinn's NewReno.
     Newreno,
+    /// Cubic that reacts to loss only when a queue shows
+    /// (`gradlane::transport::congestion`).
+    QueueGatedCubic,
 }
 
 impl From<Cc> for Congestion {
@@ -31,6 +34,7 @@ impl From<Cc> for Congestion {
             Cc::Cubic => Congestion::Cubic,
             Cc::Bbr => Congestion::Bbr,
             Cc::Newreno => Congestion::NewReno,
+            Cc::QueueGatedCubic => Congestion::QueueGatedCubic,
         }
     }
 }

@@ -8,9 +8,12 @@
 //!   small CA to make the certificates.
 //! - [`tuning`]: UDP sockets with large kernel buffers, flow-control windows
 //!   and the congestion controller, and an endpoint built from both.
+//! - [`congestion`]: Cubic that reacts to loss only with a queue in sight,
+//!   for paths with random loss.
 //! - [`faults`]: a seeded loss/delay wrapper of the UDP socket for tests,
 //!   examples and benchmarks (this host has no `netem`).
 
+pub mod congestion;
 pub mod endpoint;
 pub mod faults;
 pub mod handshake;

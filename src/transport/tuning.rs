@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::transport::congestion::QueueGatedCubicConfig;
 use quinn::congestion::{BbrConfig, CubicConfig, NewRenoConfig};
 use quinn::{AsyncUdpSocket, IdleTimeout, Runtime, VarInt};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -34,6 +35,12 @@ pub enum Congestion {
     Bbr,
     /// NewReno: the conservative reference.
     NewReno,
+    /// Cubic told of a loss only when the RTT shows a standing queue or the
+    /// loss rate is high ([`crate::transport::congestion`]): keeps its rate
+    /// under random loss like BBR, backs off when a queue fills. Behind a
+    /// shaped 1 Gbit/s link it zero-filled 0.26 MB of a ResNet-50 round's
+    /// lossy part at 0% loss where BBR lost 12 MB (README).
+    QueueGatedCubic,
 }
 
 /// Transport settings for a gradlane connection.
@@ -130,6 +137,9 @@ impl Tuning {
             Congestion::Bbr => config.congestion_controller_factory(Arc::new(BbrConfig::default())),
             Congestion::NewReno => {
                 config.congestion_controller_factory(Arc::new(NewRenoConfig::default()))
+            }
+            Congestion::QueueGatedCubic => {
+                config.congestion_controller_factory(Arc::new(QueueGatedCubicConfig::default()))
             }
         };
         Ok(config)
@@ -278,7 +288,12 @@ mod tests {
 
     #[test]
     fn every_congestion_controller_builds() {
-        for congestion in [Congestion::Cubic, Congestion::Bbr, Congestion::NewReno] {
+        for congestion in [
+            Congestion::Cubic,
+            Congestion::Bbr,
+            Congestion::NewReno,
+            Congestion::QueueGatedCubic,
+        ] {
             let tuning = Tuning {
                 congestion,
                 ..Tuning::default()
