@@ -82,8 +82,9 @@ struct Args {
     /// Give up on a single round after this many seconds.
     #[arg(long, default_value_t = 60)]
     round_timeout_s: u64,
-    /// Only run variants whose name contains this text (for profiling one
-    /// variant; the goal lines then only cover what ran).
+    /// Only run variants whose name and controller ("gradlane BBR", "raw
+    /// quinn Cubic, queue-gated", ...) contain this text (for profiling
+    /// one variant; the goal lines then only cover what ran).
     #[arg(long)]
     only: Option<String>,
     /// Print, per gradlane round, where its datagrams went: sent, dropped
@@ -783,7 +784,7 @@ async fn open(
         zero_filled: 0.0,
         note: String::new(),
     };
-    if bench.skipped(name) {
+    if bench.skipped(&format!("{name} {}", cc_name(congestion))) {
         row.note = "skipped (--only)".into();
         return (row, None, 0.0);
     }
