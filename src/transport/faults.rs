@@ -111,9 +111,11 @@ pub struct FaultStats {
     pub datagrams_dropped_in: u64,
     /// Outgoing datagrams that went through the delay queue.
     pub segments_delayed: u64,
-    /// Delayed datagrams the operating system refused to send (a full
-    /// queue of a shaped interface answers `ENOBUFS`): lost, as on a real
-    /// network, and counted here.
+    /// Delayed datagrams the inner socket refused with an error other than
+    /// `WouldBlock`: lost, as on a real network, and counted here. quinn's
+    /// own UDP socket logs such errors (`ENOBUFS` from a full shaped
+    /// queue) and reports success, so behind it these losses show only in
+    /// quinn's lost-packet count and the kernel's `SndbufErrors`.
     pub segments_send_failed: u64,
 }
 
