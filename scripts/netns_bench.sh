@@ -17,6 +17,9 @@ RATE=${RATE:-1gbit}
 DELAY_MS=${DELAY_MS:-10}
 ROUNDS=${ROUNDS:-6}
 MODEL=${MODEL:-resnet50}
+# The queue in front of each link, in bytes: without a byte limit the class
+# queues 1000 of quinn's GSO batches, about 64 MB.
+QUEUE_BYTES=${QUEUE_BYTES:-1000000}
 A=gl-bench-a
 B=gl-bench-b
 
@@ -49,6 +52,7 @@ for ns in "$A" "$B"; do
     ip -n "$ns" link set "$dev" up
     ip netns exec "$ns" tc qdisc add dev "$dev" root handle 1: htb default 10 r2q 1000
     ip netns exec "$ns" tc class add dev "$dev" parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
+    ip netns exec "$ns" tc qdisc add dev "$dev" parent 1:10 handle 10: bfifo limit "$QUEUE_BYTES"
 done
 
 # One sender/receiver pair: prints "median / max ms per round" of the
