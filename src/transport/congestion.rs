@@ -177,12 +177,12 @@ impl LossFilter {
         // One loss per queue episode: Cubic's cut drains a real queue, and
         // a host that stalls must not cut the window again and again.
         let queue = !self.in_episode && self.queue_delay >= queue_delay_limit(self.min_rtt);
-        if queue {
-            self.in_episode = true;
-        }
         // ECN marks (no bytes lost) and persistent congestion are never
         // random loss.
         let pass = persistent || (!floor && (lost_bytes == 0 || queue || !tolerated_rate));
+        if pass && queue {
+            self.in_episode = true;
+        }
         if pass {
             self.passed += 1;
         } else {
@@ -381,7 +381,7 @@ mod tests {
             &mut filter,
             Instant::now(),
             100_000,
-            10 * Duration::from_micros(1),
+            Duration::from_micros(10),
             2 * MS,
             20,
         );
@@ -397,7 +397,7 @@ mod tests {
             &mut filter,
             Instant::now(),
             40_000,
-            10 * Duration::from_micros(1),
+            Duration::from_micros(10),
             2 * MS,
             4,
         );
@@ -494,14 +494,7 @@ mod tests {
         let start = Instant::now();
         // Heavy loss, then a long quiet gap: the next single loss is judged
         // on fresh samples only.
-        run(
-            &mut filter,
-            start,
-            100,
-            10 * Duration::from_micros(1),
-            MS,
-            2,
-        );
+        run(&mut filter, start, 100, Duration::from_micros(10), MS, 2);
         let later = start + Duration::from_secs(1);
         filter.on_ack(later, later - MS, 1_000 * PACKET, MS);
         assert!(!filter.on_loss(later, PACKET, false, WINDOW));
