@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
-use common::{grads, BoxError};
+use common::{grads, BoxError, Cc};
 use gradlane::classify::ClassifyConfig;
 use gradlane::encode::EncoderConfig;
 use gradlane::layout::Layout;
@@ -72,7 +72,12 @@ struct Args {
     /// Model preset.
     #[arg(long, default_value = "resnet50")]
     model: String,
-    /// Skip the rows of Cubic and of queue-gated Cubic.
+    /// Controllers to run the full set of rows with (gradlane both ways,
+    /// raw quinn both ways, all-reliable); each gets its own goal lines.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![Cc::Bbr, Cc::CappedBbr])]
+    controllers: Vec<Cc>,
+    /// Skip the gradlane and raw quinn rows of Cubic and of queue-gated
+    /// Cubic.
     #[arg(long)]
     quick: bool,
     /// Stop a variant after this many seconds of timed rounds (slow Cubic
@@ -166,6 +171,15 @@ struct Bench {
 }
 
 impl Bench {
+    /// The controller of the reference rows (raw quinn of the important
+    /// bytes only, TCP's ratio).
+    fn first_controller(&self) -> Congestion {
+        self.args
+            .controllers
+            .first()
+            .map_or(Congestion::Bbr, |&c| c.into())
+    }
+
     fn faults(&self, loss: f64, seed: u64) -> (Faults, Faults) {
         let delay = Duration::from_millis(self.args.delay_ms);
         let client = Faults {
@@ -546,7 +560,8 @@ impl GradlaneRun {
                  late merged into this round {:.2} MB, quinn dropped {} (total), \
                  path MTU {}, black holes detected {} (total), datagram frames sent {} / \
                  received {} (total), packets declared lost {} (total), congestion window {} KB, \
-                 smoothed RTT {:?}",
+                 smoothed RTT {:?}; timeline ms: planned {:.1}, framed {:.1}, lossy released {:.1}, \
+                 important held {:.1}, lossy all sent {:.1}, delivered {:.1}",
                 report.lossy_packets.iter().sum::<u64>(),
                 report.lossy_bytes.iter().sum::<u64>() as f64 / 1e6,
                 f.segments_dropped_out - before.segments_dropped_out,
@@ -565,6 +580,12 @@ impl GradlaneRun {
                 self.tx.connection().stats().path.lost_packets,
                 self.tx.connection().stats().path.cwnd / 1000,
                 self.tx.connection().stats().path.rtt,
+                report.plan.as_secs_f64() * 1e3,
+                report.encode.as_secs_f64() * 1e3,
+                report.lossy_start.as_secs_f64() * 1e3,
+                arrival.important.duration_since(start).as_secs_f64() * 1e3,
+                report.total.as_secs_f64() * 1e3,
+                delivered.duration_since(start).as_secs_f64() * 1e3,
             );
             self.faults_before = f;
         }
@@ -584,6 +605,7 @@ fn cc_name(c: Option<Congestion>) -> &'static str {
     match c {
         None => "-",
         Some(Congestion::Bbr) => "BBR",
+        Some(Congestion::CappedBbr) => "BBR, capped",
         Some(Congestion::Cubic) => "Cubic",
         Some(Congestion::NewReno) => "NewReno",
         Some(Congestion::QueueGatedCubic) => "Cubic, queue-gated",
@@ -640,25 +662,29 @@ fn variants(
     loss: f64,
     model_bytes: usize,
 ) -> Vec<(&'static str, Kind, Option<Congestion>)> {
-    let bbr = Some(Congestion::Bbr);
     let default = LossyRelease::default();
-    let mut v = vec![
-        ("gradlane", Kind::Gradlane(0.8, default), bbr),
-        // The same, but datagrams start once quinn has sent the important
-        // stream: the important bytes finish with lossy traffic in flight.
-        (
-            "gradlane, datagrams once sent",
-            Kind::Gradlane(0.8, LossyRelease::Sent),
-            bbr,
-        ),
-        ("raw quinn", Kind::Quinn(model_bytes, false), bbr),
-        (
-            "raw quinn, f32 in and out",
-            Kind::Quinn(model_bytes, true),
-            bbr,
-        ),
-        ("gradlane all-reliable", Kind::Gradlane(1.0, default), bbr),
-    ];
+    let mut v = Vec::new();
+    for &cc in &bench.args.controllers {
+        let cc = Some(Congestion::from(cc));
+        v.extend([
+            ("gradlane", Kind::Gradlane(0.8, default), cc),
+            // The same, but datagrams start once quinn has sent the
+            // important stream: the important bytes finish with lossy
+            // traffic in flight.
+            (
+                "gradlane, datagrams once sent",
+                Kind::Gradlane(0.8, LossyRelease::Sent),
+                cc,
+            ),
+            ("raw quinn", Kind::Quinn(model_bytes, false), cc),
+            (
+                "raw quinn, f32 in and out",
+                Kind::Quinn(model_bytes, true),
+                cc,
+            ),
+            ("gradlane all-reliable", Kind::Gradlane(1.0, default), cc),
+        ]);
+    }
     if loss == 0.0 {
         v.push(("tokio TCP", Kind::Tcp(model_bytes), None));
     }
@@ -699,7 +725,7 @@ async fn measure(bench: &Bench, model_bytes: usize) -> Result<Measured, BoxError
                 bench,
                 name,
                 Kind::Quinn(imp, false),
-                Some(Congestion::Bbr),
+                Some(bench.first_controller()),
                 loss,
             )
             .await;
@@ -836,8 +862,12 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for r in rows {
         let g = gbps(r.median());
-        let base = find("raw quinn", r.congestion.or(Some(Congestion::Bbr)), r.loss)
-            .and_then(|q| gbps(q.median()));
+        let base = find(
+            "raw quinn",
+            r.congestion.or(Some(bench.first_controller())),
+            r.loss,
+        )
+        .and_then(|q| gbps(q.median()));
         let vs = match (g, base) {
             (Some(a), Some(b)) if !matches!(r.kind, Kind::Quinn(_, false)) => {
                 format!("{:.2}x", a / b)
@@ -867,123 +897,132 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
         );
     }
 
-    println!();
-    println!(
-        "Important arrival (BBR): gradlane's receiver holding every important chunk vs a raw quinn \
-         stream of the important bytes only read to its end"
-    );
-    println!();
-    println!(
-        "| loss | important MB | gradlane median ms | of which before the first byte | raw quinn median ms | ratio | ratio without that | datagrams once sent: median ms (lossy in flight) | with / without lossy in flight |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut imp_ratios = Vec::new();
-    for (loss, q) in important_quinn {
-        let Some(gl) = find("gradlane", Some(Congestion::Bbr), *loss) else {
-            continue;
-        };
-        let a = median(&gl.important);
-        let b = q.median();
-        let ratio = match (a, b) {
-            (Some(a), Some(b)) => {
-                imp_ratios.push((*loss, a / b));
-                format!("{:.2}x", a / b)
-            }
-            _ => "-".into(),
-        };
-        let enc = median(&gl.plan);
-        let net = match (a, enc, b) {
-            (Some(a), Some(e), Some(b)) => format!("{:.2}x", (a - e) / b),
-            _ => "-".into(),
-        };
-        let busy = find(
-            "gradlane, datagrams once sent",
-            Some(Congestion::Bbr),
-            *loss,
-        )
-        .and_then(|r| median(&r.important));
-        let inflight = match (busy, a) {
-            (Some(b), Some(a)) => format!("{:.2}x", b / a),
-            _ => "-".into(),
-        };
-        println!(
-            "| {}% | {:.1} | {} | {} | {} | {ratio} | {net} | {} | {inflight} |",
-            loss * 100.0,
-            gl.important_bytes as f64 / 1e6,
-            ms(a),
-            ms(enc),
-            ms(b),
-            ms(busy)
-        );
-    }
-
-    println!();
-    println!("Goals:");
-    let verdict = |ok: Option<bool>| match ok {
-        Some(true) => "met",
-        Some(false) => "NOT met",
-        None => "not measured",
-    };
-    let bbr = Some(Congestion::Bbr);
-    let t = |name, loss| find(name, bbr, loss).and_then(|r| gbps(r.median()));
-    let g1 = t("gradlane", 0.0)
-        .zip(t("raw quinn", 0.0))
-        .map(|(a, b)| a / b);
-    println!(
-        "- lossless gradlane >= 0.95x raw quinn throughput: {} ({})",
-        verdict(g1.map(|x| x >= 0.95)),
-        g1.map_or("-".into(), |x| format!("{x:.2}x"))
-    );
-    let p = |name, loss| find(name, bbr, loss).and_then(Row::p99);
-    let g2 = p("gradlane", 0.05).zip(p("gradlane", 0.0));
-    let g3 = p("gradlane", 0.05).zip(p("gradlane all-reliable", 0.05));
-    println!(
-        "- at 5% loss gradlane p99 <= 1.2x its lossless p99: {} ({})",
-        verdict(g2.map(|(a, b)| a <= 1.2 * b)),
-        g2.map_or("-".into(), |(a, b)| format!(
-            "{:.1} vs {:.1} ms, {:.2}x",
-            a * 1e3,
-            b * 1e3,
-            a / b
-        ))
-    );
-    println!(
-        "- at 5% loss gradlane p99 below all-reliable p99: {} ({})",
-        verdict(g3.map(|(a, b)| a < b)),
-        g3.map_or("-".into(), |(a, b)| format!(
-            "{:.1} vs {:.1} ms",
-            a * 1e3,
-            b * 1e3
-        ))
-    );
-    // The issue's goal: the important bytes' arrival with lossy traffic in
-    // flight (datagrams released once the stream is sent) against without
-    // (the default: datagrams after the important part is confirmed).
-    let inflight: Vec<(f64, f64)> = bench
-        .args
-        .losses
-        .iter()
-        .filter_map(|&l| {
-            let with =
-                find("gradlane, datagrams once sent", bbr, l).and_then(|r| median(&r.important))?;
-            let without = find("gradlane", bbr, l).and_then(|r| median(&r.important))?;
-            Some((l, with / without))
-        })
-        .collect();
-    let worst = |v: &[(f64, f64)]| v.iter().map(|x| x.1).reduce(f64::max);
     let list = |v: &[(f64, f64)]| {
         v.iter()
             .map(|(l, r)| format!("{}%: {r:.2}x", l * 100.0))
             .collect::<Vec<_>>()
             .join(", ")
     };
-    println!(
-        "- important arrival with lossy traffic in flight <= 1.1x without (every loss): {} ({})",
-        verdict(worst(&inflight).map(|w| w <= 1.1)),
-        list(&inflight)
-    );
+    for &cc in &bench.args.controllers {
+        let bbr = Some(Congestion::from(cc));
+        println!();
+        println!(
+            "Important arrival ({}): gradlane's receiver holding every important chunk vs a raw quinn \
+             stream of the important bytes only read to its end",
+            cc_name(bbr)
+        );
+        println!();
+        println!(
+            "| loss | important MB | gradlane median ms | of which before the first byte | raw quinn median ms | ratio | ratio without that | datagrams once sent: median ms (lossy in flight) | with / without lossy in flight |"
+        );
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for (loss, q) in important_quinn {
+            let q = if bbr == Some(bench.first_controller()) {
+                Some(q)
+            } else {
+                None
+            };
+            let Some(gl) = find("gradlane", bbr, *loss) else {
+                continue;
+            };
+            let a = median(&gl.important);
+            let b = q.and_then(Row::median);
+            let ratio = match (a, b) {
+                (Some(a), Some(b)) => {
+                    imp_ratios.push((*loss, a / b));
+                    format!("{:.2}x", a / b)
+                }
+                _ => "-".into(),
+            };
+            let enc = median(&gl.plan);
+            let net = match (a, enc, b) {
+                (Some(a), Some(e), Some(b)) => format!("{:.2}x", (a - e) / b),
+                _ => "-".into(),
+            };
+            let busy = find("gradlane, datagrams once sent", bbr, *loss)
+                .and_then(|r| median(&r.important));
+            let inflight = match (busy, a) {
+                (Some(b), Some(a)) => format!("{:.2}x", b / a),
+                _ => "-".into(),
+            };
+            println!(
+                "| {}% | {:.1} | {} | {} | {} | {ratio} | {net} | {} | {inflight} |",
+                loss * 100.0,
+                gl.important_bytes as f64 / 1e6,
+                ms(a),
+                ms(enc),
+                ms(b),
+                ms(busy)
+            );
+        }
+
+        println!();
+        println!("Goals ({}):", cc_name(bbr));
+        let verdict = |ok: Option<bool>| match ok {
+            Some(true) => "met",
+            Some(false) => "NOT met",
+            None => "not measured",
+        };
+        let t = |name, loss| find(name, bbr, loss).and_then(|r| gbps(r.median()));
+        let g1 = t("gradlane", 0.0)
+            .zip(t("raw quinn", 0.0))
+            .map(|(a, b)| a / b);
+        println!(
+            "- lossless gradlane >= 0.95x raw quinn throughput: {} ({})",
+            verdict(g1.map(|x| x >= 0.95)),
+            g1.map_or("-".into(), |x| format!("{x:.2}x"))
+        );
+        let p = |name, loss| find(name, bbr, loss).and_then(Row::p99);
+        let g2 = p("gradlane", 0.05).zip(p("gradlane", 0.0));
+        let g3 = p("gradlane", 0.05).zip(p("gradlane all-reliable", 0.05));
+        println!(
+            "- at 5% loss gradlane p99 <= 1.2x its lossless p99: {} ({})",
+            verdict(g2.map(|(a, b)| a <= 1.2 * b)),
+            g2.map_or("-".into(), |(a, b)| format!(
+                "{:.1} vs {:.1} ms, {:.2}x",
+                a * 1e3,
+                b * 1e3,
+                a / b
+            ))
+        );
+        println!(
+            "- at 5% loss gradlane p99 below all-reliable p99: {} ({})",
+            verdict(g3.map(|(a, b)| a < b)),
+            g3.map_or("-".into(), |(a, b)| format!(
+                "{:.1} vs {:.1} ms",
+                a * 1e3,
+                b * 1e3
+            ))
+        );
+        // The issue's goal: the important bytes' arrival with lossy traffic in
+        // flight (datagrams released once the stream is sent) against without
+        // (the default: datagrams after the important part is confirmed).
+        let inflight: Vec<(f64, f64)> = bench
+            .args
+            .losses
+            .iter()
+            .filter_map(|&l| {
+                let with = find("gradlane, datagrams once sent", bbr, l)
+                    .and_then(|r| median(&r.important))?;
+                let without = find("gradlane", bbr, l).and_then(|r| median(&r.important))?;
+                Some((l, with / without))
+            })
+            .collect();
+        let worst = |v: &[(f64, f64)]| v.iter().map(|x| x.1).reduce(f64::max);
+        println!(
+            "- important arrival with lossy traffic in flight <= 1.1x without (every loss): {} ({})",
+            verdict(worst(&inflight).map(|w| w <= 1.1)),
+            list(&inflight)
+        );
+    }
     println!();
-    println!("For reference, not goals:");
+    println!(
+        "For reference, not goals ({}):",
+        cc_name(Some(bench.first_controller()))
+    );
+    let bbr = Some(bench.first_controller());
+    let t = |name, loss| find(name, bbr, loss).and_then(|r| gbps(r.median()));
     let g5 = t("gradlane", 0.0)
         .zip(t("raw quinn, f32 in and out", 0.0))
         .map(|(a, b)| a / b);

@@ -212,6 +212,17 @@ async fn rounds_under_queue_gated_cubic() {
     }
 }
 
+/// The same under BBR with its window capped at a gain times the measured
+/// bandwidth-delay product: the cap must not starve a lossy path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_under_capped_bbr() {
+    for (loss, seed) in [(0.0, 41), (0.05, 42), (0.20, 43)] {
+        let mut config = quick();
+        config.tuning.congestion = Congestion::CappedBbr;
+        rounds_under_loss_with(loss, seed, config).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layout_mismatch_is_refused_clearly() {
     let dir = cert_dir("mismatch");

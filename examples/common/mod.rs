@@ -21,6 +21,9 @@ pub enum Cc {
     Cubic,
     /// quinn's BBR (the default: it holds up under random loss).
     Bbr,
+    /// BBR with its window capped at a gain times the measured
+    /// bandwidth-delay product (`gradlane::transport::capped_bbr`).
+    CappedBbr,
     /// quinn's NewReno.
     Newreno,
     /// Cubic that reacts to loss only when a queue shows
@@ -33,6 +36,7 @@ impl From<Cc> for Congestion {
         match c {
             Cc::Cubic => Congestion::Cubic,
             Cc::Bbr => Congestion::Bbr,
+            Cc::CappedBbr => Congestion::CappedBbr,
             Cc::Newreno => Congestion::NewReno,
             Cc::QueueGatedCubic => Congestion::QueueGatedCubic,
         }

@@ -8,11 +8,14 @@
 //!   small CA to make the certificates.
 //! - [`tuning`]: UDP sockets with large kernel buffers, flow-control windows
 //!   and the congestion controller, and an endpoint built from both.
+//! - [`capped_bbr`]: quinn's BBR with the bound on bytes in flight it
+//!   lacks.
 //! - [`congestion`]: Cubic that reacts to loss only with a queue in sight,
 //!   for paths with random loss.
 //! - [`faults`]: a seeded loss/delay wrapper of the UDP socket for tests,
 //!   examples and benchmarks (this host has no `netem`).
 
+pub mod capped_bbr;
 pub mod congestion;
 pub mod endpoint;
 pub mod faults;

@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::transport::capped_bbr::CappedBbrConfig;
 use crate::transport::congestion::QueueGatedCubicConfig;
 use quinn::congestion::{BbrConfig, CubicConfig, NewRenoConfig};
 use quinn::{AsyncUdpSocket, IdleTimeout, Runtime, VarInt};
@@ -33,6 +34,11 @@ pub enum Congestion {
     /// `scripts/bottleneck_bench.sh`).
     #[default]
     Bbr,
+    /// BBR with its window capped at a gain times the measured
+    /// bandwidth-delay product ([`crate::transport::capped_bbr`]), which
+    /// quinn's BBR never does: keeps BBR's rate under random loss without
+    /// filling every queue on the way.
+    CappedBbr,
     /// NewReno: the conservative reference.
     NewReno,
     /// Cubic told of a loss only when the RTT shows a standing queue or the
@@ -138,6 +144,9 @@ impl Tuning {
                 config.congestion_controller_factory(Arc::new(CubicConfig::default()))
             }
             Congestion::Bbr => config.congestion_controller_factory(Arc::new(BbrConfig::default())),
+            Congestion::CappedBbr => {
+                config.congestion_controller_factory(Arc::new(CappedBbrConfig::default()))
+            }
             Congestion::NewReno => {
                 config.congestion_controller_factory(Arc::new(NewRenoConfig::default()))
             }
@@ -294,6 +303,7 @@ mod tests {
         for congestion in [
             Congestion::Cubic,
             Congestion::Bbr,
+            Congestion::CappedBbr,
             Congestion::NewReno,
             Congestion::QueueGatedCubic,
         ] {
