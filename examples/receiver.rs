@@ -53,7 +53,7 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     seed: u64,
     /// Congestion controller of this end.
-    #[arg(long, value_enum, default_value_t = Cc::Bbr)]
+    #[arg(long, value_enum, default_value_t = Cc::CappedBbr)]
     congestion: Cc,
 }
 

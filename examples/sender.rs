@@ -65,7 +65,7 @@ struct Args {
     #[arg(long, default_value_t = ClassifyConfig::default().levels)]
     levels: u8,
     /// Congestion controller of this end.
-    #[arg(long, value_enum, default_value_t = Cc::Bbr)]
+    #[arg(long, value_enum, default_value_t = Cc::CappedBbr)]
     congestion: Cc,
     /// Streams each round's important part is spread over.
     #[arg(long, default_value_t = RoundTiming::default().lanes)]

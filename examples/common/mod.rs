@@ -19,10 +19,12 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub enum Cc {
     /// quinn's Cubic.
     Cubic,
-    /// quinn's BBR (the default: it holds up under random loss).
+    /// quinn's BBR: holds up under random loss, but its window is
+    /// unbounded and fills every queue on the way.
     Bbr,
     /// BBR with its window capped at a gain times the measured
-    /// bandwidth-delay product (`gradlane::transport::capped_bbr`).
+    /// bandwidth-delay product (`gradlane::transport::capped_bbr`; the
+    /// default).
     CappedBbr,
     /// quinn's NewReno.
     Newreno,

@@ -46,26 +46,32 @@ use receive::{control_reader, datagram_reader, stream_acceptor};
 
 /// When a round's lossy datagrams may start.
 ///
-/// Measured with round_bench (ResNet-50, loopback, 2 shared cores): with
-/// [`LossyRelease::Sent`] the important data is complete 11-19% later (the
-/// receiver's CPU is shared with the datagrams), while rounds are no
-/// shorter at 0-1% loss and 3-21% shorter at 5% (the path is CPU-bound;
-/// the round trip saved is a few milliseconds). Important data first is
-/// the point, hence the default.
+/// Measured with round_bench (ResNet-50, one interleaved run each, README):
+/// with [`LossyRelease::Sent`] under the default controller
+/// ([`Congestion::CappedBbr`](crate::transport::tuning::Congestion)) the
+/// important data was complete 0.98-1.02x as late as with
+/// [`LossyRelease::Acknowledged`], on loopback and behind a 1 Gbit/s
+/// bottleneck, and rounds were 1-5% shorter: the path does not idle for
+/// the confirmation's round trip. Two things made that so. The release now
+/// counts QUIC's per-packet overhead (counting raw UDP bytes released the
+/// datagrams with 2 MB of the stream unsent, which then trickled out
+/// behind them). And the window is capped: under quinn's unbounded BBR the
+/// datagrams filled every queue on the way (the receiver's socket buffer,
+/// a bottleneck's queue), and the stream's retransmissions waited behind
+/// them, up to 1.17x (loopback, 5% loss) and 1.32x (bottleneck, 0%).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LossyRelease {
     /// Once every important byte is in quinn's hands and quinn has sent at
-    /// least as many bytes (less those lost) as the important lanes hold.
-    /// The path does not idle while the peer's confirmation travels back;
-    /// the datagrams may overtake only the stream's unsent tail, which its
-    /// flow-control window bounds (measured on loopback: about 200 kB of an
-    /// 82 MB stream). The peer's confirmation, if it comes first, also
-    /// releases them.
+    /// least as many stream bytes (less those lost; estimated from its
+    /// packet counters) as the important lanes hold. The path does not
+    /// idle while the peer's confirmation travels back; the datagrams may
+    /// overtake only retransmissions of the stream's last packets. The
+    /// peer's confirmation, if it comes first, also releases them.
+    #[default]
     Sent,
     /// Once the peer confirmed every important chunk: the path idles for
     /// about a round trip, but no datagram competes with important data, on
     /// the path or for the receiver's CPU.
-    #[default]
     Acknowledged,
 }
 
