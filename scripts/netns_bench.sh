@@ -85,4 +85,7 @@ for loss in 0 0.05; do
         printf '%-34s %s\n' "loss $loss, gradlane, $lanes lane(s):" "$(pair "$loss" --lanes "$lanes")"
     done
     printf '%-34s %s\n' "loss $loss, all reliable, 4 lanes:" "$(pair "$loss" --lanes 4 --ratio 1)"
+    # quinn's own BBR (the default caps its window): the sender's controller
+    # is the one that moves the round.
+    printf '%-34s %s\n' "loss $loss, gradlane, 4 lanes, BBR:" "$(pair "$loss" --lanes 4 --congestion bbr)"
 done

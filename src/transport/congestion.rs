@@ -30,7 +30,8 @@
 //! Where the host, not the network, is the bottleneck (2 busy cores), the
 //! host's own delay still reads as a queue now and then: gradlane rounds
 //! under random loss on loopback ran 1.5-3x slower than with BBR, so this
-//! controller is opt-in ([`crate::transport::tuning::Congestion`]).
+//! controller is opt-in ([`crate::transport::tuning::Congestion`]); the
+//! default is BBR with a capped window ([`crate::transport::capped_bbr`]).
 //!
 //! The filter is pure (time is an argument) and tested on its own; the
 //! [`Controller`] around it is a thin shell.

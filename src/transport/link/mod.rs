@@ -3,10 +3,12 @@
 //! Sending a round: the core encoder scores and classes it, then frames the
 //! important segments piece by piece while a writer task hands each piece
 //! to a fresh unidirectional stream at the highest priority, closed by the
-//! round end. The lossy datagrams, level 1 first, are released once the
-//! peer confirmed the important data (or, as an option, once quinn has sent
+//! round end. The lossy datagrams, level 1 first, are released once quinn
+//! has sent the important data (or, as an option, once the peer confirmed
 //! it; see [`LossyRelease`]): quinn puts datagrams ahead of stream data in
-//! every packet, so releasing them earlier would slow the important bytes. Because datagrams are queued with
+//! every packet, so releasing them earlier would slow the important bytes,
+//! and the capped congestion window keeps them from queueing ahead of the
+//! stream's last retransmissions. Because datagrams are queued with
 //! `send_datagram_wait`, quinn never drops the oldest queued ones on its
 //! own: what is not sent by the optional deadline is dropped here, lowest
 //! level first, and counted.
