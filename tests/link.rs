@@ -4,6 +4,7 @@ mod common;
 
 use gradlane::layout::{Layout, TensorSpec};
 use gradlane::presets;
+use gradlane::transport::capped_bbr::CappedBbr;
 use gradlane::transport::handshake::codes;
 use gradlane::transport::tls::generate_certs;
 use gradlane::transport::tuning::Congestion;
@@ -210,6 +211,48 @@ async fn rounds_under_queue_gated_cubic() {
         config.tuning.congestion = Congestion::QueueGatedCubic;
         rounds_under_loss_with(loss, seed, config).await;
     }
+}
+
+/// The default controller bounds what is in flight by the path, not by the
+/// bytes sent: after three ResNet-18 rounds (140 MB) over loopback with 1 ms
+/// injected delay, its window is the cap (a few MB: 2.5x bandwidth x RTT), where
+/// quinn's own BBR has been seen at 40-380 MB after such rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_window_is_capped_by_the_path() {
+    let layout = presets::resnet18();
+    let faults = Faults {
+        delay: Duration::from_millis(1),
+        seed: 51,
+        ..Faults::default()
+    };
+    let (_se, mut server, _ce, mut client) = pair("capped", &layout, Some(faults), quick()).await;
+    let mut sent = 0u64;
+    for r in 0..3u32 {
+        let grads = common::grads(&layout, 200 + r as u64);
+        let (report, round) = tokio::join!(client.send_round(r, &grads), server.recv_round());
+        assert_eq!(round.unwrap().index, r);
+        let report = report.unwrap();
+        sent += report.important_bytes + report.lossy_bytes.iter().sum::<u64>();
+    }
+    let state = client.connection().congestion_state();
+    let window = state.window();
+    let capped = state
+        .into_any()
+        .downcast::<CappedBbr>()
+        .expect("the default controller is the capped BBR");
+    let cap = capped.cap().cap().expect("bandwidth and RTT measured");
+    assert!(window <= cap, "window {window} above the cap {cap}");
+    let rtt = capped.cap().min_rtt().unwrap();
+    // The client delays what it sends by 1 ms; the server does not.
+    assert!(
+        rtt >= Duration::from_millis(1),
+        "min RTT {rtt:?} below the injected 1 ms"
+    );
+    assert!(
+        window < 16 << 20 && window < sent / 8,
+        "window {window} after {sent} bytes sent"
+    );
+    client.close();
 }
 
 /// The same under quinn's own BBR (the default is BBR with a capped
