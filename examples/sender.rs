@@ -25,7 +25,16 @@ use gradlane::classify::ClassifyConfig;
 use gradlane::encode::EncoderConfig;
 use gradlane::presets;
 use gradlane::transport::tuning::Tuning;
-use gradlane::transport::{Config, Endpoint, Faults, RoundTiming};
+use gradlane::transport::{Config, Endpoint, Faults, LossyRelease, RoundTiming};
+
+/// `--lossy-release` on the command line (`LossyRelease`).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Release {
+    /// Once quinn has sent the important stream.
+    Sent,
+    /// Once the receiver confirmed every important chunk.
+    Confirmed,
+}
 
 /// Send gradlane rounds of synthetic gradients and print a table.
 #[derive(Debug, Parser)]
@@ -70,6 +79,10 @@ struct Args {
     /// Streams each round's important part is spread over.
     #[arg(long, default_value_t = RoundTiming::default().lanes)]
     lanes: u8,
+    /// When each round's lossy datagrams start: once the important stream
+    /// is sent (the default), or once the receiver confirmed it.
+    #[arg(long, value_enum, default_value_t = Release::Sent)]
+    lossy_release: Release,
 }
 
 fn main() -> ExitCode {
@@ -105,6 +118,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
         },
         timing: RoundTiming {
             lanes: args.lanes,
+            release: match args.lossy_release {
+                Release::Sent => LossyRelease::Sent,
+                Release::Confirmed => LossyRelease::Acknowledged,
+            },
             ..RoundTiming::default()
         },
         faults,

@@ -88,4 +88,5 @@ for loss in 0 0.05; do
     # quinn's own BBR (the default caps its window): the sender's controller
     # is the one that moves the round.
     printf '%-34s %s\n' "loss $loss, gradlane, 4 lanes, BBR:" "$(pair "$loss" --lanes 4 --congestion bbr)"
+    printf '%-34s %s\n' "loss $loss, 4 lanes, after confirm:" "$(pair "$loss" --lanes 4 --lossy-release confirmed)"
 done

@@ -10,9 +10,10 @@
 //! queue), and on a busy host the receiver's socket buffer holds tens of
 //! megabytes. Whatever waits in such a queue waits ahead of the important
 //! stream's last bytes and its retransmissions: with the datagrams released
-//! as soon as the stream was sent, the important part arrived up to 1.22x
-//! later than with them held back (loopback, 5% loss; README), against
-//! 1.08x with the cap.
+//! as soon as the stream was sent, the important part arrived up to
+//! 1.22-1.30x later than with them held back (loopback, two runs; README),
+//! against 1.08-1.16x with the cap; behind a 1 Gbit/s bottleneck up to
+//! 1.12-1.17x, against 1.03-1.08x.
 //!
 //! BBR's own rule bounds what is in flight by a gain times the path's
 //! bandwidth-delay product. [`InflightCap`] measures both: the delivery

@@ -48,19 +48,21 @@ use receive::{control_reader, datagram_reader, stream_acceptor};
 
 /// When a round's lossy datagrams may start.
 ///
-/// Measured with round_bench (ResNet-50, one interleaved run each, README):
-/// with [`LossyRelease::Sent`] under the default controller
+/// Measured with round_bench (ResNet-50, interleaved runs, README): with
+/// [`LossyRelease::Sent`] under the default controller
 /// ([`Congestion::CappedBbr`](crate::transport::tuning::Congestion)) the
-/// important data was complete 0.98-1.02x as late as with
-/// [`LossyRelease::Acknowledged`], on loopback and behind a 1 Gbit/s
-/// bottleneck, and rounds were 1-5% shorter: the path does not idle for
-/// the confirmation's round trip. Two things made that so. The release now
+/// important data was complete 0.98-1.08x as late as with
+/// [`LossyRelease::Acknowledged`] behind a 1 Gbit/s bottleneck (two runs)
+/// and 0.99-1.08x on loopback (0.81-1.16x in a noisier run), and rounds
+/// took as long within the noise: the path does not idle for the
+/// confirmation's round trip, which counts more on a longer path. Two
+/// things made that so. The release now
 /// counts QUIC's per-packet overhead (counting raw UDP bytes released the
 /// datagrams with 2 MB of the stream unsent, which then trickled out
 /// behind them). And the window is capped: under quinn's unbounded BBR the
 /// datagrams filled every queue on the way (the receiver's socket buffer,
 /// a bottleneck's queue), and the stream's retransmissions waited behind
-/// them, up to 1.17x (loopback, 5% loss) and 1.32x (bottleneck, 0%).
+/// them, up to 1.30x (loopback) and 1.17x (bottleneck).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LossyRelease {
     /// Once every important byte is in quinn's hands and quinn has sent at
