@@ -240,9 +240,9 @@ async fn the_default_window_is_capped_by_the_path() {
         .into_any()
         .downcast::<CappedBbr>()
         .expect("the default controller is the capped BBR");
-    let cap = capped.cap().cap().expect("bandwidth and RTT measured");
+    let cap = capped.gate().cap().expect("bandwidth and RTT measured");
     assert!(window <= cap, "window {window} above the cap {cap}");
-    let rtt = capped.cap().min_rtt().unwrap();
+    let rtt = capped.gate().min_rtt().unwrap();
     // The client delays what it sends by 1 ms; the server does not.
     assert!(
         rtt >= Duration::from_millis(1),

@@ -25,11 +25,12 @@
 //! The estimator is pure (time is an argument) and tested on its own; the
 //! [`Controller`] around it is a thin shell.
 
-use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quinn::congestion::{BbrConfig, Controller, ControllerFactory, ControllerMetrics};
+use quinn::congestion::{BbrConfig, Controller, ControllerFactory};
+
+use crate::transport::gated_controller::{ControllerGate, GatedController};
 
 /// The shortest delivery-rate sampling period. Acknowledgements reach a
 /// busy sender in bursts of a few milliseconds; a period several times
@@ -206,9 +207,18 @@ impl InflightCap {
     }
 }
 
-/// `window`, or the cap if that is smaller.
-fn capped(window: u64, cap: &InflightCap) -> u64 {
-    cap.cap().map_or(window, |cap| window.min(cap))
+impl ControllerGate for InflightCap {
+    fn on_ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool, _: Duration) {
+        InflightCap::on_ack(self, now, sent, bytes, app_limited);
+    }
+
+    fn window(&self, inner: u64) -> u64 {
+        self.cap().map_or(inner, |cap| inner.min(cap))
+    }
+
+    fn set_mtu(&mut self, mtu: u16) {
+        InflightCap::set_mtu(self, mtu);
+    }
 }
 
 /// Builds [`CappedBbr`] controllers; give it to
@@ -238,95 +248,16 @@ impl Default for CappedBbrConfig {
 
 impl ControllerFactory for CappedBbrConfig {
     fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
-        Box::new(CappedBbr {
-            inner: self.bbr.clone().build(now, current_mtu),
-            cap: InflightCap::new(self.gain, current_mtu),
-        })
+        Box::new(CappedBbr::new(
+            self.bbr.clone().build(now, current_mtu),
+            InflightCap::new(self.gain, current_mtu),
+        ))
     }
 }
 
-/// quinn's BBR with its window bounded by an [`InflightCap`].
-pub struct CappedBbr {
-    inner: Box<dyn Controller>,
-    cap: InflightCap,
-}
-
-impl CappedBbr {
-    /// The cap's measurements so far.
-    pub fn cap(&self) -> &InflightCap {
-        &self.cap
-    }
-}
-
-impl Controller for CappedBbr {
-    fn on_sent(&mut self, now: Instant, bytes: u64, last_packet_number: u64) {
-        self.inner.on_sent(now, bytes, last_packet_number);
-    }
-
-    fn on_ack(
-        &mut self,
-        now: Instant,
-        sent: Instant,
-        bytes: u64,
-        app_limited: bool,
-        rtt: &quinn_proto::RttEstimator,
-    ) {
-        self.cap.on_ack(now, sent, bytes, app_limited);
-        self.inner.on_ack(now, sent, bytes, app_limited, rtt);
-    }
-
-    fn on_end_acks(
-        &mut self,
-        now: Instant,
-        in_flight: u64,
-        app_limited: bool,
-        largest_packet_num_acked: Option<u64>,
-    ) {
-        self.inner
-            .on_end_acks(now, in_flight, app_limited, largest_packet_num_acked);
-    }
-
-    fn on_congestion_event(
-        &mut self,
-        now: Instant,
-        sent: Instant,
-        is_persistent_congestion: bool,
-        lost_bytes: u64,
-    ) {
-        self.inner
-            .on_congestion_event(now, sent, is_persistent_congestion, lost_bytes);
-    }
-
-    fn on_mtu_update(&mut self, new_mtu: u16) {
-        self.cap.set_mtu(new_mtu);
-        self.inner.on_mtu_update(new_mtu);
-    }
-
-    fn window(&self) -> u64 {
-        capped(self.inner.window(), &self.cap)
-    }
-
-    fn metrics(&self) -> ControllerMetrics {
-        let mut m = self.inner.metrics();
-        m.congestion_window = self.window();
-        m
-    }
-
-    fn clone_box(&self) -> Box<dyn Controller> {
-        Box::new(Self {
-            inner: self.inner.clone_box(),
-            cap: self.cap.clone(),
-        })
-    }
-
-    fn initial_window(&self) -> u64 {
-        self.inner.initial_window()
-    }
-
-    fn into_any(self: Box<Self>) -> Box<dyn Any> {
-        self
-    }
-}
+/// quinn's BBR with its window bounded by an [`InflightCap`] (its
+/// [`gate`](GatedController::gate)).
+pub type CappedBbr = GatedController<InflightCap>;
 
 #[cfg(test)]
 mod tests {
@@ -354,6 +285,19 @@ mod tests {
         now
     }
 
+    /// One packet per 10 us (145 MB/s) over a 2 ms RTT, from now: the path
+    /// most tests measure. Returns when the last was acknowledged.
+    fn steady(cap: &mut InflightCap) -> Instant {
+        deliver(
+            cap,
+            Instant::now(),
+            5_000,
+            Duration::from_micros(10),
+            2 * MS,
+            false,
+        )
+    }
+
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 0.02 * b
     }
@@ -363,14 +307,7 @@ mod tests {
         let mut cap = InflightCap::new(2.0, MTU);
         assert_eq!(cap.cap(), None, "nothing measured: no cap");
         // One packet per 10 us (145 MB/s) over a 2 ms RTT: 290 kB in flight.
-        deliver(
-            &mut cap,
-            Instant::now(),
-            5_000,
-            Duration::from_micros(10),
-            2 * MS,
-            false,
-        );
+        steady(&mut cap);
         let bw = cap.bandwidth().expect("measured");
         assert!(close(bw, PACKET as f64 / 10e-6), "bandwidth {bw}");
         assert_eq!(cap.min_rtt(), Some(2 * MS));
@@ -393,14 +330,7 @@ mod tests {
     #[test]
     fn app_limited_periods_do_not_lower_the_bandwidth() {
         let mut cap = InflightCap::new(2.0, MTU);
-        let t = deliver(
-            &mut cap,
-            Instant::now(),
-            5_000,
-            Duration::from_micros(10),
-            2 * MS,
-            false,
-        );
+        let t = steady(&mut cap);
         let full = cap.bandwidth().expect("measured");
         // A trickle between rounds, then a long idle gap inside one period.
         let t = deliver(&mut cap, t, 100, Duration::from_millis(1), 2 * MS, true);
@@ -479,14 +409,7 @@ mod tests {
     fn nonsense_gains_are_clamped() {
         for gain in [f64::NAN, -1.0, 0.0] {
             let mut cap = InflightCap::new(gain, MTU);
-            deliver(
-                &mut cap,
-                Instant::now(),
-                5_000,
-                Duration::from_micros(10),
-                2 * MS,
-                false,
-            );
+            steady(&mut cap);
             let bdp = PACKET as f64 / 10e-6 * 2e-3;
             let c = cap.cap().expect("cap") as f64;
             assert!(c >= 0.98 * bdp, "gain {gain}: cap {c} below one BDP {bdp}");
@@ -496,21 +419,11 @@ mod tests {
     #[test]
     fn the_window_is_the_smaller_of_bbr_and_the_cap() {
         let mut cap = InflightCap::new(2.0, MTU);
-        assert_eq!(
-            capped(1 << 30, &cap),
-            1 << 30,
-            "nothing measured: BBR's own"
-        );
-        deliver(
-            &mut cap,
-            Instant::now(),
-            5_000,
-            Duration::from_micros(10),
-            2 * MS,
-            false,
-        );
+        let window = |cap: &InflightCap, bbr| ControllerGate::window(cap, bbr);
+        assert_eq!(window(&cap, 1 << 30), 1 << 30, "nothing measured: BBR's");
+        steady(&mut cap);
         let c = cap.cap().expect("cap");
-        assert_eq!(capped(1 << 30, &cap), c);
-        assert_eq!(capped(c / 2, &cap), c / 2);
+        assert_eq!(window(&cap, 1 << 30), c);
+        assert_eq!(window(&cap, c / 2), c / 2);
     }
 }

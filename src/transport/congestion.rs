@@ -36,11 +36,12 @@
 //! The filter is pure (time is an argument) and tested on its own; the
 //! [`Controller`] around it is a thin shell.
 
-use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quinn::congestion::{Controller, ControllerFactory, ControllerMetrics, CubicConfig};
+use quinn::congestion::{Controller, ControllerFactory, CubicConfig};
+
+use crate::transport::gated_controller::{ControllerGate, GatedController};
 
 /// The shortest rate-sampling period: on loopback the RTT is microseconds,
 /// and a period must hold enough packets for a rate to mean anything.
@@ -247,100 +248,36 @@ impl Default for QueueGatedCubicConfig {
 
 impl ControllerFactory for QueueGatedCubicConfig {
     fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
-        Box::new(QueueGatedCubic {
-            inner: self.cubic.clone().build(now, current_mtu),
-            filter: LossFilter::new(self.max_loss, current_mtu),
-        })
+        Box::new(QueueGatedCubic::new(
+            self.cubic.clone().build(now, current_mtu),
+            LossFilter::new(self.max_loss, current_mtu),
+        ))
     }
 }
 
-/// quinn's Cubic behind a [`LossFilter`].
-pub struct QueueGatedCubic {
-    inner: Box<dyn Controller>,
-    filter: LossFilter,
-}
-
-impl QueueGatedCubic {
-    /// The filter's decisions so far.
-    pub fn filter(&self) -> &LossFilter {
-        &self.filter
-    }
-}
-
-impl Controller for QueueGatedCubic {
-    fn on_sent(&mut self, now: Instant, bytes: u64, last_packet_number: u64) {
-        self.inner.on_sent(now, bytes, last_packet_number);
+impl ControllerGate for LossFilter {
+    fn on_ack(&mut self, now: Instant, sent: Instant, bytes: u64, _: bool, srtt: Duration) {
+        LossFilter::on_ack(self, now, sent, bytes, srtt);
     }
 
-    fn on_ack(
+    fn pass_congestion(
         &mut self,
         now: Instant,
-        sent: Instant,
-        bytes: u64,
-        app_limited: bool,
-        rtt: &quinn_proto::RttEstimator,
-    ) {
-        self.filter.on_ack(now, sent, bytes, rtt.get());
-        self.inner.on_ack(now, sent, bytes, app_limited, rtt);
-    }
-
-    fn on_end_acks(
-        &mut self,
-        now: Instant,
-        in_flight: u64,
-        app_limited: bool,
-        largest_packet_num_acked: Option<u64>,
-    ) {
-        self.inner
-            .on_end_acks(now, in_flight, app_limited, largest_packet_num_acked);
-    }
-
-    fn on_congestion_event(
-        &mut self,
-        now: Instant,
-        sent: Instant,
-        is_persistent_congestion: bool,
         lost_bytes: u64,
-    ) {
-        if self.filter.on_loss(
-            now,
-            lost_bytes,
-            is_persistent_congestion,
-            self.inner.window(),
-        ) {
-            self.inner
-                .on_congestion_event(now, sent, is_persistent_congestion, lost_bytes);
-        }
+        persistent: bool,
+        window: u64,
+    ) -> bool {
+        self.on_loss(now, lost_bytes, persistent, window)
     }
 
-    fn on_mtu_update(&mut self, new_mtu: u16) {
-        self.filter.set_mtu(new_mtu);
-        self.inner.on_mtu_update(new_mtu);
-    }
-
-    fn window(&self) -> u64 {
-        self.inner.window()
-    }
-
-    fn metrics(&self) -> ControllerMetrics {
-        self.inner.metrics()
-    }
-
-    fn clone_box(&self) -> Box<dyn Controller> {
-        Box::new(Self {
-            inner: self.inner.clone_box(),
-            filter: self.filter.clone(),
-        })
-    }
-
-    fn initial_window(&self) -> u64 {
-        self.inner.initial_window()
-    }
-
-    fn into_any(self: Box<Self>) -> Box<dyn Any> {
-        self
+    fn set_mtu(&mut self, mtu: u16) {
+        LossFilter::set_mtu(self, mtu);
     }
 }
+
+/// quinn's Cubic behind a [`LossFilter`] (its
+/// [`gate`](GatedController::gate)).
+pub type QueueGatedCubic = GatedController<LossFilter>;
 
 #[cfg(test)]
 mod tests {

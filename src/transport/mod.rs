@@ -12,6 +12,8 @@
 //!   lacks.
 //! - [`congestion`]: Cubic that reacts to loss only with a queue in sight,
 //!   for paths with random loss.
+//! - [`gated_controller`]: the shell both controllers share: quinn's
+//!   controller with a gate of ours in front.
 //! - [`faults`]: a seeded loss/delay wrapper of the UDP socket for tests,
 //!   examples and benchmarks (this host has no `netem`).
 
@@ -19,6 +21,7 @@ pub mod capped_bbr;
 pub mod congestion;
 pub mod endpoint;
 pub mod faults;
+pub mod gated_controller;
 pub mod handshake;
 pub mod link;
 pub mod tls;
