@@ -6,8 +6,8 @@
 //! acknowledged (quinn-rs/quinn#2798, and #1126 for CPU-bound senders):
 //! measured here at 380 MB after five ResNet-50 rounds on loopback. With
 //! such a window nothing but the socket buffers limits what is in flight:
-//! a bottleneck's queue overflows all run (README: 485k drops of a 1 MB
-//! queue), and on a busy host the receiver's socket buffer holds tens of
+//! a bottleneck's queue overflows all run (README: half a million drops of
+//! a 1 MB queue per run), and on a busy host the receiver's socket buffer holds tens of
 //! megabytes. Whatever waits in such a queue waits ahead of the important
 //! stream's last bytes and its retransmissions: with the datagrams released
 //! as soon as the stream was sent, the important part arrived up to
@@ -23,7 +23,8 @@
 //! does below the cap (pacing, ignoring random loss) is unchanged.
 //!
 //! The estimator is pure (time is an argument) and tested on its own; the
-//! [`Controller`] around it is a thin shell.
+//! [`GatedController`] around it is the thin shell both of gradlane's
+//! controllers share.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -34,7 +34,8 @@
 //! default is BBR with a capped window ([`crate::transport::capped_bbr`]).
 //!
 //! The filter is pure (time is an argument) and tested on its own; the
-//! [`Controller`] around it is a thin shell.
+//! [`GatedController`] around it is the thin shell both of gradlane's
+//! controllers share.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
