@@ -102,6 +102,11 @@ struct Args {
     /// time, zero-filled, merged late into the next round, dropped by quinn.
     #[arg(long)]
     per_round: bool,
+    /// Idle time before each timed round, in milliseconds (the compute
+    /// phase of a training step): shows what a controller does after the
+    /// link has been quiet. Not counted in any time.
+    #[arg(long, default_value_t = 0)]
+    idle_ms: u64,
 }
 
 /// What a variant moves.
@@ -544,6 +549,7 @@ impl Runner {
 impl GradlaneRun {
     async fn round(&mut self, bench: &Bench, r: usize) -> Result<Sample, BoxError> {
         let g = &bench.grads[r % 2];
+        let window_before = self.tx.connection().stats().path.cwnd;
         let start = Instant::now();
         let (report, received) = tokio::join!(self.tx.send_round(r as u32, g), async {
             let round = self.rx.recv_round_timed().await;
@@ -564,8 +570,8 @@ impl GradlaneRun {
                  of {} / {} packets, refused by the system {}, lossy received {:.2} MB, zero-filled {:.2} MB, \
                  late merged into this round {:.2} MB, quinn dropped {} (total), \
                  path MTU {}, black holes detected {} (total), datagram frames sent {} / \
-                 received {} (total), packets declared lost {} (total), congestion window {} KB, \
-                 smoothed RTT {:?}; timeline ms: planned {:.1}, framed {:.1}, lossy released {:.1}, \
+                 received {} (total), packets declared lost {} (total), congestion window {} KB \
+                 ({} KB before the round), smoothed RTT {:?}; timeline ms: planned {:.1}, framed {:.1}, lossy released {:.1}, \
                  important held {:.1}, lossy all sent {:.1}, delivered {:.1}",
                 report.lossy_packets.iter().sum::<u64>(),
                 report.lossy_bytes.iter().sum::<u64>() as f64 / 1e6,
@@ -584,6 +590,7 @@ impl GradlaneRun {
                 self.rx.connection().stats().frame_rx.datagram,
                 self.tx.connection().stats().path.lost_packets,
                 self.tx.connection().stats().path.cwnd / 1000,
+                window_before / 1000,
                 self.tx.connection().stats().path.rtt,
                 report.plan.as_secs_f64() * 1e3,
                 report.encode.as_secs_f64() * 1e3,
@@ -745,6 +752,9 @@ async fn measure(bench: &Bench, model_bytes: usize) -> Result<Measured, BoxError
             for i in 0..n {
                 let (row, runner, spent) = &mut live[(i + r) % n];
                 let Some(run) = runner else { continue };
+                if bench.args.idle_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(bench.args.idle_ms)).await;
+                }
                 match run.round(bench, r).await {
                     Ok(s) => {
                         *spent += s.time;
