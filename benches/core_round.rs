@@ -54,6 +54,15 @@ fn bench(c: &mut Criterion) {
         })
     });
 
+    // What a transport waits for before the first byte: scoring, classing
+    // and fixing every packet (Encoder::start), no framing.
+    g.bench_function("plan", |b| {
+        b.iter(|| {
+            round += 1;
+            enc.start(round, &grads, 1414).unwrap()
+        })
+    });
+
     let encoded = enc.encode(0, &grads, 1414).unwrap();
     let mut spare: Option<Vec<Vec<f32>>> = None;
     g.bench_function("reassemble", |b| {

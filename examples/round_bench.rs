@@ -40,6 +40,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -112,8 +113,10 @@ struct Args {
 /// What a variant moves.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
-    /// gradlane with this important ratio and lossy release.
-    Gradlane(f64, LossyRelease),
+    /// gradlane with this important ratio and lossy release; with `true`,
+    /// sent with `send_round_shared` (no copy of the important part's long
+    /// runs), else with `send_round` (from borrowed slices, copied).
+    Gradlane(f64, LossyRelease, bool),
     /// One raw quinn stream of this many bytes per round; with `true`, the
     /// gradients copied into the stream and out into tensors each round.
     Quinn(usize, bool),
@@ -176,7 +179,9 @@ struct Bench {
     args: Args,
     layout: Layout,
     files: CertFiles,
-    grads: [Vec<Vec<f32>>; 2],
+    /// Two rounds' gradients, used in turn; shared, so that gradlane can
+    /// send them with `send_round_shared`.
+    grads: [Vec<Arc<Vec<f32>>>; 2],
     payload: Bytes,
 }
 
@@ -226,8 +231,9 @@ impl Bench {
         let seed = 1000 + (loss * 1e4) as u64;
         let cc = congestion.unwrap_or_default();
         Ok(match kind {
-            Kind::Gradlane(ratio, release) => Runner::Gradlane(Box::new(
-                self.gradlane(ratio, release, cc, loss, seed).await?,
+            Kind::Gradlane(ratio, release, shared) => Runner::Gradlane(Box::new(
+                self.gradlane(ratio, release, shared, cc, loss, seed)
+                    .await?,
             )),
             Kind::Quinn(bytes, f32s) => {
                 Runner::Quinn(self.quinn(bytes, f32s, cc, loss, seed).await?)
@@ -240,6 +246,7 @@ impl Bench {
         &self,
         ratio: f64,
         release: LossyRelease,
+        shared: bool,
         congestion: Congestion,
         loss: f64,
         seed: u64,
@@ -294,6 +301,7 @@ impl Bench {
             tx,
             rx,
             faults_before,
+            shared,
         })
     }
 
@@ -457,6 +465,8 @@ struct GradlaneRun {
     tx: Link,
     rx: Link,
     faults_before: FaultStats,
+    /// Send with `send_round_shared` (else `send_round`).
+    shared: bool,
 }
 
 struct QuinnRun {
@@ -496,7 +506,7 @@ impl Runner {
                     // tensor's bytes, which quinn copies into its buffer.
                     let mut n = 0;
                     for t in &bench.grads[r % 2] {
-                        let bytes: &[u8] = bytemuck::cast_slice(t);
+                        let bytes: &[u8] = bytemuck::cast_slice(t.as_slice());
                         send.write_all(bytes).await?;
                         n += bytes.len();
                     }
@@ -551,7 +561,15 @@ impl GradlaneRun {
         let g = &bench.grads[r % 2];
         let window_before = self.tx.connection().stats().path.cwnd;
         let start = Instant::now();
-        let (report, received) = tokio::join!(self.tx.send_round(r as u32, g), async {
+        let send = async {
+            if self.shared {
+                self.tx.send_round_shared(r as u32, g).await
+            } else {
+                let slices: Vec<&[f32]> = g.iter().map(|t| t.as_slice()).collect();
+                self.tx.send_round(r as u32, &slices).await
+            }
+        };
+        let (report, received) = tokio::join!(send, async {
             let round = self.rx.recv_round_timed().await;
             (round, Instant::now())
         });
@@ -650,7 +668,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
         args.model,
         model_bytes as f64 / 1e6
     );
-    let grads = [grads(&layout, 1), grads(&layout, 2)];
+    let shared = |g: Vec<Vec<f32>>| g.into_iter().map(Arc::new).collect();
+    let grads = [shared(grads(&layout, 1)), shared(grads(&layout, 2))];
     let payload = Bytes::from(vec![0xa5u8; model_bytes]);
     let bench = Bench {
         args,
@@ -679,14 +698,21 @@ fn variants(
     for &cc in &bench.args.controllers {
         let cc = Some(Congestion::from(cc));
         v.extend([
-            ("gradlane", Kind::Gradlane(0.8, default), cc),
+            ("gradlane", Kind::Gradlane(0.8, default, true), cc),
+            // The same from borrowed slices (`send_round`): the important
+            // part is copied once more, into the framing buffer.
+            (
+                "gradlane, copied in",
+                Kind::Gradlane(0.8, default, false),
+                cc,
+            ),
             // The same, but datagrams start only once the receiver
             // confirmed the important part: no lossy traffic in flight
             // while it arrives (the default starts them once the
             // important stream is sent).
             (
                 "gradlane, datagrams after confirmation",
-                Kind::Gradlane(0.8, LossyRelease::Acknowledged),
+                Kind::Gradlane(0.8, LossyRelease::Acknowledged, true),
                 cc,
             ),
             ("raw quinn", Kind::Quinn(model_bytes, false), cc),
@@ -695,7 +721,11 @@ fn variants(
                 Kind::Quinn(model_bytes, true),
                 cc,
             ),
-            ("gradlane all-reliable", Kind::Gradlane(1.0, default), cc),
+            (
+                "gradlane all-reliable",
+                Kind::Gradlane(1.0, default, true),
+                cc,
+            ),
         ]);
     }
     if loss == 0.0 {
@@ -703,7 +733,7 @@ fn variants(
     }
     if !bench.args.quick {
         for cc in [Congestion::Cubic, Congestion::QueueGatedCubic] {
-            v.push(("gradlane", Kind::Gradlane(0.8, default), Some(cc)));
+            v.push(("gradlane", Kind::Gradlane(0.8, default, true), Some(cc)));
             v.push(("raw quinn", Kind::Quinn(model_bytes, false), Some(cc)));
         }
     }
@@ -891,7 +921,7 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
             _ => "-".into(),
         };
         let own = match (r.kind, r.p99(), lossless_gl(r.congestion)) {
-            (Kind::Gradlane(x, _), Some(p), Some(l)) if x < 1.0 && r.name == "gradlane" => {
+            (Kind::Gradlane(x, ..), Some(p), Some(l)) if x < 1.0 && r.name == "gradlane" => {
                 format!("{:.2}x", p / l)
             }
             _ => "-".into(),

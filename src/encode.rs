@@ -461,6 +461,53 @@ impl RoundFramer {
         Ok(Some(self.buf.split().freeze()))
     }
 
+    /// Like [`next_reliable`](Self::next_reliable), but a segment of at
+    /// least [`ZERO_COPY_MIN`] bytes is not copied: its header is framed
+    /// and its values are handed out as a view of `tensors`, which hold
+    /// every tensor's values as little-endian f32 bytes (see
+    /// [`shared_f32_bytes`]). Shorter segments are copied and coalesced, so
+    /// a QUIC send buffer holds few pieces. Concatenated, the pieces are
+    /// exactly what [`next_reliable`](Self::next_reliable) would return.
+    pub fn next_reliable_shared(
+        &mut self,
+        tensors: &[Bytes],
+        min_bytes: usize,
+    ) -> Result<Option<Vec<Bytes>>, EncodeError> {
+        if self.reliable_done {
+            return Ok(None);
+        }
+        check_byte_shapes(&self.plan, tensors)?;
+        let mut pieces = Vec::new();
+        let mut handed = 0;
+        while !self.reliable_done && handed + self.buf.len() < min_bytes {
+            match self.segments[0].get(self.next_important).copied() {
+                Some(p) if p.len as usize >= ZERO_COPY_MIN => {
+                    self.write_header(IMPORTANT, p);
+                    let head = self.buf.split().freeze();
+                    let (from, to) = (p.offset as usize, (p.offset + p.len) as usize);
+                    handed += head.len() + p.len as usize;
+                    pieces.push(head);
+                    pieces.push(tensors[p.tensor as usize].slice(from..to));
+                    self.next_important += 1;
+                }
+                Some(p) => {
+                    self.write_header(IMPORTANT, p);
+                    let (from, to) = (p.offset as usize, (p.offset + p.len) as usize);
+                    self.buf.put_slice(&tensors[p.tensor as usize][from..to]);
+                    self.next_important += 1;
+                }
+                None => {
+                    self.buf.put_slice(&self.end.to_bytes());
+                    self.reliable_done = true;
+                }
+            }
+        }
+        if !self.buf.is_empty() {
+            pieces.push(self.buf.split().freeze());
+        }
+        Ok(Some(pieces))
+    }
+
     /// Frames what is left: the rest of the reliable part (in
     /// [`EncodedRound::reliable`]) and every lossy datagram.
     pub fn finish<G: AsRef<[f32]>>(mut self, grads: &[G]) -> Result<EncodedRound, EncodeError> {
@@ -516,6 +563,14 @@ impl RoundFramer {
 
     /// Appends one segment: header, then the values as little-endian f32.
     fn write_segment<G: AsRef<[f32]>>(&mut self, grads: &[G], class: Class, p: Piece) {
+        self.write_header(class, p);
+        let values = &grads[p.tensor as usize].as_ref()
+            [p.offset as usize / 4..(p.offset + p.len) as usize / 4];
+        extend_f32s(&mut self.buf, values);
+    }
+
+    /// Appends the header of one segment.
+    fn write_header(&mut self, class: Class, p: Piece) {
         let plan = &self.plan;
         let t = p.tensor as usize;
         let span = plan.tensor_chunks(t);
@@ -534,9 +589,60 @@ impl RoundFramer {
         let mut h = [0u8; DATA_HEADER_LEN];
         header.write(&mut h);
         self.buf.put_slice(&h);
-        let values = &grads[t].as_ref()[p.offset as usize / 4..(p.offset + p.len) as usize / 4];
-        extend_f32s(&mut self.buf, values);
     }
+}
+
+/// Segments at least this long are handed to the transport as views of the
+/// caller's tensors by [`RoundFramer::next_reliable_shared`] instead of
+/// being copied. Each costs the QUIC send buffer two pieces (header and
+/// values), and quinn finds a piece by walking the buffer from its oldest
+/// unacknowledged one, so short runs are cheaper copied. For ResNet-50 at
+/// the default ratio, runs of 16 KiB and more hold ~73% of the important
+/// bytes in ~1300 segments.
+pub const ZERO_COPY_MIN: usize = 16 << 10;
+
+/// A tensor's values as little-endian f32 bytes that share `values`'
+/// memory (on a little-endian machine; a big-endian one copies), for
+/// [`RoundFramer::next_reliable_shared`]. The memory stays alive as long
+/// as a view of it does.
+pub fn shared_f32_bytes(values: Arc<Vec<f32>>) -> Bytes {
+    if cfg!(target_endian = "little") {
+        Bytes::from_owner(F32Bytes(values))
+    } else {
+        let mut buf = BytesMut::with_capacity(values.len() * 4);
+        extend_f32s(&mut buf, &values);
+        buf.freeze()
+    }
+}
+
+/// Owner of [`shared_f32_bytes`]' memory.
+struct F32Bytes(Arc<Vec<f32>>);
+
+impl AsRef<[u8]> for F32Bytes {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+/// [`check_shapes`](crate::score::check_shapes) for tensors as bytes.
+fn check_byte_shapes(plan: &ChunkPlan, tensors: &[Bytes]) -> Result<(), GradientError> {
+    if tensors.len() != plan.tensor_count() {
+        return Err(GradientError::TensorCount {
+            expected: plan.tensor_count(),
+            got: tensors.len(),
+        });
+    }
+    for (tensor, t) in tensors.iter().enumerate() {
+        let expected = plan.tensor_bytes(tensor) as usize;
+        if t.len() != expected {
+            return Err(GradientError::TensorLength {
+                tensor,
+                expected: expected / 4,
+                got: t.len() / 4,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Appends `values` as little-endian f32 bytes.
@@ -821,6 +927,69 @@ mod tests {
                 pieces.recycle(b);
             }
         }
+    }
+
+    /// Framing from shared tensors gives the bytes of the copying framer;
+    /// long segments are views of the tensors' own memory.
+    #[test]
+    fn shared_framing_matches_copying_and_shares_long_segments() {
+        let layout = crate::presets::resnet18();
+        let mut copying = Encoder::new(&layout, EncoderConfig::default()).unwrap();
+        let mut sharing = Encoder::new(&layout, EncoderConfig::default()).unwrap();
+        for (round, piece) in [(0u32, 1usize), (1, 64 << 10), (2, usize::MAX)] {
+            let g = grads(&layout, 20 + round as u64);
+            let want = copying.encode(round, &g, 1414).unwrap();
+            let shared: Vec<Arc<Vec<f32>>> = g.iter().cloned().map(Arc::new).collect();
+            let views: Vec<Bytes> = shared.iter().cloned().map(shared_f32_bytes).collect();
+            let mut framer = sharing.start(round, &g, 1414).unwrap();
+            let (mut reliable, mut viewed) = (Vec::new(), 0);
+            while let Some(pieces) = framer.next_reliable_shared(&views, piece).unwrap() {
+                let len: usize = pieces.iter().map(Bytes::len).sum();
+                assert!(len >= piece.min(want.reliable.len() - reliable.len()));
+                for p in &pieces {
+                    let inside = shared.iter().any(|t| {
+                        let range = t.as_ptr_range();
+                        let start = p.as_ptr() as *const f32;
+                        range.contains(&start) && p.len() >= ZERO_COPY_MIN
+                    });
+                    if inside {
+                        viewed += p.len();
+                    }
+                    reliable.extend_from_slice(p);
+                }
+            }
+            assert_eq!(reliable, want.reliable);
+            assert!(
+                viewed > want.reliable.len() / 10,
+                "round {round}: only {viewed} of {} bytes shared",
+                want.reliable.len()
+            );
+            let b = framer.finish(&g).unwrap();
+            assert_eq!(b.lossy, want.lossy);
+            copying.recycle(want);
+            sharing.recycle(b);
+        }
+        // Tensors of other sizes are refused, not sliced out of bounds.
+        let g = grads(&layout, 1);
+        let mut framer = sharing.start(9, &g, 1414).unwrap();
+        let mut views: Vec<Bytes> = g
+            .iter()
+            .cloned()
+            .map(Arc::new)
+            .map(shared_f32_bytes)
+            .collect();
+        views[3] = views[3].slice(4..);
+        assert!(matches!(
+            framer.next_reliable_shared(&views, 1),
+            Err(EncodeError::Gradient(GradientError::TensorLength {
+                tensor: 3,
+                ..
+            }))
+        ));
+        assert!(matches!(
+            framer.next_reliable_shared(&views[1..], 1),
+            Err(EncodeError::Gradient(GradientError::TensorCount { .. }))
+        ));
     }
 
     #[test]

@@ -395,6 +395,16 @@ impl Link {
         self.sender.send_round(round, grads).await
     }
 
+    /// Sends one round without copying most of its important part. See
+    /// [`LinkSender::send_round_shared`].
+    pub async fn send_round_shared(
+        &mut self,
+        round: u32,
+        grads: &[Arc<Vec<f32>>],
+    ) -> Result<SendReport, LinkError> {
+        self.sender.send_round_shared(round, grads).await
+    }
+
     /// Receives the next round. See [`LinkReceiver::recv_round`].
     pub async fn recv_round(&mut self) -> Result<Round, LinkError> {
         self.receiver.recv_round().await

@@ -16,13 +16,42 @@ impl LinkSender {
         grads: &[G],
     ) -> Result<SendReport, LinkError> {
         let span = tracing::info_span!("send_round", round);
-        self.send_round_inner(round, grads).instrument(span).await
+        self.send_round_inner(round, grads, None)
+            .instrument(span)
+            .await
     }
 
+    /// Sends one round like [`send_round`](Self::send_round), from
+    /// gradients the link may share instead of copy: the values of the
+    /// important part's longer runs go to quinn as views of `grads`
+    /// (see [`ZERO_COPY_MIN`](crate::encode::ZERO_COPY_MIN)), which saves
+    /// copying most of the round once. quinn holds those views until the
+    /// peer acknowledged them, which may be a little after this returns:
+    /// [`Arc::get_mut`] tells when a tensor is the caller's alone again
+    /// (and [`Arc::make_mut`] copies it if not).
+    pub async fn send_round_shared(
+        &mut self,
+        round: u32,
+        grads: &[Arc<Vec<f32>>],
+    ) -> Result<SendReport, LinkError> {
+        let span = tracing::info_span!("send_round", round, shared = true);
+        let values: Vec<&[f32]> = grads.iter().map(|g| g.as_slice()).collect();
+        let views: Vec<Bytes> = grads
+            .iter()
+            .map(|g| crate::encode::shared_f32_bytes(g.clone()))
+            .collect();
+        self.send_round_inner(round, &values, Some(&views))
+            .instrument(span)
+            .await
+    }
+
+    /// `shared`, if given, holds `grads` as little-endian bytes to take
+    /// views of.
     async fn send_round_inner<G: AsRef<[f32]>>(
         &mut self,
         round: u32,
         grads: &[G],
+        shared: Option<&[Bytes]>,
     ) -> Result<SendReport, LinkError> {
         let start = Instant::now();
         let max = lossy_datagram_limit(&self.conn).ok_or(LinkError::NoDatagrams)?;
@@ -62,7 +91,7 @@ impl LinkSender {
             queues.push(pieces);
             writers.push(tokio::spawn(write_lane(stream, queue)));
         }
-        let encoded = frame_pipelined(framer, grads, &queues).await;
+        let encoded = frame_pipelined(framer, grads, shared, &queues).await;
         drop(queues);
         report.encode = start.elapsed();
         report.lanes = lanes;
@@ -257,22 +286,30 @@ fn lane_count(asked: u8, reliable_len: usize) -> usize {
 
 /// What a lane's writer is handed.
 enum LanePiece {
-    /// The next piece of this lane's stream.
-    Bytes(Bytes),
+    /// The next pieces of this lane's stream, in order.
+    Bytes(Vec<Bytes>),
     /// Every piece was handed over: finish the stream.
     End,
 }
 
 /// Frames the important segments piece by piece into the lanes' queues in
-/// turn, ends the lanes, then frames the datagrams.
+/// turn (as views of `shared`, where given and long enough), ends the
+/// lanes, then frames the datagrams.
 async fn frame_pipelined<G: AsRef<[f32]>>(
     mut framer: RoundFramer,
     grads: &[G],
+    shared: Option<&[Bytes]>,
     lanes: &[mpsc::UnboundedSender<LanePiece>],
 ) -> Result<EncodedRound, LinkError> {
     let mut next = 0;
     let mut feed = |framer: &mut RoundFramer| -> Result<bool, LinkError> {
-        match framer.next_reliable(grads, RELIABLE_PIECE)? {
+        let pieces = match shared {
+            Some(tensors) => framer.next_reliable_shared(tensors, RELIABLE_PIECE)?,
+            None => framer
+                .next_reliable(grads, RELIABLE_PIECE)?
+                .map(|b| vec![b]),
+        };
+        match pieces {
             // A closed queue means the writer failed; its error is reported.
             Some(piece) => {
                 let lane = &lanes[next % lanes.len()];
@@ -317,7 +354,7 @@ async fn write_lane(
 ) -> Result<(), LinkError> {
     loop {
         match pieces.recv().await {
-            Some(LanePiece::Bytes(piece)) => stream.write_chunk(piece).await?,
+            Some(LanePiece::Bytes(mut pieces)) => stream.write_all_chunks(&mut pieces).await?,
             Some(LanePiece::End) => {
                 let _ = stream.finish();
                 return Ok(());
