@@ -586,7 +586,7 @@ impl GradlaneRun {
             eprintln!(
                 "  round {r}: datagrams sent {} ({:.2} MB), injector dropped {} out / {} in \
                  of {} / {} packets, refused by the system {}, lossy received {:.2} MB, zero-filled {:.2} MB, \
-                 late merged into this round {:.2} MB, quinn dropped {} (total), \
+                 late merged into this round {:.2} MB, quinn discarded from its send queue {}, quinn dropped received {} (total), \
                  path MTU {}, black holes detected {} (total), datagram frames sent {} / \
                  received {} (total), packets declared lost {} (total), congestion window {} KB \
                  ({} KB before the round), smoothed RTT {:?}; timeline ms: planned {:.1}, framed {:.1}, lossy released {:.1}, \
@@ -601,6 +601,7 @@ impl GradlaneRun {
                 lossy.received_bytes as f64 / 1e6,
                 lossy.zero_filled_bytes as f64 / 1e6,
                 lossy.late_merged_bytes as f64 / 1e6,
+                report.lossy_dropped_by_quinn,
                 self.rx.datagrams_dropped_by_quinn(),
                 self.tx.connection().stats().path.current_mtu,
                 self.tx.connection().stats().path.black_holes_detected,

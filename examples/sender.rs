@@ -158,6 +158,9 @@ async fn run(args: Args) -> Result<(), BoxError> {
         h.push_str(&format!(" L{l} sent/dropped |"));
         sep.push_str("---:|");
     }
+    // Queued datagrams quinn discarded when the path MTU fell.
+    h.push_str(" dropped by quinn |");
+    sep.push_str("---:|");
     println!("{h}\n{sep}");
     for r in 0..args.rounds {
         let g = grads(&layout, args.seed.wrapping_mul(1000).wrapping_add(r as u64));
@@ -175,6 +178,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         for (p, d) in report.lossy_packets.iter().zip(&report.lossy_dropped) {
             row.push_str(&format!(" {p}/{d} |"));
         }
+        row.push_str(&format!(" {} |", report.lossy_dropped_by_quinn));
         println!("{row}");
     }
     // The datagrams of the last round may still be queued: wait until the

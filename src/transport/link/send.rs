@@ -132,11 +132,19 @@ impl LinkSender {
         // quinn's datagram queue is empty between rounds: its free space now
         // is what "all sent" looks like.
         let empty = self.conn.datagram_send_buffer_space();
+        let frames_before = self.conn.stats().frame_tx.datagram;
         self.send_lossy(&encoded, start, &mut report).await?;
         // Report the datagrams sent only once quinn has put the last one
         // into a packet, so the report travels behind all of them and the
         // receiver stops waiting as soon as it has what was not lost.
-        self.wait_datagrams_sent(empty).await?;
+        if self.wait_datagrams_sent(empty).await? {
+            // Queued but never put into a packet: discarded by quinn (a
+            // path MTU fall makes queued datagrams oversized). Datagrams
+            // are never resent, so frames sent count them one to one.
+            let frames = self.conn.stats().frame_tx.datagram - frames_before;
+            let queued: u64 = report.lossy_packets.iter().sum();
+            report.lossy_dropped_by_quinn = queued.saturating_sub(frames);
+        }
         let reported =
             write_control(&mut *self.control.lock().await, Control::LossySent(round)).await;
         // A peer closing the link (`close_when_confirmed`) has finished its
@@ -187,17 +195,23 @@ impl LinkSender {
 
     /// Waits until quinn's datagram queue has `empty` bytes free again, or
     /// at most a second (a path that stalls that long is better served by
-    /// the receiver's grace period than by a late report).
-    async fn wait_datagrams_sent(&self, empty: usize) -> Result<(), LinkError> {
+    /// the receiver's grace period than by a late report). Returns whether
+    /// the queue is empty.
+    async fn wait_datagrams_sent(&self, empty: usize) -> Result<bool, LinkError> {
         let give_up = Instant::now() + Duration::from_secs(1);
         // quinn has no event for it: poll at the timer's granularity.
-        while self.conn.datagram_send_buffer_space() < empty && Instant::now() < give_up {
+        loop {
+            if self.conn.datagram_send_buffer_space() >= empty {
+                return Ok(true);
+            }
+            if Instant::now() >= give_up {
+                return Ok(false);
+            }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(1)) => {}
                 e = self.conn.closed() => return Err(LinkError::from_conn(e)),
             }
         }
-        Ok(())
     }
 
     async fn send_lossy(
@@ -367,38 +381,22 @@ async fn write_lane(
     }
 }
 
-/// The smallest path MTU quinn falls back to: its `TransportConfig::min_mtu`,
-/// which [`Tuning`](super::tuning::Tuning) leaves at QUIC's minimum.
-const QUIC_MIN_MTU: u16 = 1200;
-
 /// The datagram payload a round's lossy part is framed for: what the path
-/// takes now, less what MTU discovery added above the floor.
+/// takes now.
 ///
 /// When quinn suspects a black hole (under random loss it sometimes does:
-/// a burst of lost large packets) it drops the path MTU back to the floor
-/// and silently discards every queued datagram that no longer fits
-/// (`drop_oversized` in quinn-proto 0.11): with a whole round's lossy part
-/// queued that was up to 8 MB, measured at 1% loss as rounds with 5-7 MB
-/// zero-filled instead of 0.2. Datagrams framed for the floor survive the
-/// fall; the price is ~23% more, smaller datagrams on a path whose MTU was
-/// raised. The payload limit is linear in the MTU (quinn subtracts a fixed
-/// packet overhead), so subtracting the MTU's rise is exact; when the peer's
-/// own limit is the smaller one this errs on the small side. Never below
-/// what the encoder needs: then the path's limit is used as it is, and
-/// `SendDatagramError::TooLarge` is handled by reframing.
+/// a burst of lost large packets) it drops the path MTU back to QUIC's
+/// 1200-byte floor and silently discards every queued datagram that no
+/// longer fits (`drop_oversized` in quinn-proto 0.11). Framing for the
+/// floor would avoid that, at the price of ~23% more, smaller datagrams on
+/// every path whose MTU was raised (measured: 2-3% of a lossless loopback
+/// round). Instead, quinn's datagram queue is kept short
+/// ([`Tuning::datagram_send_buffer`](crate::transport::tuning::Tuning),
+/// 1 MiB by default), so a fall costs at most that much; the datagrams
+/// it discards are counted ([`SendReport::lossy_dropped_by_quinn`]), and
+/// the ones not yet queued are reframed on `SendDatagramError::TooLarge`.
 fn lossy_datagram_limit(conn: &Connection) -> Option<usize> {
-    let max = conn.max_datagram_size()?;
-    Some(limit_at_floor(max, conn.stats().path.current_mtu))
-}
-
-/// [`lossy_datagram_limit`] from the path's datagram limit `max` at path
-/// MTU `mtu`.
-fn limit_at_floor(max: usize, mtu: u16) -> usize {
-    let rise = mtu.saturating_sub(QUIC_MIN_MTU) as usize;
-    match max.saturating_sub(rise) {
-        floor if floor >= crate::encode::MIN_DATAGRAM => floor,
-        _ => max,
-    }
+    conn.max_datagram_size()
 }
 
 /// What a QUIC packet of stream data carries besides the data: the short
@@ -432,24 +430,4 @@ fn sent_bytes(conn: &Connection) -> u64 {
 fn payload_bytes(d: &Bytes) -> u64 {
     let headers = wire::decode_all(d).count() * DATA_HEADER_LEN;
     (d.len() - headers.min(d.len())) as u64
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lossy_datagrams_are_framed_for_the_mtu_floor() {
-        // quinn 0.11 on loopback: 1162 at the 1200-byte floor, 1414 at 1452.
-        assert_eq!(limit_at_floor(1162, 1200), 1162);
-        assert_eq!(limit_at_floor(1414, 1452), 1162);
-        // A peer's smaller limit: the result errs on the small side.
-        assert_eq!(limit_at_floor(600, 1452), 348);
-        // Never below what the encoder can frame: the path's limit as is.
-        let tiny = crate::encode::MIN_DATAGRAM + 10;
-        assert_eq!(limit_at_floor(tiny, 1452), tiny);
-        // An MTU under the floor (a config this crate does not make) takes
-        // nothing off.
-        assert_eq!(limit_at_floor(1000, 1100), 1000);
-    }
 }
