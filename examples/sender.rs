@@ -16,6 +16,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
@@ -164,8 +165,11 @@ async fn run(args: Args) -> Result<(), BoxError> {
     println!("{h}\n{sep}");
     for r in 0..args.rounds {
         let g = grads(&layout, args.seed.wrapping_mul(1000).wrapping_add(r as u64));
+        // Handed over shared: the important part's long runs go to quinn
+        // without a copy.
+        let g: Vec<Arc<Vec<f32>>> = g.into_iter().map(Arc::new).collect();
         let report = link
-            .send_round(r, &g)
+            .send_round_shared(r, &g)
             .await
             .map_err(|e| format!("round {r}: {}", chain(&e)))?;
         let mut row = format!(

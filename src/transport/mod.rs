@@ -2,7 +2,8 @@
 //!
 //! - [`endpoint`]: [`Endpoint`] and its [`Config`]: where links come from.
 //! - [`link`]: [`Link`], one bidirectional gradient link over one QUIC
-//!   connection: `send_round` and `recv_round`.
+//!   connection: `send_round` (or `send_round_shared`, which hands quinn
+//!   views of shared tensors instead of copies) and `recv_round`.
 //! - [`handshake`]: the control stream's messages (layout, acknowledgements).
 //! - [`tls`]: certificates in, quinn client/server configurations out, and a
 //!   small CA to make the certificates.
