@@ -80,7 +80,10 @@ async fn rounds_sent_with(loss: f64, seed: u64, config: Config, shared: bool) ->
     let mut lanes = Vec::new();
     for r in 0..3u32 {
         let grads = common::grads(&layout, 100 + r as u64);
-        let arcs: Vec<Arc<Vec<f32>>> = grads.iter().cloned().map(Arc::new).collect();
+        let arcs: Vec<Arc<Vec<f32>>> = match shared {
+            true => grads.iter().cloned().map(Arc::new).collect(),
+            false => Vec::new(),
+        };
         let send = async {
             if shared {
                 client.send_round_shared(r, &arcs).await

@@ -214,10 +214,10 @@ pub struct SendReport {
     pub lossy_reframed: Vec<u64>,
     /// Datagrams queued (counted in `lossy_packets`) that quinn discarded
     /// before sending: it drops queued datagrams that a fall of the path
-    /// MTU made too large (a black hole suspected under loss). At most
+    /// MTU made too large (a black hole suspected under loss): at most
     /// [`Tuning::datagram_send_buffer`](crate::transport::tuning::Tuning)
-    /// bytes' worth; 0 when the queue had not drained a second after the
-    /// last datagram (not yet known).
+    /// bytes' worth per fall. 0 when the queue had not drained a second
+    /// after the last datagram (not yet known).
     pub lossy_dropped_by_quinn: u64,
     /// Time to score and class the round: until the first important byte
     /// could be handed to quinn.
