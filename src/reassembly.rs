@@ -217,51 +217,50 @@ pub struct PushOutcome {
 #[derive(Debug, Clone)]
 struct Bitmap(Vec<u64>);
 
-enum RangeState {
-    Empty,
-    Full,
-    Partial,
-}
-
 impl Bitmap {
     fn new(bits: u64) -> Self {
         Bitmap(vec![0; bits.div_ceil(64) as usize])
     }
 
-    /// Applies `f(word_index, mask)` over the words covering `[start, start+len)`.
-    fn for_words(start: u64, len: u64, mut f: impl FnMut(usize, u64)) {
+    /// The words covering `[start, start+len)` (`len > 0`) as (first word,
+    /// last word, mask of the first, mask of the last). A segment covers
+    /// hundreds of words and every received byte passes here: the words in
+    /// between are whole and handled as a slice, which vectorizes.
+    fn span(start: u64, len: u64) -> (usize, usize, u64, u64) {
         let end = start + len;
-        let mut i = start;
-        while i < end {
-            let w = i / 64;
-            let lo = i % 64;
-            let hi = (end - w * 64).min(64);
-            let mask = if hi - lo == 64 {
-                !0
-            } else {
-                ((1u64 << (hi - lo)) - 1) << lo
-            };
-            f(w as usize, mask);
-            i = (w + 1) * 64;
-        }
+        let first = (start / 64) as usize;
+        let last = ((end - 1) / 64) as usize;
+        let head = !0u64 << (start % 64);
+        let tail = !0u64 >> (63 - (end - 1) % 64);
+        (first, last, head, tail)
     }
 
-    fn state(&self, start: u64, len: u64) -> RangeState {
-        let (mut any, mut all) = (false, true);
-        Self::for_words(start, len, |w, m| {
-            let bits = self.0[w] & m;
-            any |= bits != 0;
-            all &= bits == m;
-        });
-        match (any, all) {
-            (false, _) => RangeState::Empty,
-            (true, true) => RangeState::Full,
-            _ => RangeState::Partial,
+    /// Whether any bit of `[start, start+len)` is set.
+    fn any(&self, start: u64, len: u64) -> bool {
+        if len == 0 {
+            return false;
         }
+        let (first, last, head, tail) = Self::span(start, len);
+        if first == last {
+            return self.0[first] & head & tail != 0;
+        }
+        let middle = self.0[first + 1..last].iter().fold(0, |acc, w| acc | w);
+        (self.0[first] & head) | middle | (self.0[last] & tail) != 0
     }
 
+    /// Sets every bit of `[start, start+len)`.
     fn set(&mut self, start: u64, len: u64) {
-        Self::for_words(start, len, |w, m| self.0[w] |= m);
+        if len == 0 {
+            return;
+        }
+        let (first, last, head, tail) = Self::span(start, len);
+        if first == last {
+            self.0[first] |= head & tail;
+            return;
+        }
+        self.0[first] |= head;
+        self.0[first + 1..last].fill(!0);
+        self.0[last] |= tail;
     }
 }
 
@@ -414,7 +413,7 @@ impl Reassembler {
         let mut out = PushOutcome::default();
         for seg in segments {
             match seg {
-                Segment::Data(h, payload) => self.place(h, payload, &mut out)?,
+                Segment::Data(h, payload) => self.place(h, &[], payload, &mut out)?,
                 Segment::RoundEnd(end) => {
                     if self.end_round(end)? {
                         out.completed = Some(end.round);
@@ -474,18 +473,22 @@ impl Reassembler {
         self.layout.value_offset(h.tensor as usize) + h.byte_offset as u64 / 4
     }
 
-    /// Places a validated segment. Fails only when it is important data
-    /// beyond what the round's end (already in) announces.
+    /// Places a validated segment whose payload is `head` followed by
+    /// `rest` (a stream piece that completes a value the previous piece cut
+    /// is placed as that value and the piece's whole values, in one go).
+    /// Fails only when it is important data beyond what the round's end
+    /// (already in) announces.
     fn place(
         &mut self,
         h: DataHeader,
-        payload: &[u8],
+        head: &[u8],
+        rest: &[u8],
         out: &mut PushOutcome,
     ) -> Result<(), ReassemblyError> {
         let start = self.global_value(&h);
-        let n = payload.len() as u64 / 4;
+        let n = (head.len() + rest.len()) as u64 / 4;
         if self.last_delivered.is_some_and(|d| h.round <= d) {
-            self.place_late(h, payload, start, n, out);
+            self.place_late(h, head, rest, start, n, out);
             return Ok(());
         }
         if !self.open.contains_key(&h.round) {
@@ -500,13 +503,10 @@ impl Reassembler {
         let Some(r) = self.open.get_mut(&h.round) else {
             return Ok(());
         };
-        match r.seen.state(start, n) {
-            RangeState::Empty => {}
-            _ => {
-                self.counters.duplicates += 1;
-                out.duplicates += 1;
-                return Ok(());
-            }
+        if r.seen.any(start, n) {
+            self.counters.duplicates += 1;
+            out.duplicates += 1;
+            return Ok(());
         }
         // Every chunk the range touches must keep the class it was first
         // given: one chunk cannot be both important and lossy in a round.
@@ -527,8 +527,10 @@ impl Reassembler {
         r.seen.set(start, n);
         let t = h.tensor as usize;
         let off = h.byte_offset as usize / 4;
-        get_f32s(&mut r.tensors[t][off..off + n as usize], payload);
-        r.received_bytes[class] += payload.len() as u64;
+        let (dst_head, dst_rest) = r.tensors[t][off..off + n as usize].split_at_mut(head.len() / 4);
+        get_f32s(dst_head, head);
+        get_f32s(dst_rest, rest);
+        r.received_bytes[class] += n * 4;
         let (mut id, mut byte, end) = (
             h.chunk as usize,
             h.byte_offset,
@@ -567,31 +569,35 @@ impl Reassembler {
     fn place_late(
         &mut self,
         h: DataHeader,
-        payload: &[u8],
+        head: &[u8],
+        rest: &[u8],
         start: u64,
         n: u64,
         out: &mut PushOutcome,
     ) {
+        let bytes = head.len() + rest.len();
         let Some((_, seen)) = self.recent.iter_mut().find(|(r, _)| *r == h.round) else {
             self.counters.too_old += 1;
             out.dropped += 1;
             return;
         };
-        if !matches!(seen.state(start, n), RangeState::Empty) {
+        if seen.any(start, n) {
             self.counters.duplicates += 1;
             out.duplicates += 1;
             return;
         }
-        if self.late_bytes + payload.len() > self.config.late_buffer_bytes {
+        if self.late_bytes + bytes > self.config.late_buffer_bytes {
             self.counters.late_dropped_full += 1;
-            self.counters.late_dropped_bytes += payload.len() as u64;
+            self.counters.late_dropped_bytes += bytes as u64;
             out.dropped += 1;
             return;
         }
         seen.set(start, n);
         let mut values = vec![0f32; n as usize];
-        get_f32s(&mut values, payload);
-        self.late_bytes += payload.len();
+        let (dst_head, dst_rest) = values.split_at_mut(head.len() / 4);
+        get_f32s(dst_head, head);
+        get_f32s(dst_rest, rest);
+        self.late_bytes += bytes;
         self.late.push(LateSegment {
             round: h.round,
             class: h.class,
@@ -842,33 +848,39 @@ impl StreamDecoder {
         while !bytes.is_empty() {
             if let Some(p) = &mut self.payload {
                 let h = p.header;
+                // A piece boundary may cut a value (QUIC frames end at any
+                // byte): a cut value waits in `carry` and is placed with
+                // the next piece's whole values, as one fragment.
+                let mut head = 0;
                 if p.carry_len > 0 {
-                    // Complete the value cut by the last piece boundary.
                     let take = (4 - p.carry_len).min(bytes.len());
-                    p.carry[p.carry_len..p.carry_len + take].copy_from_slice(&bytes[..take]);
+                    for (c, b) in p.carry[p.carry_len..].iter_mut().zip(&bytes[..take]) {
+                        *c = *b;
+                    }
                     p.carry_len += take;
                     p.consumed += take as u32;
                     bytes = &bytes[take..];
-                    if p.carry_len == 4 {
-                        p.carry_len = 0;
-                        let value = p.carry;
-                        let offset = h.byte_offset + p.consumed - 4;
-                        place_fragment(rx, &h, offset, &value, out)?;
+                    if p.carry_len < 4 {
+                        // The piece was shorter than the cut value's rest.
+                        continue;
                     }
-                } else {
-                    let n = ((h.payload_len - p.consumed) as usize).min(bytes.len());
-                    // A piece boundary may cut a value (QUIC frames end at
-                    // any byte): place the whole values, keep the cut one.
-                    let whole = n & !3;
-                    if whole > 0 {
-                        let offset = h.byte_offset + p.consumed;
-                        place_fragment(rx, &h, offset, &bytes[..whole], out)?;
-                    }
-                    p.carry[..n - whole].copy_from_slice(&bytes[whole..n]);
-                    p.carry_len = n - whole;
-                    p.consumed += n as u32;
-                    bytes = &bytes[n..];
+                    p.carry_len = 0;
+                    head = 4;
                 }
+                let n = ((h.payload_len - p.consumed) as usize).min(bytes.len());
+                let whole = n & !3;
+                if head + whole > 0 {
+                    let offset = h.byte_offset + p.consumed - head as u32;
+                    let fragment = h.fragment(&rx.plan, offset, (head + whole) as u32);
+                    let carried = p.carry;
+                    rx.place(fragment, &carried[..head], &bytes[..whole], out)?;
+                }
+                for (c, b) in p.carry.iter_mut().zip(&bytes[whole..n]) {
+                    *c = *b;
+                }
+                p.carry_len = n - whole;
+                p.consumed += n as u32;
+                bytes = &bytes[n..];
                 if p.consumed == h.payload_len && p.carry_len == 0 {
                     self.payload = None;
                 }
@@ -935,18 +947,6 @@ impl StreamDecoder {
     }
 }
 
-/// Places `bytes` (whole values) of the validated segment `h` at `offset`.
-fn place_fragment(
-    rx: &mut Reassembler,
-    h: &DataHeader,
-    offset: u32,
-    bytes: &[u8],
-    out: &mut PushOutcome,
-) -> Result<(), ReassemblyError> {
-    let fragment = h.fragment(&rx.plan, offset, bytes.len() as u32);
-    rx.place(fragment, bytes, out)
-}
-
 /// Whether round `r` holds exactly the important chunks `end` announces:
 /// `Ok(false)` while some are still to come, an error once it holds more
 /// than announced or, at the announced count, other chunks or bytes.
@@ -964,4 +964,33 @@ fn check_important(r: &OpenRound, end: &RoundEnd) -> Result<bool, ReassemblyErro
         return Err(ReassemblyError::ImportantMismatch(end.round));
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Bitmap;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// `any` and `set` agree with one bool per bit, for ranges that
+        /// start, end and span words anywhere.
+        #[test]
+        fn bitmap_matches_a_bool_per_bit(
+            ops in prop::collection::vec((0u64..300, 0u64..200), 1..40)
+        ) {
+            let bits = 512;
+            let mut map = Bitmap::new(bits);
+            let mut model = vec![false; bits as usize];
+            for (start, len) in ops {
+                let len = len.min(bits - start);
+                let range = start as usize..(start + len) as usize;
+                prop_assert_eq!(map.any(start, len), model[range.clone()].iter().any(|&b| b));
+                map.set(start, len);
+                model[range].fill(true);
+                for (i, &b) in model.iter().enumerate() {
+                    prop_assert_eq!(map.0[i / 64] >> (i % 64) & 1 == 1, b, "bit {}", i);
+                }
+            }
+        }
+    }
 }
