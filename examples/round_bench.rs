@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use common::{grads, BoxError, Cc};
 use gradlane::classify::ClassifyConfig;
 use gradlane::encode::EncoderConfig;
@@ -53,7 +53,7 @@ use gradlane::presets;
 use gradlane::transport::tls::{self, CertFiles};
 use gradlane::transport::tuning::{self, Congestion, Tuning};
 use gradlane::transport::{
-    faults::FaultStats, Config, Endpoint, Faults, Link, LossyRelease, RoundTiming,
+    faults::FaultStats, Config, DatagramSize, Endpoint, Faults, Link, LossyRelease, RoundTiming,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -108,6 +108,18 @@ struct Args {
     /// link has been quiet. Not counted in any time.
     #[arg(long, default_value_t = 0)]
     idle_ms: u64,
+    /// Size of gradlane's lossy datagrams (`RoundTiming::datagram_size`).
+    #[arg(long, value_enum, default_value_t = Datagrams::Floor)]
+    datagram_size: Datagrams,
+}
+
+/// `--datagram-size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Datagrams {
+    /// Packets of at most QUIC's 1200-byte MTU floor (the default).
+    Floor,
+    /// The path's size.
+    Path,
 }
 
 /// What a variant moves.
@@ -267,6 +279,10 @@ impl Bench {
             timing: RoundTiming {
                 release,
                 lanes: self.args.lanes.unwrap_or(RoundTiming::default().lanes),
+                datagram_size: match self.args.datagram_size {
+                    Datagrams::Floor => DatagramSize::MtuFloor,
+                    Datagrams::Path => DatagramSize::Path,
+                },
                 ..RoundTiming::default()
             },
             ..Config::default()

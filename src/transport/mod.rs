@@ -31,7 +31,8 @@ pub mod tuning;
 pub use endpoint::{Config, Endpoint, Incoming, IncomingError, SetupError};
 pub use faults::Faults;
 pub use link::{
-    Link, LinkError, LinkReceiver, LinkSender, LossyRelease, RoundArrival, RoundTiming, SendReport,
+    DatagramSize, Link, LinkError, LinkReceiver, LinkSender, LossyRelease, RoundArrival,
+    RoundTiming, SendReport,
 };
 
 /// Runs CPU-heavy work (scoring and framing a round, applying a gradient to

@@ -69,7 +69,8 @@ pub struct Tuning {
     pub datagram_receive_buffer: usize,
     /// Bytes of outgoing datagrams quinn queues. The link waits for room
     /// rather than have quinn drop the oldest; the size also bounds what a
-    /// fall of the path MTU discards (see
+    /// fall of the path MTU discards of datagrams framed at the path's size
+    /// (see
     /// [`SendReport::lossy_dropped_by_quinn`](crate::transport::SendReport)).
     pub datagram_send_buffer: usize,
     /// Keep-alive interval (`None`: off). Rounds can be seconds apart; a
@@ -102,10 +103,11 @@ impl Default for Tuning {
             // (6000 datagrams dropped per ResNet-50 round at 0% loss), so
             // hold a whole round's lossy part (about 20 MB for ResNet-50).
             datagram_receive_buffer: 32 * MIB as usize,
-            // Short: quinn discards the queued datagrams a path MTU fall
-            // makes too large (the link frames them at the path's size),
-            // so this bounds that loss. 1 MiB is 2 ms at 4 Gbit/s; 256 KiB
-            // and 8 MiB measured the same on loopback.
+            // Short: with datagrams at the path's size
+            // (`DatagramSize::Path`), quinn discards the queued ones a path
+            // MTU fall makes too large, and this bounds that loss. 1 MiB is
+            // 2 ms at 4 Gbit/s; 256 KiB and 8 MiB measured the same on
+            // loopback.
             datagram_send_buffer: MIB as usize,
             keep_alive: Some(Duration::from_secs(5)),
             max_idle_timeout: Some(Duration::from_secs(30)),

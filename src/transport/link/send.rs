@@ -54,7 +54,8 @@ impl LinkSender {
         shared: Option<&[Bytes]>,
     ) -> Result<SendReport, LinkError> {
         let start = Instant::now();
-        let max = lossy_datagram_limit(&self.conn).ok_or(LinkError::NoDatagrams)?;
+        let max = lossy_datagram_limit(&self.conn, self.timing.datagram_size)
+            .ok_or(LinkError::NoDatagrams)?;
         // Scoring and classing read the whole round: every check on the
         // gradients happens here, before a byte is sent.
         let encoder = &mut self.encoder;
@@ -381,22 +382,33 @@ async fn write_lane(
     }
 }
 
-/// The datagram payload a round's lossy part is framed for: what the path
-/// takes now.
-///
-/// When quinn suspects a black hole (under random loss it sometimes does:
-/// a burst of lost large packets) it drops the path MTU back to QUIC's
-/// 1200-byte floor and silently discards every queued datagram that no
-/// longer fits (`drop_oversized` in quinn-proto 0.11). Framing for the
-/// floor would avoid that, at the price of ~23% more, smaller datagrams on
-/// every path whose MTU was raised (measured: 2-3% of a lossless loopback
-/// round). Instead, quinn's datagram queue is kept short
-/// ([`Tuning::datagram_send_buffer`](crate::transport::tuning::Tuning),
-/// 1 MiB by default), so a fall costs at most that much; the datagrams
-/// it discards are counted ([`SendReport::lossy_dropped_by_quinn`]), and
-/// the ones not yet queued are reframed on `SendDatagramError::TooLarge`.
-fn lossy_datagram_limit(conn: &Connection) -> Option<usize> {
-    conn.max_datagram_size()
+/// The datagram payload a round's lossy part is framed for (see
+/// [`DatagramSize`]).
+fn lossy_datagram_limit(conn: &Connection, size: DatagramSize) -> Option<usize> {
+    let max = conn.max_datagram_size()?;
+    Some(match size {
+        DatagramSize::MtuFloor => limit_at_floor(max, conn.stats().path.current_mtu),
+        DatagramSize::Path => max,
+    })
+}
+
+/// The smallest path MTU quinn falls back to: its `TransportConfig::min_mtu`,
+/// which [`Tuning`](crate::transport::tuning::Tuning) leaves at QUIC's
+/// minimum.
+const QUIC_MIN_MTU: u16 = 1200;
+
+/// The datagram payload whose packets fit QUIC's MTU floor, from the path's
+/// datagram limit `max` at path MTU `mtu`. quinn's limit is the MTU less a
+/// fixed worst-case overhead, so taking off the MTU's rise above the floor
+/// is exact; when the peer's own limit is the smaller one this errs on the
+/// small side. Never below what the encoder needs: then the path's limit
+/// is used as it is.
+fn limit_at_floor(max: usize, mtu: u16) -> usize {
+    let rise = mtu.saturating_sub(QUIC_MIN_MTU) as usize;
+    match max.saturating_sub(rise) {
+        floor if floor >= crate::encode::MIN_DATAGRAM => floor,
+        _ => max,
+    }
 }
 
 /// What a QUIC packet of stream data carries besides the data: the short
@@ -430,4 +442,24 @@ fn sent_bytes(conn: &Connection) -> u64 {
 fn payload_bytes(d: &Bytes) -> u64 {
     let headers = wire::decode_all(d).count() * DATA_HEADER_LEN;
     (d.len() - headers.min(d.len())) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floor_datagrams_fit_the_mtu_floor() {
+        // quinn 0.11 on loopback: 1162 at the 1200-byte floor, 1414 at 1452.
+        assert_eq!(limit_at_floor(1162, 1200), 1162);
+        assert_eq!(limit_at_floor(1414, 1452), 1162);
+        // A peer's smaller limit: the result errs on the small side.
+        assert_eq!(limit_at_floor(600, 1452), 348);
+        // Never below what the encoder can frame: the path's limit as is.
+        let tiny = crate::encode::MIN_DATAGRAM + 10;
+        assert_eq!(limit_at_floor(tiny, 1452), tiny);
+        // An MTU under the floor (a config this crate does not make) takes
+        // nothing off.
+        assert_eq!(limit_at_floor(1000, 1100), 1000);
+    }
 }
