@@ -7,7 +7,7 @@
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use gradlane::encode::{Encoder, EncoderConfig};
+use gradlane::encode::{EncodedRound, Encoder, EncoderConfig};
 use gradlane::presets;
 use gradlane::reassembly::{Channel, Reassembler, ReassemblyConfig, StreamDecoder};
 use std::time::{Duration, Instant};
@@ -67,52 +67,53 @@ fn bench(c: &mut Criterion) {
     let mut spare: Option<Vec<Vec<f32>>> = None;
     g.bench_function("reassemble", |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                // A fresh receiver per iteration because the packets all
-                // belong to round 0; making it is not what we measure.
-                let mut rx = Reassembler::new(layout.clone(), ReassemblyConfig::default()).unwrap();
-                if let Some(t) = spare.take() {
-                    rx.recycle(t).unwrap();
-                }
-                let t0 = Instant::now();
+            time_reassembly(iters, &layout, &encoded, &mut spare, |rx| {
                 rx.push(&encoded.reliable, Channel::Reliable).unwrap();
-                for d in encoded.lossy.iter().flatten() {
-                    rx.push(d, Channel::Lossy).unwrap();
-                }
-                let round = rx.deliver(0).unwrap();
-                total += t0.elapsed();
-                spare = Some(round.tensors);
-            }
-            total
+            })
         })
     });
     // The same, with the reliable part arriving as quinn hands a stream
     // over: one piece per STREAM frame, about a packet each.
     g.bench_function("reassemble, stream in packet pieces", |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let mut rx = Reassembler::new(layout.clone(), ReassemblyConfig::default()).unwrap();
-                if let Some(t) = spare.take() {
-                    rx.recycle(t).unwrap();
-                }
+            time_reassembly(iters, &layout, &encoded, &mut spare, |rx| {
                 let mut decoder = StreamDecoder::new();
-                let t0 = Instant::now();
                 for piece in encoded.reliable.chunks(STREAM_PIECE) {
-                    decoder.feed(&mut rx, piece).unwrap();
+                    decoder.feed(rx, piece).unwrap();
                 }
-                for d in encoded.lossy.iter().flatten() {
-                    rx.push(d, Channel::Lossy).unwrap();
-                }
-                let round = rx.deliver(0).unwrap();
-                total += t0.elapsed();
-                spare = Some(round.tensors);
-            }
-            total
+            })
         })
     });
     g.finish();
+}
+
+/// Time of `iters` receptions of round 0: the reliable part as
+/// `reliable` feeds it, then every datagram, then delivery. A fresh
+/// receiver per iteration because the packets all belong to round 0;
+/// making it is not what is measured. Each hands its tensors to the next.
+fn time_reassembly(
+    iters: u64,
+    layout: &gradlane::layout::Layout,
+    encoded: &EncodedRound,
+    spare: &mut Option<Vec<Vec<f32>>>,
+    reliable: impl Fn(&mut Reassembler),
+) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let mut rx = Reassembler::new(layout.clone(), ReassemblyConfig::default()).unwrap();
+        if let Some(t) = spare.take() {
+            rx.recycle(t).unwrap();
+        }
+        let t0 = Instant::now();
+        reliable(&mut rx);
+        for d in encoded.lossy.iter().flatten() {
+            rx.push(d, Channel::Lossy).unwrap();
+        }
+        let round = rx.deliver(0).unwrap();
+        total += t0.elapsed();
+        *spare = Some(round.tensors);
+    }
+    total
 }
 
 /// Stream bytes per STREAM frame in a full loopback packet (1452 bytes of
