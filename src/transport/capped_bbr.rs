@@ -57,6 +57,15 @@ pub const MIN_CAP_PACKETS: u64 = 64;
 /// at 5% loss.
 pub const MIN_CAP_RTT: Duration = Duration::from_millis(2);
 
+/// At least this many RTT samples, taken in one sampling period with the
+/// cap at its floor, make an RTT measured at the floor
+/// ([`InflightCap::floor_rtt`]).
+pub const MIN_FLOOR_SAMPLES: u32 = 8;
+
+/// How much a cap at its floor grows a sampling period, on a path whose RTT
+/// does not grow with what is in flight ([`InflightCap::cap`]).
+pub const FLOOR_ESCAPE: f64 = 1.25;
+
 /// The default gain over the bandwidth-delay product: BBR's `cwnd_gain`
 /// (2) plus room for the scheduling delays of a busy host, which hold
 /// acknowledgements back for milliseconds.
@@ -124,6 +133,13 @@ pub struct InflightCap {
     /// Bytes per second.
     bandwidth: Windowed<f64>,
     min_rtt: Windowed<Duration>,
+    /// Since when the cap has been at its floor.
+    floor_since: Option<Instant>,
+    /// RTT samples this period of packets sent at the floor: their sum
+    /// and how many.
+    period_floor_rtt: (Duration, u32),
+    /// The smallest mean RTT of a sampling period at the floor.
+    floor_rtt: Windowed<Duration>,
 }
 
 impl InflightCap {
@@ -139,6 +155,9 @@ impl InflightCap {
             period_app_limited: false,
             bandwidth: Windowed::new(FILTER_SPAN),
             min_rtt: Windowed::new(FILTER_SPAN),
+            floor_since: None,
+            period_floor_rtt: (Duration::ZERO, 0),
+            floor_rtt: Windowed::new(FILTER_SPAN),
         }
     }
 
@@ -156,12 +175,18 @@ impl InflightCap {
         // acknowledged was delivered before.
         let Some(start) = self.period_start else {
             self.start_period(now);
+            self.track_floor(now);
             return;
         };
         self.period_acked = self.period_acked.saturating_add(bytes);
         self.period_app_limited |= app_limited;
+        if self.floor_since.is_some_and(|since| sent >= since) {
+            let (sum, n) = self.period_floor_rtt;
+            self.period_floor_rtt = (sum.saturating_add(rtt), n.saturating_add(1));
+        }
         let elapsed = now.saturating_duration_since(start);
         if elapsed < self.period() {
+            self.track_floor(now);
             return;
         }
         let rate = self.period_acked as f64 / elapsed.as_secs_f64();
@@ -170,13 +195,32 @@ impl InflightCap {
         if !self.period_app_limited || self.bandwidth().is_none_or(|bw| rate > bw) {
             self.bandwidth.update(now, rate, |a, b| a > b);
         }
+        // A trickle's acknowledgements wait for the receiver's ACK delay:
+        // only a period with more to send than the floor allowed measures
+        // the path at the floor.
+        let (sum, n) = self.period_floor_rtt;
+        if !self.period_app_limited && n >= MIN_FLOOR_SAMPLES {
+            self.floor_rtt.update(now, sum / n, |a, b| a < b);
+        }
         self.start_period(now);
+        self.track_floor(now);
     }
 
     fn start_period(&mut self, now: Instant) {
         self.period_start = Some(now);
         self.period_acked = 0;
         self.period_app_limited = false;
+        self.period_floor_rtt = (Duration::ZERO, 0);
+    }
+
+    /// Notes when the cap reached its floor, after any change at `now`.
+    fn track_floor(&mut self, now: Instant) {
+        let at_floor = self.cap() == Some(self.floor());
+        match (at_floor, self.floor_since) {
+            (true, None) => self.floor_since = Some(now),
+            (false, Some(_)) => self.floor_since = None,
+            _ => {}
+        }
     }
 
     /// The sampling period: a few round trips, at least [`MIN_PERIOD`].
@@ -196,15 +240,42 @@ impl InflightCap {
         self.min_rtt.get(|a, b| a < b)
     }
 
-    /// The most bytes to have in flight: `gain` times bandwidth times the
-    /// smallest RTT (at least [`MIN_CAP_RTT`]), at least
-    /// [`MIN_CAP_PACKETS`] packets. `None` (no cap) until both are
-    /// measured.
+    /// The smallest mean RTT of a sampling period spent with the cap at
+    /// its floor, over the last one to two [`FILTER_SPAN`]s: what the path
+    /// takes to acknowledge when the cap leaves almost nothing to queue.
+    pub fn floor_rtt(&self) -> Option<Duration> {
+        self.floor_rtt.get(|a, b| a < b)
+    }
+
+    /// The most bytes to have in flight: `gain` times bandwidth times an
+    /// RTT, at least [`MIN_CAP_PACKETS`] packets. `None` (no cap) until
+    /// the bandwidth and the smallest RTT are measured.
+    ///
+    /// The RTT is the smallest sample, at least [`MIN_CAP_RTT`], and at
+    /// least [`FLOOR_ESCAPE`] / `gain` times the [`floor_rtt`](Self::floor_rtt).
+    /// Why: the cap grows only if the rate it measures grows, and the rate
+    /// measured at `gain` times itself times the smallest RTT grows only
+    /// while the typical RTT stays below `gain` times the smallest. A path
+    /// that takes longer than that with no more than the floor in flight
+    /// is not queueing our packets but slow to acknowledge them (a busy
+    /// host, aggregated acknowledgements, one lucky early sample); such a
+    /// cap stayed at its floor for good, and a 1 Gbit/s link carried a
+    /// round at a tenth of its rate. With the floor's RTT the cap grows by
+    /// [`FLOOR_ESCAPE`] a sampling period until the link fills, and no
+    /// further: it ends at that factor times the path's product as
+    /// measured at the floor, not at `gain` times it.
     pub fn cap(&self) -> Option<u64> {
-        let rtt = self.min_rtt()?.max(MIN_CAP_RTT);
+        let mut rtt = self.min_rtt()?.max(MIN_CAP_RTT);
+        if let Some(f) = self.floor_rtt() {
+            rtt = rtt.max(f.mul_f64(FLOOR_ESCAPE / self.gain));
+        }
         let bdp = self.bandwidth()? * rtt.as_secs_f64();
         let cap = (self.gain * bdp).min(u64::MAX as f64) as u64;
-        Some(cap.max(MIN_CAP_PACKETS * self.mtu))
+        Some(cap.max(self.floor()))
+    }
+
+    fn floor(&self) -> u64 {
+        MIN_CAP_PACKETS * self.mtu
     }
 }
 
@@ -404,6 +475,112 @@ mod tests {
         let c = cap.cap().expect("cap") as f64;
         let want = 2.0 * PACKET as f64 / 10e-6 * MIN_CAP_RTT.as_secs_f64();
         assert!(close(c, want), "cap {c}, want {want}");
+    }
+
+    /// A fluid model of a path: a link of `rate` bytes per second, an RTT
+    /// of `base` that no window changes (propagation, and what a busy host
+    /// adds before it acknowledges), and a queue in front of the link for
+    /// whatever is in flight beyond `rate * base`.
+    struct Path {
+        rate: f64,
+        base: Duration,
+    }
+
+    impl Path {
+        fn rtt(&self, in_flight: u64) -> Duration {
+            let queued = (in_flight as f64 - self.rate * self.base.as_secs_f64()).max(0.0);
+            self.base + Duration::from_secs_f64(queued / self.rate)
+        }
+
+        fn delivery_rate(&self, in_flight: u64) -> f64 {
+            let rtt = self.rtt(in_flight).as_secs_f64();
+            (in_flight as f64 / rtt).min(self.rate)
+        }
+    }
+
+    /// A connection's start: a handshake-sized trickle, its first
+    /// acknowledgements as fast as `rtt`. Returns when it ended.
+    fn handshake(cap: &mut InflightCap, rtt: Duration) -> Instant {
+        deliver(cap, Instant::now(), 10, 2 * MS, rtt, true)
+    }
+
+    /// A sender that always has data and the cap for its window (BBR's
+    /// own never binds: quinn-rs/quinn#2798), on `path` for `span` from
+    /// `start`. Returns the rate delivered at the end.
+    fn saturate(cap: &mut InflightCap, path: &Path, start: Instant, span: Duration) -> f64 {
+        let mut now = start;
+        let mut rate = 0.0;
+        while now < start + span {
+            let window = cap.cap().unwrap_or(u64::MAX / 2);
+            rate = path.delivery_rate(window);
+            now += Duration::from_secs_f64(PACKET as f64 / rate);
+            cap.on_ack(now, now - path.rtt(window), PACKET, false);
+        }
+        rate
+    }
+
+    #[test]
+    fn a_path_slow_to_acknowledge_does_not_hold_the_cap_at_its_floor() {
+        // 1 Gbit/s, but every acknowledgement comes 8 ms after its packet
+        // however little is in flight, and the handshake saw 2 ms.
+        let path = Path {
+            rate: 125e6,
+            base: 8 * MS,
+        };
+        let mut cap = InflightCap::new(DEFAULT_GAIN, MTU);
+        let t = handshake(&mut cap, 2 * MS);
+        assert_eq!(
+            cap.cap(),
+            Some(MIN_CAP_PACKETS * PACKET),
+            "starts at the floor"
+        );
+        let rate = saturate(&mut cap, &path, t, Duration::from_secs(2));
+        // Without the floor's RTT the cap stayed at 64 packets: 11.6 MB/s.
+        assert!(
+            rate >= 0.99 * path.rate,
+            "delivered {rate} of {}",
+            path.rate
+        );
+        assert_eq!(cap.min_rtt(), Some(2 * MS), "the lucky sample is kept");
+        let floor_rtt = cap.floor_rtt().expect("measured at the floor");
+        assert!(floor_rtt >= 8 * MS && floor_rtt < 9 * MS, "{floor_rtt:?}");
+        // Bounded all the same, and closer than the gain: the floor's RTT
+        // lets the cap escape, it does not widen it.
+        let c = cap.cap().expect("cap") as f64;
+        let bdp = path.rate * path.base.as_secs_f64();
+        assert!(c <= 1.05 * FLOOR_ESCAPE * bdp, "cap {c}, bdp {bdp}");
+    }
+
+    #[test]
+    fn a_queue_at_the_link_still_bounds_the_cap() {
+        // 1 Gbit/s over 2 ms: whatever exceeds 250 kB in flight queues.
+        let path = Path {
+            rate: 125e6,
+            base: 2 * MS,
+        };
+        let mut cap = InflightCap::new(DEFAULT_GAIN, MTU);
+        let t = handshake(&mut cap, 2 * MS);
+        let rate = saturate(&mut cap, &path, t, Duration::from_secs(2));
+        assert!(rate >= 0.99 * path.rate, "delivered {rate}");
+        // The floor saw the empty path's RTT, so the cap, and the queue
+        // behind it, stay where the smallest RTT puts them.
+        let bdp = path.rate * path.base.as_secs_f64();
+        let c = cap.cap().expect("cap") as f64;
+        assert!(
+            c >= 0.95 * DEFAULT_GAIN * bdp && c <= 1.05 * DEFAULT_GAIN * bdp,
+            "cap {c}, bdp {bdp}"
+        );
+    }
+
+    #[test]
+    fn a_trickle_at_the_floor_measures_no_floor_rtt() {
+        // Acknowledgements of a trickle wait out the receiver's ACK delay:
+        // 25 ms here, which is not the path's RTT.
+        let mut cap = InflightCap::new(DEFAULT_GAIN, MTU);
+        let t = handshake(&mut cap, 2 * MS);
+        deliver(&mut cap, t, 200, MS, 25 * MS, true);
+        assert_eq!(cap.floor_rtt(), None);
+        assert_eq!(cap.cap(), Some(MIN_CAP_PACKETS * PACKET));
     }
 
     #[test]
