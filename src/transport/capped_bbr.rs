@@ -92,11 +92,12 @@ impl<T: Copy> Windowed<T> {
     }
 
     /// Takes `v` at `now`; `better(a, b)` is true when `a` should replace
-    /// `b`.
-    fn update(&mut self, now: Instant, v: T, better: impl Fn(T, T) -> bool) {
+    /// `b`. False when what [`get`](Self::get) returns cannot have changed.
+    fn update(&mut self, now: Instant, v: T, better: impl Fn(T, T) -> bool) -> bool {
         let started = *self.started.get_or_insert(now);
         let age = now.saturating_duration_since(started);
-        if age >= self.span {
+        let rolled = age >= self.span;
+        if rolled {
             self.previous = if age < 2 * self.span {
                 self.current
             } else {
@@ -105,10 +106,13 @@ impl<T: Copy> Windowed<T> {
             self.current = None;
             self.started = Some(now);
         }
-        self.current = match self.current {
-            Some(c) if !better(v, c) => Some(c),
-            _ => Some(v),
-        };
+        match self.current {
+            Some(c) if !better(v, c) => rolled,
+            _ => {
+                self.current = Some(v);
+                true
+            }
+        }
     }
 
     fn get(&self, better: impl Fn(T, T) -> bool) -> Option<T> {
@@ -140,6 +144,9 @@ pub struct InflightCap {
     period_floor_rtt: (Duration, u32),
     /// The smallest mean RTT of a sampling period at the floor.
     floor_rtt: Windowed<Duration>,
+    /// [`cap`](Self::cap), worked out when what it depends on changes:
+    /// quinn asks for the window far more often than that.
+    cap: Option<u64>,
 }
 
 impl InflightCap {
@@ -158,24 +165,26 @@ impl InflightCap {
             floor_since: None,
             period_floor_rtt: (Duration::ZERO, 0),
             floor_rtt: Windowed::new(FILTER_SPAN),
+            cap: None,
         }
     }
 
     /// The path's packet size changed.
     pub fn set_mtu(&mut self, mtu: u16) {
         self.mtu = u64::from(mtu);
+        self.cap = self.work_out_cap();
     }
 
     /// `bytes` sent at `sent` were acknowledged at `now`; `app_limited`
     /// when the sender had less to send than it was allowed.
     pub fn on_ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool) {
         let rtt = now.saturating_duration_since(sent);
-        self.min_rtt.update(now, rtt, |a, b| a < b);
+        let mut changed = self.min_rtt.update(now, rtt, |a, b| a < b);
         // The first acknowledgement of a period marks its start; what it
         // acknowledged was delivered before.
         let Some(start) = self.period_start else {
             self.start_period(now);
-            self.track_floor(now);
+            self.refresh(now);
             return;
         };
         self.period_acked = self.period_acked.saturating_add(bytes);
@@ -186,24 +195,28 @@ impl InflightCap {
         }
         let elapsed = now.saturating_duration_since(start);
         if elapsed < self.period() {
-            self.track_floor(now);
+            if changed {
+                self.refresh(now);
+            }
             return;
         }
         let rate = self.period_acked as f64 / elapsed.as_secs_f64();
         // A period with less to send than allowed measured the sender, not
         // the path: it counts only if it beats what the path has shown.
         if !self.period_app_limited || self.bandwidth().is_none_or(|bw| rate > bw) {
-            self.bandwidth.update(now, rate, |a, b| a > b);
+            changed |= self.bandwidth.update(now, rate, |a, b| a > b);
         }
         // A trickle's acknowledgements wait for the receiver's ACK delay:
         // only a period with more to send than the floor allowed measures
         // the path at the floor.
         let (sum, n) = self.period_floor_rtt;
         if !self.period_app_limited && n >= MIN_FLOOR_SAMPLES {
-            self.floor_rtt.update(now, sum / n, |a, b| a < b);
+            changed |= self.floor_rtt.update(now, sum / n, |a, b| a < b);
         }
         self.start_period(now);
-        self.track_floor(now);
+        if changed {
+            self.refresh(now);
+        }
     }
 
     fn start_period(&mut self, now: Instant) {
@@ -213,9 +226,11 @@ impl InflightCap {
         self.period_floor_rtt = (Duration::ZERO, 0);
     }
 
-    /// Notes when the cap reached its floor, after any change at `now`.
-    fn track_floor(&mut self, now: Instant) {
-        let at_floor = self.cap() == Some(self.floor());
+    /// Works the cap out again after a change at `now`, and notes when it
+    /// reached its floor.
+    fn refresh(&mut self, now: Instant) {
+        self.cap = self.work_out_cap();
+        let at_floor = self.cap == Some(self.floor());
         match (at_floor, self.floor_since) {
             (true, None) => self.floor_since = Some(now),
             (false, Some(_)) => self.floor_since = None,
@@ -265,6 +280,10 @@ impl InflightCap {
     /// further: it ends at that factor times the path's product as
     /// measured at the floor, not at `gain` times it.
     pub fn cap(&self) -> Option<u64> {
+        self.cap
+    }
+
+    fn work_out_cap(&self) -> Option<u64> {
         let mut rtt = self.min_rtt()?.max(MIN_CAP_RTT);
         if let Some(f) = self.floor_rtt() {
             rtt = rtt.max(f.mul_f64(FLOOR_ESCAPE / self.gain));
@@ -581,6 +600,31 @@ mod tests {
         deliver(&mut cap, t, 200, MS, 25 * MS, true);
         assert_eq!(cap.floor_rtt(), None);
         assert_eq!(cap.cap(), Some(MIN_CAP_PACKETS * PACKET));
+    }
+
+    proptest::proptest! {
+        /// The cap is kept, not worked out per call: it must always be
+        /// what working it out gives.
+        #[test]
+        fn the_kept_cap_is_the_cap(
+            acks in proptest::collection::vec(
+                (0u64..5_000, 1_000u64..40_000, 1u64..200_000, proptest::bool::ANY),
+                1..400,
+            ),
+            mtu_change in 0usize..400,
+        ) {
+            let mut cap = InflightCap::new(DEFAULT_GAIN, MTU);
+            let mut now = Instant::now();
+            for (i, (gap_us, rtt_us, bytes, app_limited)) in acks.into_iter().enumerate() {
+                now += Duration::from_micros(gap_us);
+                let sent = now.checked_sub(Duration::from_micros(rtt_us)).unwrap_or(now);
+                cap.on_ack(now, sent, bytes, app_limited);
+                if i == mtu_change {
+                    cap.set_mtu(1200);
+                }
+                proptest::prop_assert_eq!(cap.cap(), cap.work_out_cap());
+            }
+        }
     }
 
     #[test]
