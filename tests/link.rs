@@ -356,7 +356,9 @@ async fn the_default_window_is_capped_by_the_path() {
     );
     assert!(
         window < 16 << 20 && window < sent / 8,
-        "window {window} after {sent} bytes sent"
+        "window {window} after {sent} bytes sent (bandwidth {:?}, min RTT {rtt:?}, floor {})",
+        capped.gate().bandwidth(),
+        capped.gate().floor(),
     );
     client.close();
 }

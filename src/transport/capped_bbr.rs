@@ -57,14 +57,13 @@ pub const MIN_CAP_PACKETS: u64 = 64;
 /// at 5% loss.
 pub const MIN_CAP_RTT: Duration = Duration::from_millis(2);
 
-/// At least this many RTT samples, taken in one sampling period with the
-/// cap at its floor, make an RTT measured at the floor
-/// ([`InflightCap::floor_rtt`]).
-pub const MIN_FLOOR_SAMPLES: u32 = 8;
+/// A floor that holds the cap grows by this factor per probe
+/// ([`InflightCap::floor`]).
+pub const FLOOR_PROBE_GAIN: f64 = 1.25;
 
-/// How much a cap at its floor grows a sampling period, on a path whose RTT
-/// does not grow with what is in flight ([`InflightCap::cap`]).
-pub const FLOOR_ESCAPE: f64 = 1.25;
+/// A floor probe succeeds if the delivery rate rose by at least this
+/// factor; then the floor grows again.
+pub const FLOOR_PROBE_EVIDENCE: f64 = 1.1;
 
 /// The default gain over the bandwidth-delay product: BBR's `cwnd_gain`
 /// (2) plus room for the scheduling delays of a busy host, which hold
@@ -137,13 +136,12 @@ pub struct InflightCap {
     /// Bytes per second.
     bandwidth: Windowed<f64>,
     min_rtt: Windowed<Duration>,
-    /// Since when the cap has been at its floor.
-    floor_since: Option<Instant>,
-    /// RTT samples this period of packets sent at the floor: their sum
-    /// and how many.
-    period_floor_rtt: (Duration, u32),
-    /// The smallest mean RTT of a sampling period at the floor.
-    floor_rtt: Windowed<Duration>,
+    /// Whether the cap has been at its floor all this period.
+    period_at_floor: bool,
+    /// The floor in bytes: [`MIN_CAP_PACKETS`] packets, or more after
+    /// probes.
+    floor: u64,
+    probe: FloorProbe,
     /// [`cap`](Self::cap), worked out when what it depends on changes:
     /// quinn asks for the window far more often than that.
     cap: Option<u64>,
@@ -162,9 +160,9 @@ impl InflightCap {
             period_app_limited: false,
             bandwidth: Windowed::new(FILTER_SPAN),
             min_rtt: Windowed::new(FILTER_SPAN),
-            floor_since: None,
-            period_floor_rtt: (Duration::ZERO, 0),
-            floor_rtt: Windowed::new(FILTER_SPAN),
+            period_at_floor: false,
+            floor: MIN_CAP_PACKETS * u64::from(mtu),
+            probe: FloorProbe::default(),
             cap: None,
         }
     }
@@ -172,6 +170,7 @@ impl InflightCap {
     /// The path's packet size changed.
     pub fn set_mtu(&mut self, mtu: u16) {
         self.mtu = u64::from(mtu);
+        self.floor = self.floor.max(self.min_floor());
         self.cap = self.work_out_cap();
     }
 
@@ -184,19 +183,15 @@ impl InflightCap {
         // acknowledged was delivered before.
         let Some(start) = self.period_start else {
             self.start_period(now);
-            self.refresh(now);
+            self.refresh();
             return;
         };
         self.period_acked = self.period_acked.saturating_add(bytes);
         self.period_app_limited |= app_limited;
-        if self.floor_since.is_some_and(|since| sent >= since) {
-            let (sum, n) = self.period_floor_rtt;
-            self.period_floor_rtt = (sum.saturating_add(rtt), n.saturating_add(1));
-        }
         let elapsed = now.saturating_duration_since(start);
         if elapsed < self.period() {
             if changed {
-                self.refresh(now);
+                self.refresh();
             }
             return;
         }
@@ -206,16 +201,21 @@ impl InflightCap {
         if !self.period_app_limited || self.bandwidth().is_none_or(|bw| rate > bw) {
             changed |= self.bandwidth.update(now, rate, |a, b| a > b);
         }
-        // A trickle's acknowledgements wait for the receiver's ACK delay:
-        // only a period with more to send than the floor allowed measures
-        // the path at the floor.
-        let (sum, n) = self.period_floor_rtt;
-        if !self.period_app_limited && n >= MIN_FLOOR_SAMPLES {
-            changed |= self.floor_rtt.update(now, sum / n, |a, b| a < b);
+        if self
+            .probe
+            .started
+            .is_some_and(|s| now.saturating_duration_since(s) >= FILTER_SPAN)
+        {
+            // Probe again from the start: the path may have changed.
+            self.floor = self.min_floor();
+            self.probe = FloorProbe::default();
+            changed = true;
+        } else if self.period_at_floor && !self.period_app_limited {
+            changed |= self.probe_floor(now, rate);
         }
         self.start_period(now);
         if changed {
-            self.refresh(now);
+            self.refresh();
         }
     }
 
@@ -223,19 +223,45 @@ impl InflightCap {
         self.period_start = Some(now);
         self.period_acked = 0;
         self.period_app_limited = false;
-        self.period_floor_rtt = (Duration::ZERO, 0);
+        self.period_at_floor = self.cap == Some(self.floor);
     }
 
-    /// Works the cap out again after a change at `now`, and notes when it
-    /// reached its floor.
-    fn refresh(&mut self, now: Instant) {
-        self.cap = self.work_out_cap();
-        let at_floor = self.cap == Some(self.floor());
-        match (at_floor, self.floor_since) {
-            (true, None) => self.floor_since = Some(now),
-            (false, Some(_)) => self.floor_since = None,
-            _ => {}
+    /// Works the cap out again after a change.
+    fn refresh(&mut self) {
+        if self.bdp_cap().is_some_and(|c| c > self.floor) {
+            // The bandwidth-delay product carries the cap again: a floor
+            // grown by probes has done its job.
+            self.floor = self.min_floor();
+            self.probe = FloorProbe::default();
         }
+        self.cap = self.work_out_cap();
+        self.period_at_floor &= self.cap == Some(self.floor);
+    }
+
+    /// A period spent at the floor, sending all it allowed, delivered
+    /// `rate`: grows the floor if the last growth raised the rate, or for
+    /// a first probe. True if the floor changed.
+    fn probe_floor(&mut self, now: Instant, rate: f64) -> bool {
+        let p = &mut self.probe;
+        if p.settling {
+            // Acknowledged what was sent partly under the old floor.
+            p.settling = false;
+            return false;
+        }
+        if p.done {
+            return false;
+        }
+        if p.baseline.is_some_and(|b| rate < FLOOR_PROBE_EVIDENCE * b) {
+            // More in flight delivered no more: the path, not the floor,
+            // limits. Keep the floor reached (it cost no rate), stop.
+            p.done = true;
+            return false;
+        }
+        p.baseline = Some(rate);
+        p.started.get_or_insert(now);
+        p.settling = true;
+        self.floor = (self.floor as f64 * FLOOR_PROBE_GAIN) as u64;
+        true
     }
 
     /// The sampling period: a few round trips, at least [`MIN_PERIOD`].
@@ -255,47 +281,63 @@ impl InflightCap {
         self.min_rtt.get(|a, b| a < b)
     }
 
-    /// The smallest mean RTT of a sampling period spent with the cap at
-    /// its floor, over the last one to two [`FILTER_SPAN`]s: what the path
-    /// takes to acknowledge when the cap leaves almost nothing to queue.
-    pub fn floor_rtt(&self) -> Option<Duration> {
-        self.floor_rtt.get(|a, b| a < b)
-    }
-
-    /// The most bytes to have in flight: `gain` times bandwidth times an
-    /// RTT, at least [`MIN_CAP_PACKETS`] packets. `None` (no cap) until
-    /// the bandwidth and the smallest RTT are measured.
-    ///
-    /// The RTT is the smallest sample, at least [`MIN_CAP_RTT`], and at
-    /// least [`FLOOR_ESCAPE`] / `gain` times the [`floor_rtt`](Self::floor_rtt).
-    /// Why: the cap grows only if the rate it measures grows, and the rate
-    /// measured at `gain` times itself times the smallest RTT grows only
-    /// while the typical RTT stays below `gain` times the smallest. A path
-    /// that takes longer than that with no more than the floor in flight
-    /// is not queueing our packets but slow to acknowledge them (a busy
-    /// host, aggregated acknowledgements, one lucky early sample); such a
-    /// cap stayed at its floor for good, and a 1 Gbit/s link carried a
-    /// round at a tenth of its rate. With the floor's RTT the cap grows by
-    /// [`FLOOR_ESCAPE`] a sampling period until the link fills, and no
-    /// further: it ends at that factor times the path's product as
-    /// measured at the floor, not at `gain` times it.
+    /// The most bytes to have in flight: `gain` times the bandwidth times
+    /// the smallest RTT (at least [`MIN_CAP_RTT`]), at least the
+    /// [`floor`](Self::floor). `None` (no cap) until the bandwidth and the
+    /// smallest RTT are measured.
     pub fn cap(&self) -> Option<u64> {
         self.cap
     }
 
-    fn work_out_cap(&self) -> Option<u64> {
-        let mut rtt = self.min_rtt()?.max(MIN_CAP_RTT);
-        if let Some(f) = self.floor_rtt() {
-            rtt = rtt.max(f.mul_f64(FLOOR_ESCAPE / self.gain));
-        }
-        let bdp = self.bandwidth()? * rtt.as_secs_f64();
-        let cap = (self.gain * bdp).min(u64::MAX as f64) as u64;
-        Some(cap.max(self.floor()))
+    /// The least the cap allows in flight: [`MIN_CAP_PACKETS`] packets, or
+    /// more while probes show that the path carries more with more.
+    ///
+    /// Why: the cap grows only if the rate it measures grows, and the rate
+    /// measured at `gain` times itself times the smallest RTT grows only
+    /// while the typical RTT stays below `gain` times the smallest. A path
+    /// that takes longer than that with only the floor in flight is not
+    /// queueing our packets but slow to acknowledge them (a busy host,
+    /// aggregated acknowledgements, one lucky early sample), and a cap at
+    /// the floor stayed there for good: a 1 Gbit/s link carried a round at
+    /// a tenth of its rate. So a floor that holds the cap for a period in
+    /// which the sender had more to send grows by [`FLOOR_PROBE_GAIN`], and
+    /// again each time the rate rose by [`FLOOR_PROBE_EVIDENCE`], until it
+    /// does not: then the link, or a slow receiver, limits, not the floor.
+    /// A queue raises no rate, so it stops the growth at once. The floor
+    /// falls back once the bandwidth-delay product is above it, and after
+    /// [`FILTER_SPAN`] probes again from [`MIN_CAP_PACKETS`].
+    pub fn floor(&self) -> u64 {
+        self.floor
     }
 
-    fn floor(&self) -> u64 {
+    fn work_out_cap(&self) -> Option<u64> {
+        Some(self.bdp_cap()?.max(self.floor))
+    }
+
+    /// `gain` times the bandwidth times the smallest RTT (at least
+    /// [`MIN_CAP_RTT`]), before the floor.
+    fn bdp_cap(&self) -> Option<u64> {
+        let rtt = self.min_rtt()?.max(MIN_CAP_RTT);
+        let bdp = self.bandwidth()? * rtt.as_secs_f64();
+        Some((self.gain * bdp).min(u64::MAX as f64) as u64)
+    }
+
+    fn min_floor(&self) -> u64 {
         MIN_CAP_PACKETS * self.mtu
     }
+}
+
+/// Where the floor's probing stands.
+#[derive(Debug, Clone, Copy, Default)]
+struct FloorProbe {
+    /// The rate delivered before the last growth.
+    baseline: Option<f64>,
+    /// The floor just grew: the next period is a transition.
+    settling: bool,
+    /// A growth raised no rate: the floor stays as it is.
+    done: bool,
+    /// When the first growth was.
+    started: Option<Instant>,
 }
 
 impl ControllerGate for InflightCap {
@@ -479,7 +521,13 @@ mod tests {
         // A packet per 10 ms over 100 us: a BDP of a hundredth of a packet.
         let rtt = Duration::from_micros(100);
         deliver(&mut cap, Instant::now(), 100, 10 * MS, rtt, false);
-        assert_eq!(cap.cap(), Some(MIN_CAP_PACKETS * PACKET));
+        // One probe of the floor, which raised no rate and stopped.
+        let min = MIN_CAP_PACKETS * PACKET;
+        let c = cap.cap().expect("cap");
+        assert!(
+            c >= min && c as f64 <= FLOOR_PROBE_GAIN * min as f64,
+            "cap {c}"
+        );
     }
 
     #[test]
@@ -554,20 +602,90 @@ mod tests {
             "starts at the floor"
         );
         let rate = saturate(&mut cap, &path, t, Duration::from_secs(2));
-        // Without the floor's RTT the cap stayed at 64 packets: 11.6 MB/s.
+        // Without probes the floor stayed at 64 packets: 11.6 MB/s.
         assert!(
             rate >= 0.99 * path.rate,
             "delivered {rate} of {}",
             path.rate
         );
         assert_eq!(cap.min_rtt(), Some(2 * MS), "the lucky sample is kept");
-        let floor_rtt = cap.floor_rtt().expect("measured at the floor");
-        assert!(floor_rtt >= 8 * MS && floor_rtt < 9 * MS, "{floor_rtt:?}");
-        // Bounded all the same, and closer than the gain: the floor's RTT
-        // lets the cap escape, it does not widen it.
+        // Bounded all the same, below the gain: the probes stop one growth
+        // after the rate stopped rising (at most 1.25 x 1.25 / 1.1).
         let c = cap.cap().expect("cap") as f64;
         let bdp = path.rate * path.base.as_secs_f64();
-        assert!(c <= 1.05 * FLOOR_ESCAPE * bdp, "cap {c}, bdp {bdp}");
+        assert!(c >= bdp && c <= 1.45 * bdp, "cap {c}, bdp {bdp}");
+        assert_eq!(cap.cap(), Some(cap.floor()), "the floor holds it");
+    }
+
+    #[test]
+    fn a_slow_receiver_stops_the_floor_at_once() {
+        // A loaded host whose receiver takes 2.4 MB/s, 40 ms behind: more
+        // in flight only queues.
+        let loaded = Path {
+            rate: 2.4e6,
+            base: 40 * MS,
+        };
+        let mut cap = InflightCap::new(DEFAULT_GAIN, MTU);
+        let t = handshake(&mut cap, 2 * MS);
+        saturate(&mut cap, &loaded, t, Duration::from_secs(1));
+        let min = (MIN_CAP_PACKETS * PACKET) as f64;
+        let c = cap.cap().expect("cap") as f64;
+        assert!(c <= FLOOR_PROBE_GAIN * min + 1.0, "cap {c}");
+        // The load is gone: a 700 MB/s path over 2 ms, where the
+        // bandwidth-delay product carries the cap and the floor falls back.
+        let fast = Path {
+            rate: 700e6,
+            base: 2 * MS,
+        };
+        saturate(
+            &mut cap,
+            &fast,
+            t + Duration::from_secs(2),
+            Duration::from_secs(1),
+        );
+        assert_eq!(cap.floor(), MIN_CAP_PACKETS * PACKET);
+        let c = cap.cap().expect("cap") as f64;
+        let want = DEFAULT_GAIN * fast.rate * 2e-3;
+        assert!(close(c, want), "cap {c}, want {want}");
+    }
+
+    #[test]
+    fn a_grown_floor_is_forgotten_after_a_span() {
+        // Rounds of a second on a path that acknowledges 8 ms late, each
+        // starting with one lucky 2 ms sample, as a handshake's.
+        let rounds = |cap: &mut InflightCap, path: &Path, mut t: Instant, n: u32| {
+            for _ in 0..n {
+                cap.on_ack(t, t - 2 * MS, PACKET, true);
+                saturate(cap, path, t, Duration::from_secs(1));
+                t += Duration::from_secs(1);
+            }
+            t
+        };
+        let path = Path {
+            rate: 125e6,
+            base: 8 * MS,
+        };
+        let mut cap = InflightCap::new(DEFAULT_GAIN, MTU);
+        let t = handshake(&mut cap, 2 * MS);
+        let t = rounds(&mut cap, &path, t, 3);
+        let grown = cap.floor();
+        assert!(grown as f64 >= path.rate * 8e-3, "floor {grown}");
+        // The path got slower. What the floor grew to would keep 1.15 MB
+        // queued: it is forgotten after a span and probed again.
+        let slower = Path {
+            rate: 25e6,
+            base: 8 * MS,
+        };
+        rounds(&mut cap, &slower, t, 3 * FILTER_SPAN.as_secs() as u32);
+        // (Where the cap then is depends on how far the bandwidth-delay
+        // product has decayed towards the floor: above it, the product
+        // carries the cap; at it, probes.)
+        let bdp = slower.rate * slower.base.as_secs_f64();
+        let floor = cap.floor() as f64;
+        assert!(
+            floor <= 1.45 * bdp,
+            "floor {floor}, bdp {bdp}, grown to {grown} before"
+        );
     }
 
     #[test]
@@ -592,13 +710,12 @@ mod tests {
     }
 
     #[test]
-    fn a_trickle_at_the_floor_measures_no_floor_rtt() {
-        // Acknowledgements of a trickle wait out the receiver's ACK delay:
-        // 25 ms here, which is not the path's RTT.
+    fn a_trickle_does_not_probe_the_floor() {
+        // The sender had less to send than the floor allowed: a probe
+        // would measure the sender.
         let mut cap = InflightCap::new(DEFAULT_GAIN, MTU);
         let t = handshake(&mut cap, 2 * MS);
         deliver(&mut cap, t, 200, MS, 25 * MS, true);
-        assert_eq!(cap.floor_rtt(), None);
         assert_eq!(cap.cap(), Some(MIN_CAP_PACKETS * PACKET));
     }
 
