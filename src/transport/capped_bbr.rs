@@ -182,8 +182,8 @@ impl InflightCap {
         // The first acknowledgement of a period marks its start; what it
         // acknowledged was delivered before.
         let Some(start) = self.period_start else {
-            self.start_period(now);
             self.refresh();
+            self.start_period(now);
             return;
         };
         self.period_acked = self.period_acked.saturating_add(bytes);
@@ -213,10 +213,11 @@ impl InflightCap {
         } else if self.period_at_floor && !self.period_app_limited {
             changed |= self.probe_floor(now, rate);
         }
-        self.start_period(now);
         if changed {
             self.refresh();
         }
+        // After the refresh: whether the next period starts at the floor.
+        self.start_period(now);
     }
 
     fn start_period(&mut self, now: Instant) {
