@@ -455,6 +455,38 @@ async fn links_are_bidirectional() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_index_is_sent_once_and_indexes_increase() {
+    let layout = presets::tiny();
+    let (_s, mut server, _c, mut client) = pair("order", &layout, None, quick()).await;
+    let g1 = common::grads(&layout, 1);
+    let (a, r) = tokio::join!(client.send_round(1, &g1), server.recv_round());
+    a.unwrap();
+    assert_eq!(r.unwrap().index, 1);
+    // The same index again, and an older one: refused here, before a byte
+    // leaves (the peer would otherwise close the link).
+    for again in [1, 0] {
+        match client.send_round(again, &g1).await {
+            Err(LinkError::RoundOrder { round, last }) => assert_eq!((round, last), (again, 1)),
+            other => panic!("round {again} after round 1: {other:?}"),
+        }
+    }
+    // Gradients the encoder refuses send nothing: their index stays free.
+    let mut bad = common::grads(&layout, 2);
+    bad[0][0] = f32::NAN;
+    assert!(matches!(
+        client.send_round(3, &bad).await,
+        Err(LinkError::Encode(_))
+    ));
+    let g3 = common::grads(&layout, 3);
+    let (a, r) = tokio::join!(client.send_round(3, &g3), server.recv_round());
+    a.unwrap();
+    let r = r.unwrap();
+    assert_eq!(r.index, 3);
+    assert!(r.tensors.iter().zip(&g3).all(|(x, y)| bit_equal(x, y)));
+    assert_eq!(server.counters().malformed, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_datagrams_are_merged_into_the_next_round() {
     // Delay on the sender and no grace on the receiver: the datagrams of a
     // round arrive after it was delivered. (No jitter: reordering by more

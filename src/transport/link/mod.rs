@@ -207,6 +207,18 @@ pub enum LinkError {
     /// A task of the link failed (panicked or was cancelled).
     #[error("internal: {0}")]
     Internal(String),
+    /// A round index that does not follow the last one sent on this link.
+    /// The peer keeps what it received of a round under its index (and
+    /// has delivered it, or will): a second round under the same or an
+    /// older index would be refused by it as a protocol error, or mixed
+    /// with what the first attempt sent. Nothing was sent.
+    #[error("round {round} does not follow round {last} (indexes must increase)")]
+    RoundOrder {
+        /// The index asked for.
+        round: u32,
+        /// The last index whose data may have reached the peer.
+        last: u32,
+    },
 }
 
 impl LinkError {
@@ -314,6 +326,9 @@ pub struct LinkSender {
     levels: u8,
     tx: Arc<TxShared>,
     timing: RoundTiming,
+    /// The last round whose data may have reached the peer: every round
+    /// from the moment its encoding succeeded, whether or not it finished.
+    last_sent: Option<u32>,
 }
 
 /// The receiving half of a link.
@@ -410,6 +425,7 @@ impl Link {
                 levels,
                 tx,
                 timing,
+                last_sent: None,
             },
             receiver: LinkReceiver {
                 conn,

@@ -10,6 +10,13 @@ impl LinkSender {
     /// Returns once the peer has confirmed every important chunk and every
     /// datagram was queued (or dropped by the deadline), so the caller may
     /// reuse `grads` right away.
+    ///
+    /// Round indexes must increase from one call to the next (gaps are
+    /// fine); an index at or below the last one sent is refused with
+    /// [`LinkError::RoundOrder`] before anything is sent. A round whose
+    /// gradients were refused ([`LinkError::Encode`]) sent nothing, so its
+    /// index may be used again; a round that failed or was cancelled later
+    /// counts as sent.
     pub async fn send_round<G: AsRef<[f32]>>(
         &mut self,
         round: u32,
@@ -54,12 +61,17 @@ impl LinkSender {
         shared: Option<&[Bytes]>,
     ) -> Result<SendReport, LinkError> {
         let start = Instant::now();
+        if let Some(last) = self.last_sent.filter(|&last| round <= last) {
+            return Err(LinkError::RoundOrder { round, last });
+        }
         let max = lossy_datagram_limit(&self.conn, self.timing.datagram_size)
             .ok_or(LinkError::NoDatagrams)?;
         // Scoring and classing read the whole round: every check on the
         // gradients happens here, before a byte is sent.
         let encoder = &mut self.encoder;
         let framer = blocking(|| encoder.start(round, grads, max))?;
+        // From here on bytes of this round may reach the peer.
+        self.last_sent = Some(round);
         let plan = start.elapsed();
         tracing::debug!(?plan, "classed");
         let mut report = SendReport {
