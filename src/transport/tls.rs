@@ -6,7 +6,8 @@
 //! way to skip certificate verification: a gradient stream accepted from an
 //! unauthenticated peer could be silently poisoned.
 //!
-//! rustls runs with the ring provider and TLS 1.3 only (QUIC requires 1.3);
+//! rustls runs with the ring provider and TLS 1.3 only (QUIC requires 1.3),
+//! AES-128-GCM preferred (see `provider`);
 //! both sides offer the ALPN [`ALPN`].
 
 use std::fs;
@@ -164,8 +165,27 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, PemError> {
         .ok_or_else(|| PemError::NoKey(path.into()))
 }
 
+/// ring's provider with the TLS 1.3 suites in gradlane's order:
+/// AES-128-GCM first. The packet protection of every QUIC packet is the
+/// largest single cost of a bulk transfer (about a fifth of all CPU in a
+/// loopback round under AES-256-GCM, ring's first choice), and AES-128-GCM
+/// seals 1.4 kB packets 12-17% faster on the target hosts. Measured with
+/// round_bench on loopback, side by side in one run: gradlane rounds 3-5%
+/// faster (README). Both ends build their configs here, and a rustls server
+/// follows the client's order, so this is what a link negotiates;
+/// AES-256-GCM and ChaCha20-Poly1305 stay on offer for other peers.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::cipher_suite::{
+        TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256,
+    };
+    Arc::new(rustls::crypto::CryptoProvider {
+        cipher_suites: vec![
+            TLS13_AES_128_GCM_SHA256,
+            TLS13_AES_256_GCM_SHA384,
+            TLS13_CHACHA20_POLY1305_SHA256,
+        ],
+        ..rustls::crypto::ring::default_provider()
+    })
 }
 
 /// A quinn server configuration presenting the chain in `cert_path` (leaf
@@ -175,6 +195,15 @@ pub fn server_config(
     cert_path: &Path,
     key_path: &Path,
 ) -> Result<quinn::ServerConfig, ServerConfigError> {
+    let quic = QuicServerConfig::try_from(server_tls(cert_path, key_path)?)?;
+    Ok(quinn::ServerConfig::with_crypto(Arc::new(quic)))
+}
+
+/// The rustls side of [`server_config`].
+fn server_tls(
+    cert_path: &Path,
+    key_path: &Path,
+) -> Result<rustls::ServerConfig, ServerConfigError> {
     let chain = load_certs(cert_path)?;
     let key = load_key(key_path)?;
     let mut tls = rustls::ServerConfig::builder_with_provider(provider())
@@ -187,13 +216,18 @@ pub fn server_config(
             source,
         })?;
     tls.alpn_protocols = vec![ALPN.to_vec()];
-    let quic = QuicServerConfig::try_from(tls)?;
-    Ok(quinn::ServerConfig::with_crypto(Arc::new(quic)))
+    Ok(tls)
 }
 
 /// A quinn client configuration that trusts exactly the CA certificates in
 /// `ca_path` (not the system roots).
 pub fn client_config(ca_path: &Path) -> Result<quinn::ClientConfig, ClientConfigError> {
+    let quic = QuicClientConfig::try_from(client_tls(ca_path)?)?;
+    Ok(quinn::ClientConfig::new(Arc::new(quic)))
+}
+
+/// The rustls side of [`client_config`].
+fn client_tls(ca_path: &Path) -> Result<rustls::ClientConfig, ClientConfigError> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in load_certs(ca_path)? {
         roots
@@ -208,8 +242,7 @@ pub fn client_config(ca_path: &Path) -> Result<quinn::ClientConfig, ClientConfig
         .with_root_certificates(roots)
         .with_no_client_auth();
     tls.alpn_protocols = vec![ALPN.to_vec()];
-    let quic = QuicClientConfig::try_from(tls)?;
-    Ok(quinn::ClientConfig::new(Arc::new(quic)))
+    Ok(tls)
 }
 
 /// The files written by [`generate_certs`].
@@ -338,4 +371,44 @@ fn write_file(path: &Path, contents: &[u8], secret: bool) -> Result<(), Generate
     let mut file = options.open(path).map_err(err)?;
     file.write_all(contents).map_err(err)?;
     file.sync_all().map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A TLS 1.3 handshake between gradlane's own client and server
+    /// configurations, in memory: what they negotiate.
+    #[test]
+    fn gradlane_ends_negotiate_aes_128_gcm() {
+        let dir = std::env::temp_dir().join(format!("gradlane-tls-suite-{}", std::process::id()));
+        let files = generate_certs(&dir, &["localhost"]).unwrap();
+        let server = server_tls(&files.server_cert, &files.server_key).unwrap();
+        let client = client_tls(&files.ca_cert).unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut c = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
+        let mut s = rustls::ServerConnection::new(Arc::new(server)).unwrap();
+        let mut flights = 0;
+        while c.is_handshaking() || s.is_handshaking() {
+            flights += 1;
+            assert!(flights < 10, "the handshake does not finish");
+            let mut wire = Vec::new();
+            while c.wants_write() {
+                c.write_tls(&mut wire).unwrap();
+            }
+            s.read_tls(&mut &wire[..]).unwrap();
+            s.process_new_packets().unwrap();
+            wire.clear();
+            while s.wants_write() {
+                s.write_tls(&mut wire).unwrap();
+            }
+            c.read_tls(&mut &wire[..]).unwrap();
+            c.process_new_packets().unwrap();
+        }
+        let suite = |x: Option<rustls::SupportedCipherSuite>| x.map(|s| s.suite());
+        let want = Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+        assert_eq!(suite(c.negotiated_cipher_suite()), want);
+        assert_eq!(suite(s.negotiated_cipher_suite()), want);
+    }
 }
