@@ -193,14 +193,22 @@ async fn rounds_at_20_percent_loss() {
     rounds_under_loss(0.20, 4).await;
 }
 
-/// Random loss of datagram packets is not taken for an MTU black hole: the
-/// path MTU stays where discovery put it and quinn discards no queued
-/// datagram. With datagrams at the path's size (the control), quinn's
-/// detector takes the lost datagram packets (a few bytes short of the
-/// largest packets it saw delivered) for a black hole, and the MTU falls to
-/// QUIC's 1200-byte floor.
+/// Datagrams at the MTU floor are never discarded by a fall of the path
+/// MTU, at any loss; with datagrams at the path's size (the control),
+/// quinn's detector takes the lost datagram packets (a few bytes short of
+/// the largest packets it saw delivered) for a black hole, and the MTU
+/// falls to QUIC's 1200-byte floor.
+///
+/// At the floor a datagram-only packet's loss never counts as a sign of a
+/// black hole, but a packet that carries a datagram and the tail of the
+/// important stream (retransmissions ride there once the datagrams are
+/// released) is full-size, and now and then losses of those still add up
+/// to a fall: once in a CI run on a loaded machine (one fall in four
+/// rounds; release builds on loopback showed none in 7 rounds, the path's
+/// size 3 in the first). So the number of falls at the floor is reported,
+/// not asserted; what the floor guarantees is that a fall discards nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn random_loss_does_not_look_like_a_black_hole() {
+async fn floor_datagrams_survive_random_loss_that_reads_as_a_black_hole_at_the_path_size() {
     let layout = presets::resnet18();
     let run = |datagram_size: DatagramSize, seed: u64| {
         let layout = layout.clone();
@@ -232,8 +240,7 @@ async fn random_loss_does_not_look_like_a_black_hole() {
         }
     };
     let (falls, mtu, discarded) = run(DatagramSize::MtuFloor, 71).await;
-    assert_eq!((falls, discarded), (0, 0), "at the floor: mtu {mtu}");
-    assert!(mtu > 1200, "at the floor: mtu {mtu}");
+    assert_eq!(discarded, 0, "at the floor: {falls} falls, mtu {mtu}");
     let (falls, mtu, _) = run(DatagramSize::Path, 72).await;
     assert!(
         falls > 0 && mtu == 1200,

@@ -97,7 +97,10 @@ pub enum LossyRelease {
 pub enum DatagramSize {
     /// Packets of at most QUIC's 1200-byte floor (1162-byte datagrams
     /// with quinn's 8-byte connection IDs): their loss never reads as a
-    /// black hole, and a fall of the path MTU discards none of them.
+    /// black hole, and a fall of the path MTU discards none of them. (A
+    /// packet that also carries the important stream's tail is full-size;
+    /// now and then losses of those still add up to a fall, which costs
+    /// the stream its packet size until quinn probes the MTU again.)
     #[default]
     MtuFloor,
     /// The path's size at framing time (1414 bytes on loopback, whose MTU

@@ -271,11 +271,14 @@ pub(super) async fn datagram_reader(conn: Connection, rx: Arc<RxShared>) {
                     tracing::debug!(%e, "dropped a malformed datagram");
                 }
             }
+            // Counted once placed, under the same lock: a round waiting on
+            // this count must find the datagrams in the reassembler, and
+            // whoever saw them placed (a delivered round) sees them
+            // counted, not as dropped by quinn (counted after the lock, a
+            // check right after delivery found up to a batch missing).
+            rx.datagrams_read
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
         }
-        // Counted once placed: a round waiting on this count must find
-        // the datagrams in the reassembler.
-        rx.datagrams_read
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
         batch.clear();
         rx.progress.notify_waiters();
     }
