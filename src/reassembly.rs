@@ -82,7 +82,8 @@ pub enum ReassemblyError {
     /// A second round end for one round.
     #[error("round {0} ended twice")]
     DuplicateEnd(u32),
-    /// A round end for a round already delivered.
+    /// A second round end for a round already delivered (and still in
+    /// the late window).
     #[error("round end for round {0}, which was already delivered")]
     EndAfterDelivery(u32),
     /// The round end's important digest or bytes differ from what is held.
@@ -150,6 +151,10 @@ pub struct ReceiverCounters {
     pub abandoned_rounds: u64,
     /// Payload bytes discarded with abandoned rounds.
     pub abandoned_bytes: u64,
+    /// Round ends of rounds that were skipped over, or delivered longer
+    /// ago than the late window, ignored (a sender that gave a round up
+    /// while its streams ran on).
+    pub stale_ends: u64,
 }
 
 /// Statistics of one delivered round.
@@ -662,7 +667,15 @@ impl Reassembler {
     /// when the last one comes, see [`check_important`]).
     fn end_round(&mut self, end: RoundEnd) -> Result<bool, ReassemblyError> {
         if self.last_delivered.is_some_and(|d| end.round <= d) {
-            return Err(ReassemblyError::EndAfterDelivery(end.round));
+            // A second end for a delivered round: the peer is broken.
+            if self.recent.iter().any(|(r, _)| *r == end.round) {
+                return Err(ReassemblyError::EndAfterDelivery(end.round));
+            }
+            // The end of a round skipped over: its sender gave it up (a
+            // cancelled `send_round`) while its streams ran on, and the
+            // next round overtook it. Nothing to do with it.
+            self.counters.stale_ends += 1;
+            return Ok(false);
         }
         if !self.open.contains_key(&end.round) {
             if self.open.len() >= self.config.max_open_rounds {

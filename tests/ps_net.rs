@@ -266,6 +266,59 @@ async fn refusals_leave_tickets_and_links_intact() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_push_leaves_the_session_usable() {
+    // 16 MB a push: more than quinn's stream windows let through before
+    // the receiver acknowledges, so a push cannot finish within one poll
+    // (a 256-byte one did, now and then: every wait in it was already
+    // over when polled).
+    let layout = Layout::new(vec![TensorSpec::dense("w", [1 << 22])]).unwrap();
+    let dim = layout.total_values() as usize;
+    let run = start("cancel", small_ormo(1, dim));
+    let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
+    let mut a = Worker::join(&ep, run.addr, "localhost", &layout, Compression::Rounds)
+        .await
+        .unwrap();
+    let mut params = a.pull().await.unwrap();
+    let grad = vec![0.5f32; dim];
+    // Polled once and dropped: the round is framed and on its way (its
+    // writers run on), the request naming it is never written. A push
+    // that still finished in that one poll is counted and tried again.
+    let mut applied = 0;
+    let mut cancelled = false;
+    for _ in 0..5 {
+        let grads = [&grad];
+        let mut push = std::pin::pin!(a.push(params.index, &grads));
+        let first = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(push.as_mut(), cx))
+        })
+        .await;
+        match first {
+            std::task::Poll::Pending => {
+                cancelled = true;
+                break;
+            }
+            std::task::Poll::Ready(reply) => {
+                params = reply.unwrap().params;
+                applied += 1;
+            }
+        }
+    }
+    assert!(cancelled, "every push finished within one poll");
+    // The ticket was never used, and the next push goes under a fresh
+    // round index: the server drops the round no request named (or the
+    // link skips it, when the next round overtakes it).
+    let reply = a.push(params.index, &[&grad]).await.unwrap();
+    assert_eq!(reply.disposition, Disposition::Applied { staleness: 0 });
+    let reply = a.push(reply.params.index, &[&grad]).await.unwrap();
+    assert_eq!(reply.disposition, Disposition::Applied { staleness: 0 });
+    a.leave().await;
+    run.stop.send(()).unwrap();
+    let stats = run.done.await.unwrap().unwrap();
+    assert_eq!(stats.applied, applied + 2);
+    assert!(stats.orphan_rounds <= 1, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_model_size_and_malformed_requests_close_only_that_link() {
     let (p, layout) = problem();
     let run = start("malformed", small_ormo(2, p.dim()));

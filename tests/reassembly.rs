@@ -404,6 +404,25 @@ fn delivery_is_in_order_and_skipped_rounds_are_counted() {
         rx.deliver(0).unwrap_err(),
         ReassemblyError::AlreadyDelivered { round: 0, last: 1 }
     );
+    // The skipped round's stream arriving after all (a sender that gave it
+    // up while its streams ran on): its end is ignored, its data dropped
+    // as too old, nothing merged into a later round.
+    let too_old = rx.counters().too_old;
+    for seg in common::split_segments(&e0.reliable) {
+        rx.push(seg, Channel::Reliable).unwrap();
+    }
+    assert_eq!(rx.counters().stale_ends, 1);
+    assert!(rx.counters().too_old > too_old);
+    assert_eq!(rx.late_buffered_bytes(), 0);
+    // A second end of the delivered round is a broken peer.
+    let end1 = common::split_segments(&e1.reliable)
+        .into_iter()
+        .find(|seg| matches!(wire::decode_all(seg).next(), Some(Ok(Segment::RoundEnd(_)))))
+        .unwrap();
+    assert_eq!(
+        rx.push(end1, Channel::Reliable).unwrap_err(),
+        ReassemblyError::EndAfterDelivery(1)
+    );
 }
 
 /// Feeds `stream` to a decoder in pieces cut at `cuts` (sorted positions).

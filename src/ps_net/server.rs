@@ -53,6 +53,9 @@ pub struct ServeStats {
     pub zero_filled_bytes: u64,
     /// Gradient bytes of earlier rounds added into later ones.
     pub late_merged_bytes: u64,
+    /// Rounds that arrived without a request naming them (their push
+    /// failed or was cancelled after the first byte left), dropped.
+    pub orphan_rounds: u64,
 }
 
 impl ServeStats {
@@ -276,7 +279,18 @@ async fn serve_worker<S: ParameterServer>(
             Request::PushRound { index, round } => {
                 // The round is on its way whatever we think of the index:
                 // take it off the link first so the link stays in step.
-                let delivered = link.recv_round().await?;
+                // Rounds before it that no request named were sent by
+                // pushes that failed or were cancelled after their first
+                // byte left: counted and dropped.
+                let delivered = loop {
+                    let d = link.recv_round().await?;
+                    if d.index >= round {
+                        break d;
+                    }
+                    tracing::debug!(orphan = d.index, round, "dropped a round no request named");
+                    lock(&shared.stats).orphan_rounds += 1;
+                    link.recycle(d.tensors);
+                };
                 if delivered.index != round {
                     return Err(SessionError::RoundMismatch {
                         expected: round,

@@ -183,8 +183,19 @@ impl Worker {
                 // any byte leaves, and then no request announces it, so the
                 // server is never left waiting for a round that never comes.
                 let round = self.next_round;
-                let report = self.link.send_round(round, grads).await?;
-                self.next_round = self.next_round.wrapping_add(1);
+                // Once this round may have left, its index is spent: the
+                // link refuses it again (`LinkError::RoundOrder`), and the
+                // server drops a round no request names. Only a round the
+                // encoder refused sent nothing and keeps its index. Set
+                // before sending, so a cancelled push spends it too.
+                self.next_round = round.wrapping_add(1);
+                let report = match self.link.send_round(round, grads).await {
+                    Err(LinkError::Encode(e)) => {
+                        self.next_round = round;
+                        return Err(LinkError::Encode(e).into());
+                    }
+                    sent => sent?,
+                };
                 let header = Request::PushRound { index, round }.encode();
                 write_bytes(&mut self.send, Bytes::from(header)).await?;
                 let bytes = report.important_bytes + report.lossy_bytes.iter().sum::<u64>();

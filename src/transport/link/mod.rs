@@ -213,8 +213,8 @@ pub enum LinkError {
     /// A round index that does not follow the last one sent on this link.
     /// The peer keeps what it received of a round under its index (and
     /// has delivered it, or will): a second round under the same or an
-    /// older index would be refused by it as a protocol error, or mixed
-    /// with what the first attempt sent. Nothing was sent.
+    /// older index would be refused by it as a protocol error, dropped as
+    /// stale, or mixed with what the first attempt sent. Nothing was sent.
     #[error("round {round} does not follow round {last} (indexes must increase)")]
     RoundOrder {
         /// The index asked for.

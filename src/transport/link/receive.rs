@@ -20,19 +20,31 @@ impl LinkReceiver {
     /// [`recv_round`](Self::recv_round), also telling when the round's
     /// important data was complete and when it was delivered.
     pub async fn recv_round_timed(&mut self) -> Result<(Round, RoundArrival), LinkError> {
-        let (round, important) = tokio::select! {
-            // A protocol error is queued before the connection is closed:
-            // look at the queue first so the caller learns why.
-            biased;
-            m = self.ended.recv() => match m {
-                Some(Ok(r)) => r,
-                Some(Err(e)) => return Err(LinkError::Protocol(e)),
-                None => return Err(LinkError::from_conn(self.conn.closed().await)),
-            },
-            e = self.conn.closed() => match self.ended.try_recv() {
-                Ok(Err(why)) => return Err(LinkError::Protocol(why)),
-                _ => return Err(LinkError::from_conn(e)),
-            },
+        let (round, important) = loop {
+            let (round, important) = tokio::select! {
+                // A protocol error is queued before the connection is
+                // closed: look at the queue first so the caller learns why.
+                biased;
+                m = self.ended.recv() => match m {
+                    Some(Ok(r)) => r,
+                    Some(Err(e)) => return Err(LinkError::Protocol(e)),
+                    None => return Err(LinkError::from_conn(self.conn.closed().await)),
+                },
+                e = self.conn.closed() => match self.ended.try_recv() {
+                    Ok(Err(why)) => return Err(LinkError::Protocol(why)),
+                    _ => return Err(LinkError::from_conn(e)),
+                },
+            };
+            // Two rounds can complete at about the same time on their own
+            // streams (a round the sender gave up, whose streams ran on,
+            // and the next one), and their news can come in either order:
+            // one skipped over by a later delivery is counted abandoned
+            // already and has nothing left to deliver.
+            let delivered = lock(&self.rx.reassembler).last_delivered();
+            if delivered.is_none_or(|d| round > d) {
+                break (round, important);
+            }
+            tracing::debug!(round, ?delivered, "skipped a round delivered past");
         };
         let span = tracing::info_span!("recv_round", round);
         let delivered = self.finish_round(round).instrument(span).await?;
