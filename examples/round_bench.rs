@@ -94,10 +94,11 @@ struct Args {
     #[arg(long, default_value_t = 60)]
     round_timeout_s: u64,
     /// Only run variants whose name and controller ("gradlane BBR", "raw
-    /// quinn Cubic, queue-gated", ...) contain this text (for profiling
-    /// one variant; the goal lines then only cover what ran).
+    /// quinn Cubic, queue-gated", ...) contain one of these texts (for
+    /// profiling one variant, or comparing two alone; the goal lines then
+    /// only cover what ran). Repeat the flag for several.
     #[arg(long)]
-    only: Option<String>,
+    only: Vec<String>,
     /// Print, per gradlane round, where its datagrams went: sent, dropped
     /// by the fault injector (all packets, both directions), received in
     /// time, zero-filled, merged late into the next round, dropped by quinn.
@@ -227,10 +228,8 @@ impl Bench {
     }
 
     fn skipped(&self, name: &str) -> bool {
-        self.args
-            .only
-            .as_ref()
-            .is_some_and(|o| !name.contains(o.as_str()))
+        let only = &self.args.only;
+        !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str()))
     }
 
     /// Opens a variant's fresh connection.

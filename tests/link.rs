@@ -494,6 +494,57 @@ async fn a_round_index_is_sent_once_and_indexes_increase() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_send_round_stops_sending_its_round() {
+    // 16 MB a round over a 20 ms path: the congestion window needs many
+    // round trips to carry it, so a round dropped once 1 MB has left still
+    // has most of it to send, in quinn's buffers or the writers' queues.
+    let layout = Layout::new(vec![TensorSpec::dense("w", [1 << 22])]).unwrap();
+    let round_bytes = layout.total_values() as u64 * 4;
+    let faults = Faults {
+        delay: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let (_s, mut server, _c, mut client) = pair("dropped", &layout, Some(faults), quick()).await;
+    let conn = client.connection().clone();
+    let sent = move || conn.stats().udp_tx.bytes;
+    let before = sent();
+    let g0 = common::grads(&layout, 1);
+    {
+        let send = client.send_round(0, &g0);
+        tokio::pin!(send);
+        loop {
+            tokio::select! {
+                r = send.as_mut() => panic!("a 16 MB round over 20 ms finished early: {r:?}"),
+                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+            }
+            if sent() - before > 1 << 20 {
+                break;
+            }
+        }
+    }
+    // Dropped. The next round goes through whole, and round 0 is skipped.
+    let g1 = common::grads(&layout, 2);
+    let (a, r) = tokio::join!(client.send_round(1, &g1), server.recv_round());
+    a.unwrap();
+    let r = r.unwrap();
+    // Round 0 cannot have been whole when it was dropped: delivered, it
+    // was sent on after the drop.
+    assert_eq!(r.index, 1, "the dropped round was delivered");
+    assert!(r.tensors.iter().zip(&g1).all(|(x, y)| bit_equal(x, y)));
+    assert_eq!(server.counters().malformed, 0);
+    // Without the reset, quinn went on sending all of round 0 (its writers
+    // ran on and it held what they wrote): twice the round in all. Now
+    // about one round, plus what round 0 had sent before it was reset.
+    let total = sent() - before;
+    assert!(
+        (total as f64) < 1.4 * round_bytes as f64,
+        "{total} bytes sent for a dropped and a whole {round_bytes}-byte round"
+    );
+    let resets = client.connection().stats().frame_tx.reset_stream;
+    assert!(resets >= 1, "no lane of the dropped round was reset");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_datagrams_are_merged_into_the_next_round() {
     // Delay on the sender and no grace on the receiver: the datagrams of a
     // round arrive after it was delivered. (No jitter: reordering by more

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::transport::blocking;
+use tokio::sync::watch;
 
 impl LinkSender {
     /// Sends one round; `grads` in layout order.
@@ -17,6 +18,11 @@ impl LinkSender {
     /// gradients were refused ([`LinkError::Encode`]) sent nothing, so its
     /// index may be used again; a round that failed or was cancelled later
     /// counts as sent.
+    ///
+    /// Dropping the returned future (a timeout, a `select!`) before the
+    /// peer confirmed the important part abandons the round: its streams
+    /// are reset, so quinn stops sending them, and the peer skips the round
+    /// unless its important part had all arrived.
     pub async fn send_round<G: AsRef<[f32]>>(
         &mut self,
         round: u32,
@@ -94,6 +100,10 @@ impl LinkSender {
         // to quinn from one writer task per lane as soon as each is framed,
         // while this thread frames the next ones and then the datagrams.
         let lanes = lane_count(self.timing.lanes, framer.reliable_len());
+        // From here until the peer confirms the important part, a return
+        // (an error, or the caller dropping this future) abandons the
+        // round: see `Abandon`.
+        let mut abandon = Abandon::new(self.control.clone(), round);
         let mut queues = Vec::with_capacity(lanes);
         let mut writers = Vec::with_capacity(lanes);
         for _ in 0..lanes {
@@ -102,7 +112,7 @@ impl LinkSender {
             let _ = stream.set_priority(i32::MAX);
             let (pieces, queue) = mpsc::unbounded_channel();
             queues.push(pieces);
-            writers.push(tokio::spawn(write_lane(stream, queue)));
+            writers.push(tokio::spawn(write_lane(stream, queue, abandon.signal())));
         }
         let encoded = frame_pipelined(framer, grads, shared, &queues).await;
         drop(queues);
@@ -115,7 +125,11 @@ impl LinkSender {
                 .await
                 .map_err(|e| LinkError::Internal(format!("stream writer: {e}")))
                 .and_then(|r| r);
-            written = written.and(w);
+            match w {
+                Ok(Some(finished)) => abandon.finished.push(finished),
+                Ok(None) => {}
+                Err(e) => written = written.and(Err(e)),
+            }
         }
         let encoded = encoded?;
         written?;
@@ -165,10 +179,14 @@ impl LinkSender {
         if !*self.tx.peer_finished.borrow() {
             reported?;
         }
+        abandon.reported = true;
         report.total = start.elapsed();
         tracing::debug!(?report.total, "lossy data sent");
         let confirmed = self.wait_release(round, None).await?;
-        lock(&self.tx.acked).remove(&round);
+        abandon.disarm();
+        // This round's confirmation, and any of an abandoned older round
+        // that came after its sender had gone.
+        lock(&self.tx.acked).retain(|&r, _| r > round);
         report.important = confirmed.saturating_duration_since(start);
         tracing::debug!(?report.important, "important data confirmed");
         self.encoder.recycle(encoded);
@@ -371,25 +389,115 @@ async fn frame_pipelined<G: AsRef<[f32]>>(
 }
 
 /// The writer of one lane of a round's important part: writes the pieces
-/// as they come and finishes the stream at [`LanePiece::End`]. If the queue
-/// closes before (the round was abandoned: `send_round` dropped or failed),
-/// the stream is reset instead, so the peer never mistakes a cut stream
-/// for a whole one.
+/// as they come, finishes the stream at [`LanePiece::End`] and hands it
+/// back (quinn may still hold its data; see [`Abandon`]). If the round is
+/// abandoned first (`send_round` dropped or failed: the queue closes or
+/// `abandoned` fires), the stream is reset instead, so the peer never
+/// mistakes a cut stream for a whole one and quinn stops sending it.
+/// (Dropping a quinn `SendStream` would finish it, cut or not: this task
+/// is signalled, never aborted.)
 async fn write_lane(
     mut stream: SendStream,
     mut pieces: mpsc::UnboundedReceiver<LanePiece>,
-) -> Result<(), LinkError> {
+    mut abandoned: watch::Receiver<()>,
+) -> Result<Option<SendStream>, LinkError> {
+    let reset = |stream: &mut SendStream| {
+        let _ = stream.reset(VarInt::from_u32(codes::ROUND_ABANDONED));
+    };
     loop {
-        match pieces.recv().await {
-            Some(LanePiece::Bytes(mut pieces)) => stream.write_all_chunks(&mut pieces).await?,
+        let piece = tokio::select! {
+            biased;
+            _ = abandoned.changed() => None,
+            piece = pieces.recv() => piece,
+        };
+        match piece {
+            Some(LanePiece::Bytes(mut pieces)) => tokio::select! {
+                biased;
+                _ = abandoned.changed() => {
+                    reset(&mut stream);
+                    return Ok(None);
+                }
+                written = stream.write_all_chunks(&mut pieces) => written?,
+            },
             Some(LanePiece::End) => {
                 let _ = stream.finish();
-                return Ok(());
+                return Ok(Some(stream));
             }
             None => {
-                let _ = stream.reset(VarInt::from_u32(codes::ROUND_ABANDONED));
-                return Ok(());
+                reset(&mut stream);
+                return Ok(None);
             }
+        }
+    }
+}
+
+/// What abandoning a round takes, done when `send_round` returns (fails,
+/// or is dropped by its caller) before the peer confirmed the round's
+/// important part.
+///
+/// Without it, a dropped `send_round` left its writer tasks running and
+/// quinn holding up to its send window of the round: all of it was sent,
+/// and resent under loss, for a round no one waits for any more.
+/// Abandoning resets every lane: a writer still running resets its
+/// stream, and a finished lane, whose data quinn may still hold, is reset
+/// here. The peer then delivers the round only if its important part had
+/// all arrived; its datagrams are reported sent (none will follow), so
+/// that delivery does not wait out the grace for them.
+struct Abandon {
+    /// Dropped with this guard: the running writers' signal.
+    signal: watch::Sender<()>,
+    /// Lanes whose writer finished the stream.
+    finished: Vec<SendStream>,
+    control: Arc<tokio::sync::Mutex<SendStream>>,
+    round: u32,
+    /// The round's datagrams were reported sent already.
+    reported: bool,
+    armed: bool,
+}
+
+impl Abandon {
+    fn new(control: Arc<tokio::sync::Mutex<SendStream>>, round: u32) -> Self {
+        Self {
+            signal: watch::Sender::new(()),
+            finished: Vec::new(),
+            control,
+            round,
+            reported: false,
+            armed: true,
+        }
+    }
+
+    /// What a lane's writer watches: it fires when this guard goes.
+    fn signal(&self) -> watch::Receiver<()> {
+        self.signal.subscribe()
+    }
+
+    /// The peer confirmed the round: nothing to abandon.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        tracing::debug!(round = self.round, "round abandoned");
+        for stream in &mut self.finished {
+            // Fails harmlessly if the peer already acknowledged it all.
+            let _ = stream.reset(VarInt::from_u32(codes::ROUND_ABANDONED));
+        }
+        if self.reported {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let control = self.control.clone();
+            let round = self.round;
+            runtime.spawn(async move {
+                // The link may be gone: nothing to tell then.
+                let _ = write_control(&mut *control.lock().await, Control::LossySent(round)).await;
+            });
         }
     }
 }
