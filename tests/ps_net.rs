@@ -280,9 +280,10 @@ async fn a_cancelled_push_leaves_the_session_usable() {
         .unwrap();
     let mut params = a.pull().await.unwrap();
     let grad = vec![0.5f32; dim];
-    // Polled once and dropped: the round is framed and on its way (its
-    // writers run on), the request naming it is never written. A push
-    // that still finished in that one poll is counted and tried again.
+    // Polled once and dropped: the round is framed and partly on its way,
+    // then abandoned (its lanes reset), and the request naming it is never
+    // written. A push that still finished in that one poll is counted and
+    // tried again.
     let mut applied = 0;
     let mut cancelled = false;
     for _ in 0..5 {
@@ -316,6 +317,45 @@ async fn a_cancelled_push_leaves_the_session_usable() {
     let stats = run.done.await.unwrap().unwrap();
     assert_eq!(stats.applied, applied + 2);
     assert!(stats.orphan_rounds <= 1, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_dropped_while_awaiting_its_reply_leaves_the_session_in_step() {
+    let (p, layout) = problem();
+    let run = start("dropped-reply", small_ormo(1, p.dim()));
+    let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
+    let codec = Compression::Codec {
+        selection: Selection::TopK(32),
+        base: DEFAULT_BASE,
+    };
+    let mut a = Worker::join(&ep, run.addr, "localhost", &layout, codec)
+        .await
+        .unwrap();
+    let params = a.pull().await.unwrap();
+    let grad = vec![0.25f32; p.dim()];
+    // A codec push sends its request at once, then waits a round trip for
+    // the reply: polled once, it is under way, and dropped there.
+    {
+        let mut push = std::pin::pin!(a.push_flat(params.index, &grad));
+        let first = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(push.as_mut(), cx))
+        })
+        .await;
+        assert!(first.is_pending(), "a push got its reply within one poll");
+    }
+    // The server applied the request that left. The next pull returns the
+    // parameters and ticket of that push's reply (before, it read that
+    // reply as its own and failed: a push reply to a pull), and the calls
+    // after it get their own replies.
+    let params = a.pull().await.unwrap();
+    assert_eq!(params.steps, 1);
+    let reply = a.push_flat(params.index, &grad).await.unwrap();
+    assert_eq!(reply.disposition, Disposition::Applied { staleness: 0 });
+    assert_eq!(reply.params.steps, 2);
+    a.leave().await;
+    run.stop.send(()).unwrap();
+    let stats = run.done.await.unwrap().unwrap();
+    assert_eq!(stats.applied, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,11 @@ use crate::transport::{Endpoint, Link, LinkError, SendReport};
 use bytes::Bytes;
 use quinn::{RecvStream, SendStream};
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 use thiserror::Error;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 /// How a worker sends its gradients.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -100,18 +104,52 @@ pub enum WorkerError {
     UnexpectedReply(&'static str),
 }
 
+/// A reply as the reader task hands it over: parameters (with the
+/// disposition of a push), or why there are none.
+type Reply = Result<(Option<Disposition>, Params), WorkerError>;
+
 /// A worker's session with a parameter server.
+///
+/// Every call is cancel-safe: a `push` or `pull` dropped part way (a
+/// timeout around it, a `select!`) leaves the session usable. A request is
+/// handed to the stream whole or not at all (a writer task owns the send
+/// half), replies are parsed whole by a reader task, and a reply owed to a
+/// call that went away is skipped by the next call. The server may still
+/// have acted on such a request: a push dropped after its request left can
+/// be applied, and the parameters and ticket its reply carried are what
+/// the next [`pull`](Self::pull) returns (the server refuses a pull from a
+/// worker holding a ticket).
 pub struct Worker {
     link: Link,
-    send: SendStream,
-    recv: RecvStream,
+    /// Whole request messages, to the writer task.
+    requests: mpsc::UnboundedSender<Bytes>,
+    writer: JoinHandle<()>,
+    /// Whole replies, from the reader task; it stops after a stream error.
+    replies: mpsc::Receiver<Reply>,
+    _reader: AbortOnDrop,
+    /// Replies due to requests already sent that no call is waiting for
+    /// any more: skipped before the next request.
+    owed: usize,
+    /// Parameters and ticket from the reply to a dropped call, for the
+    /// next pull.
+    held: Option<Params>,
     dim: usize,
     compression: Compression,
     next_round: u32,
     /// A params buffer handed back by the caller, reused by the next reply.
-    spare: Vec<f32>,
+    spare: Arc<Mutex<Vec<f32>>>,
     /// Flat gradient for the codec.
     flat: Vec<f32>,
+}
+
+/// Stops the reply reader with the session: it holds the receive half,
+/// which would keep the connection open.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl std::fmt::Debug for Worker {
@@ -141,14 +179,28 @@ impl Worker {
             .await
             .map_err(LinkError::from_conn)?;
         let dim = layout.total_values() as usize;
+        let spare = Arc::new(Mutex::new(Vec::new()));
+        let (requests, queue) = mpsc::unbounded_channel();
+        // One reply in hand and one being read: the server answers only
+        // what was asked, so this bounds nothing that could pile up.
+        let (reply_tx, replies) = mpsc::channel(1);
         Ok(Self {
             link,
-            send,
-            recv,
+            requests,
+            writer: tokio::spawn(write_requests(send, queue)),
+            replies,
+            _reader: AbortOnDrop(tokio::spawn(read_replies(
+                recv,
+                dim,
+                spare.clone(),
+                reply_tx,
+            ))),
+            owed: 0,
+            held: None,
             dim,
             compression,
             next_round: 0,
-            spare: Vec::new(),
+            spare,
             flat: Vec::new(),
         })
     }
@@ -161,8 +213,12 @@ impl Worker {
     /// Asks for parameters and a ticket. A synchronous server answers once
     /// its current round has room.
     pub async fn pull(&mut self) -> Result<Params, WorkerError> {
-        write_bytes(&mut self.send, Bytes::from(Request::Pull.encode())).await?;
-        match self.read_reply().await? {
+        self.skip_owed().await?;
+        if let Some(params) = self.held.take() {
+            return Ok(params);
+        }
+        self.request(Request::Pull.encode())?;
+        match self.reply().await? {
             (None, params) => Ok(params),
             (Some(_), _) => Err(WorkerError::UnexpectedReply("push reply to a pull")),
         }
@@ -176,6 +232,12 @@ impl Worker {
         grads: &[G],
     ) -> Result<PushReply, WorkerError> {
         self.check_shape(grads)?;
+        self.skip_owed().await?;
+        // A push with no pull for the held parameters: the caller kept
+        // its own ticket, and the held one is moot.
+        if let Some(held) = self.held.take() {
+            self.recycle(held.values);
+        }
         let (send, gradient_bytes) = match self.compression {
             Compression::Rounds => {
                 // The round goes first and the request naming it after: a
@@ -196,8 +258,7 @@ impl Worker {
                     }
                     sent => sent?,
                 };
-                let header = Request::PushRound { index, round }.encode();
-                write_bytes(&mut self.send, Bytes::from(header)).await?;
+                self.request(Request::PushRound { index, round }.encode())?;
                 let bytes = report.important_bytes + report.lossy_bytes.iter().sum::<u64>();
                 (Some(report), bytes)
             }
@@ -208,12 +269,11 @@ impl Worker {
                 }
                 let frame = codec::encode_dense(&self.flat, selection, base)?;
                 let bytes = frame.len() as u64;
-                let msg = Request::PushCodec { index, frame }.encode();
-                write_bytes(&mut self.send, Bytes::from(msg)).await?;
+                self.request(Request::PushCodec { index, frame }.encode())?;
                 (None, bytes)
             }
         };
-        match self.read_reply().await? {
+        match self.reply().await? {
             (Some(disposition), params) => Ok(PushReply {
                 disposition,
                 params,
@@ -247,16 +307,66 @@ impl Worker {
     /// Hands a [`Params::values`] buffer back so the next reply reuses it
     /// (saves mapping fresh memory for every reply of a large model).
     pub fn recycle(&mut self, values: Vec<f32>) {
-        self.spare = values;
+        *lock(&self.spare) = values;
     }
 
     /// Ends the session in an orderly way: the server gives the ticket back.
-    pub async fn leave(mut self) {
-        let _ = self.send.finish();
-        // Wait until the server has seen the end (it closes nothing itself),
-        // bounded so a vanished server cannot hold us.
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), self.send.stopped()).await;
-        self.link.close();
+    pub async fn leave(self) {
+        let Self {
+            link,
+            requests,
+            writer,
+            ..
+        } = self;
+        // The writer finishes the stream once it has written what is
+        // queued, and waits (a bounded time) for the server to see the end.
+        drop(requests);
+        let _ = writer.await;
+        link.close();
+    }
+
+    /// Hands a whole request to the writer; its reply is owed from now on.
+    fn request(&mut self, message: Vec<u8>) -> Result<(), WorkerError> {
+        self.requests
+            .send(Bytes::from(message))
+            .map_err(|_| self.ended())?;
+        self.owed += 1;
+        Ok(())
+    }
+
+    /// The reply to the request just made.
+    async fn reply(&mut self) -> Result<(Option<Disposition>, Params), WorkerError> {
+        let reply = self.replies.recv().await.ok_or_else(|| self.ended())?;
+        self.owed -= 1;
+        reply
+    }
+
+    /// Reads the replies owed to calls that were dropped before theirs
+    /// came, keeping the latest parameters for the next pull (a refusal
+    /// among them is no error of this call: the ticket stays as it was).
+    async fn skip_owed(&mut self) -> Result<(), WorkerError> {
+        while self.owed > 0 {
+            match self.reply().await {
+                Ok((_, params)) => {
+                    if let Some(old) = self.held.replace(params) {
+                        self.recycle(old.values);
+                    }
+                }
+                Err(WorkerError::Refused(_)) => {}
+                Err(e) => return Err(e),
+            }
+            tracing::debug!("took the reply to a dropped request");
+        }
+        Ok(())
+    }
+
+    /// Why the request stream can carry nothing more: the connection's end,
+    /// or the stream's (after an error reported to an earlier call).
+    fn ended(&self) -> WorkerError {
+        match self.link.connection().close_reason() {
+            Some(e) => WorkerError::Link(LinkError::from_conn(e)),
+            None => WorkerError::Stream(StreamError::Truncated),
+        }
     }
 
     fn check_shape<G: AsRef<[f32]>>(&self, grads: &[G]) -> Result<(), WorkerError> {
@@ -279,51 +389,94 @@ impl Worker {
         }
         Ok(())
     }
+}
 
-    /// Reads one reply: parameters (with the disposition of a push), or a
-    /// refusal as an error.
-    async fn read_reply(&mut self) -> Result<(Option<Disposition>, Params), WorkerError> {
-        let len = read_len(&mut self.recv)
-            .await?
-            .ok_or(StreamError::Truncated)?;
-        let mut tag = [0u8; 1];
-        if len == 0 {
-            return Err(StreamError::Message(protocol::MessageError::Empty).into());
-        }
-        read_into(&mut self.recv, &mut tag).await?;
-        let kind = protocol::reply_kind(tag[0]).map_err(StreamError::from)?;
-        protocol::check_reply_len(kind, len, self.dim).map_err(StreamError::from)?;
-        match kind {
-            ReplyKind::Refused => {
-                let mut body = vec![0u8; len];
-                body[0] = tag[0];
-                read_into(&mut self.recv, &mut body[1..]).await?;
-                let why = protocol::decode_refused(&body).map_err(StreamError::from)?;
-                Err(WorkerError::Refused(why))
-            }
-            ReplyKind::Params => {
-                let mut head = [0u8; PARAMS_HEADER_LEN];
-                head[0] = tag[0];
-                read_into(&mut self.recv, &mut head[1..]).await?;
-                let header = ParamsHeader::decode(&head).map_err(StreamError::from)?;
-                let mut values = std::mem::take(&mut self.spare);
-                values.resize(self.dim, 0.0);
-                // Straight into the f32 buffer: one copy from quinn's.
-                read_into(&mut self.recv, bytemuck::cast_slice_mut(&mut values)).await?;
-                if cfg!(target_endian = "big") {
-                    for v in &mut values {
-                        *v = f32::from_bits(u32::from_le(v.to_bits()));
-                    }
-                }
-                Ok((
-                    header.disposition,
-                    Params {
-                        index: header.index,
-                        steps: header.steps,
-                        values,
-                    },
-                ))
-            }
+/// The writer task: writes each request whole, in order; once the session
+/// drops its end, finishes the stream and waits (at most a second, so a
+/// vanished server cannot hold a leaving worker) for the server to see it.
+async fn write_requests(mut send: SendStream, mut queue: mpsc::UnboundedReceiver<Bytes>) {
+    while let Some(message) = queue.recv().await {
+        if write_bytes(&mut send, message).await.is_err() {
+            // The reader sees the same failure and reports it.
+            return;
         }
     }
+    let _ = send.finish();
+    let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+}
+
+/// The reader task: parses replies whole and hands them over in order.
+/// Stops at the stream's end or at an error, after handing the error over
+/// (a refusal is a reply, not an error of the stream).
+async fn read_replies(
+    mut recv: RecvStream,
+    dim: usize,
+    spare: Arc<Mutex<Vec<f32>>>,
+    replies: mpsc::Sender<Reply>,
+) {
+    loop {
+        let reply = match read_len(&mut recv).await {
+            Ok(Some(len)) => read_reply(&mut recv, len, dim, &spare).await,
+            Ok(None) => return,
+            Err(e) => Err(e.into()),
+        };
+        let go_on = matches!(reply, Ok(_) | Err(WorkerError::Refused(_)));
+        if replies.send(reply).await.is_err() || !go_on {
+            return;
+        }
+    }
+}
+
+/// Reads one reply of `len` bytes (its length prefix read): parameters
+/// (with the disposition of a push), or a refusal as an error.
+async fn read_reply(
+    recv: &mut RecvStream,
+    len: usize,
+    dim: usize,
+    spare: &Mutex<Vec<f32>>,
+) -> Reply {
+    let mut tag = [0u8; 1];
+    if len == 0 {
+        return Err(StreamError::Message(protocol::MessageError::Empty).into());
+    }
+    read_into(recv, &mut tag).await?;
+    let kind = protocol::reply_kind(tag[0]).map_err(StreamError::from)?;
+    protocol::check_reply_len(kind, len, dim).map_err(StreamError::from)?;
+    match kind {
+        ReplyKind::Refused => {
+            let mut body = vec![0u8; len];
+            body[0] = tag[0];
+            read_into(recv, &mut body[1..]).await?;
+            let why = protocol::decode_refused(&body).map_err(StreamError::from)?;
+            Err(WorkerError::Refused(why))
+        }
+        ReplyKind::Params => {
+            let mut head = [0u8; PARAMS_HEADER_LEN];
+            head[0] = tag[0];
+            read_into(recv, &mut head[1..]).await?;
+            let header = ParamsHeader::decode(&head).map_err(StreamError::from)?;
+            let mut values = std::mem::take(&mut *lock(spare));
+            values.resize(dim, 0.0);
+            // Straight into the f32 buffer: one copy from quinn's.
+            read_into(recv, bytemuck::cast_slice_mut(&mut values)).await?;
+            if cfg!(target_endian = "big") {
+                for v in &mut values {
+                    *v = f32::from_bits(u32::from_le(v.to_bits()));
+                }
+            }
+            Ok((
+                header.disposition,
+                Params {
+                    index: header.index,
+                    steps: header.steps,
+                    values,
+                },
+            ))
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere leaves at worst a spare buffer of any length.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
