@@ -334,7 +334,7 @@ impl Worker {
         Ok(())
     }
 
-    /// The reply to the request just made.
+    /// The next reply, in the order of the requests.
     async fn reply(&mut self) -> Result<(Option<Disposition>, Params), WorkerError> {
         let reply = self.replies.recv().await.ok_or_else(|| self.ended())?;
         self.owed -= 1;
