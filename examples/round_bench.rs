@@ -11,10 +11,12 @@
 //! variants alike. Per congestion controller in `--controllers` (default:
 //! gradlane's capped BBR, then quinn's own BBR):
 //!
-//! - gradlane (default config: datagrams released as soon as the important
-//!   stream is sent), and the same with its datagrams released only once
-//!   the receiver confirmed the important part (no lossy traffic in flight
-//!   while it arrives);
+//! - gradlane (default config: the lossy part on a stream below the
+//!   important lanes while the path loses nothing, else as datagrams
+//!   released as soon as the important stream is sent), the same with the
+//!   lossy part always as datagrams, and the same with the lossy part
+//!   released only once the receiver confirmed the important part (no
+//!   lossy traffic in flight while it arrives);
 //! - raw quinn: one unidirectional stream per round carrying the same number
 //!   of bytes from one prepared buffer, read and discarded; tuned transport
 //!   from `gradlane::transport::tuning`;
@@ -53,7 +55,8 @@ use gradlane::presets;
 use gradlane::transport::tls::{self, CertFiles};
 use gradlane::transport::tuning::{self, Congestion, Tuning};
 use gradlane::transport::{
-    faults::FaultStats, Config, DatagramSize, Endpoint, Faults, Link, LossyRelease, RoundTiming,
+    faults::FaultStats, Config, DatagramSize, Endpoint, Faults, Link, LossyCarrier, LossyRelease,
+    RoundTiming,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -126,10 +129,11 @@ enum Datagrams {
 /// What a variant moves.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
-    /// gradlane with this important ratio and lossy release; with `true`,
-    /// sent with `send_round_shared` (no copy of the important part's long
-    /// runs), else with `send_round` (from borrowed slices, copied).
-    Gradlane(f64, LossyRelease, bool),
+    /// gradlane with this important ratio, lossy release and carrier; with
+    /// `true`, sent with `send_round_shared` (no copy of the important
+    /// part's long runs), else with `send_round` (from borrowed slices,
+    /// copied).
+    Gradlane(f64, LossyRelease, LossyCarrier, bool),
     /// One raw quinn stream of this many bytes per round; with `true`, the
     /// gradients copied into the stream and out into tensors each round.
     Quinn(usize, bool),
@@ -242,8 +246,8 @@ impl Bench {
         let seed = 1000 + (loss * 1e4) as u64;
         let cc = congestion.unwrap_or_default();
         Ok(match kind {
-            Kind::Gradlane(ratio, release, shared) => Runner::Gradlane(Box::new(
-                self.gradlane(ratio, release, shared, cc, loss, seed)
+            Kind::Gradlane(ratio, release, carrier, shared) => Runner::Gradlane(Box::new(
+                self.gradlane((ratio, release, carrier, shared), cc, loss, seed)
                     .await?,
             )),
             Kind::Quinn(bytes, f32s) => {
@@ -255,9 +259,7 @@ impl Bench {
 
     async fn gradlane(
         &self,
-        ratio: f64,
-        release: LossyRelease,
-        shared: bool,
+        (ratio, release, carrier, shared): (f64, LossyRelease, LossyCarrier, bool),
         congestion: Congestion,
         loss: f64,
         seed: u64,
@@ -277,6 +279,7 @@ impl Bench {
             },
             timing: RoundTiming {
                 release,
+                lossy_carrier: carrier,
                 lanes: self.args.lanes.unwrap_or(RoundTiming::default().lanes),
                 datagram_size: match self.args.datagram_size {
                     Datagrams::Floor => DatagramSize::MtuFloor,
@@ -710,25 +713,33 @@ fn variants(
     model_bytes: usize,
 ) -> Vec<(&'static str, Kind, Option<Congestion>)> {
     let default = LossyRelease::default();
+    let adaptive = LossyCarrier::default();
     let mut v = Vec::new();
     for &cc in &bench.args.controllers {
         let cc = Some(Congestion::from(cc));
         v.extend([
-            ("gradlane", Kind::Gradlane(0.8, default, true), cc),
+            ("gradlane", Kind::Gradlane(0.8, default, adaptive, true), cc),
+            // The lossy part as datagrams even where the path loses
+            // nothing.
+            (
+                "gradlane, lossy always as datagrams",
+                Kind::Gradlane(0.8, default, LossyCarrier::Datagrams, true),
+                cc,
+            ),
             // The same from borrowed slices (`send_round`): the important
             // part is copied once more, into the framing buffer.
             (
                 "gradlane, copied in",
-                Kind::Gradlane(0.8, default, false),
+                Kind::Gradlane(0.8, default, adaptive, false),
                 cc,
             ),
-            // The same, but datagrams start only once the receiver
+            // The same, but the lossy part starts only once the receiver
             // confirmed the important part: no lossy traffic in flight
-            // while it arrives (the default starts them once the
-            // important stream is sent).
+            // while it arrives (the default starts datagrams once the
+            // important stream is sent, and a lossy stream at once).
             (
-                "gradlane, datagrams after confirmation",
-                Kind::Gradlane(0.8, LossyRelease::Acknowledged, true),
+                "gradlane, lossy after confirmation",
+                Kind::Gradlane(0.8, LossyRelease::Acknowledged, adaptive, true),
                 cc,
             ),
             ("raw quinn", Kind::Quinn(model_bytes, false), cc),
@@ -739,7 +750,7 @@ fn variants(
             ),
             (
                 "gradlane all-reliable",
-                Kind::Gradlane(1.0, default, true),
+                Kind::Gradlane(1.0, default, adaptive, true),
                 cc,
             ),
         ]);
@@ -749,7 +760,11 @@ fn variants(
     }
     if !bench.args.quick {
         for cc in [Congestion::Cubic, Congestion::QueueGatedCubic] {
-            v.push(("gradlane", Kind::Gradlane(0.8, default, true), Some(cc)));
+            v.push((
+                "gradlane",
+                Kind::Gradlane(0.8, default, adaptive, true),
+                Some(cc),
+            ));
             v.push(("raw quinn", Kind::Quinn(model_bytes, false), Some(cc)));
         }
     }
@@ -976,7 +991,7 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
         );
         println!();
         println!(
-            "| loss | important MB | gradlane median ms | of which before the first byte | raw quinn median ms | ratio | ratio without that | datagrams after confirmation: median ms (no lossy in flight) | with / without lossy in flight |"
+            "| loss | important MB | gradlane median ms | of which before the first byte | raw quinn median ms | ratio | ratio without that | lossy after confirmation: median ms (no lossy in flight) | with / without lossy in flight |"
         );
         println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for (loss, q) in important_quinn {
@@ -1002,7 +1017,7 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
                 (Some(a), Some(e), Some(b)) => format!("{:.2}x", (a - e) / b),
                 _ => "-".into(),
             };
-            let quiet = find("gradlane, datagrams after confirmation", bbr, *loss)
+            let quiet = find("gradlane, lossy after confirmation", bbr, *loss)
                 .and_then(|r| median(&r.important));
             let inflight = match (a, quiet) {
                 (Some(a), Some(q)) => format!("{:.2}x", a / q),
@@ -1058,15 +1073,16 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
             ))
         );
         // The goal: the important bytes' arrival with lossy traffic in
-        // flight (the default: datagrams released once the stream is sent)
-        // against without (datagrams after the important part is confirmed).
+        // flight (the default: datagrams released once the stream is sent,
+        // a lossy stream at once) against without (the lossy part after the
+        // important part is confirmed).
         let inflight: Vec<(f64, f64)> = bench
             .args
             .losses
             .iter()
             .filter_map(|&l| {
                 let with = find("gradlane", bbr, l).and_then(|r| median(&r.important))?;
-                let without = find("gradlane, datagrams after confirmation", bbr, l)
+                let without = find("gradlane, lossy after confirmation", bbr, l)
                     .and_then(|r| median(&r.important))?;
                 Some((l, with / without))
             })

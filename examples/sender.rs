@@ -7,8 +7,9 @@
 //! Connects to a receiver, sends `--rounds` rounds of synthetic gradients
 //! (seeded, heavy-tailed, a different scale per tensor) of a preset model,
 //! and prints one markdown table row per round: encode, important and total
-//! milliseconds, and per lossy level the datagrams queued and dropped by the
-//! sender. At the end it prints what the fault injector on this end did.
+//! milliseconds, what carried the lossy levels (a stream while the path
+//! loses nothing, else datagrams; `--lossy-carrier`), and per lossy level
+//! the packets queued and dropped by the sender. At the end it prints what the fault injector on this end did.
 //! `--loss`, `--delay-ms` and `--jitter-ms` inject faults on this end's
 //! socket (both directions).
 
@@ -26,7 +27,7 @@ use gradlane::classify::ClassifyConfig;
 use gradlane::encode::EncoderConfig;
 use gradlane::presets;
 use gradlane::transport::tuning::Tuning;
-use gradlane::transport::{Config, Endpoint, Faults, LossyRelease, RoundTiming};
+use gradlane::transport::{Config, Endpoint, Faults, LossyCarrier, LossyRelease, RoundTiming};
 
 /// `--lossy-release` on the command line (`LossyRelease`).
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -35,6 +36,15 @@ enum Release {
     Sent,
     /// Once the receiver confirmed every important chunk.
     Confirmed,
+}
+
+/// `--lossy-carrier` on the command line (`LossyCarrier`).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Carrier {
+    /// Streams while the path loses nothing, datagrams once it does.
+    Adaptive,
+    /// Always datagrams.
+    Datagrams,
 }
 
 /// Send gradlane rounds of synthetic gradients and print a table.
@@ -84,6 +94,9 @@ struct Args {
     /// is sent (the default), or once the receiver confirmed it.
     #[arg(long, value_enum, default_value_t = Release::Sent)]
     lossy_release: Release,
+    /// What carries the lossy levels.
+    #[arg(long, value_enum, default_value_t = Carrier::Adaptive)]
+    lossy_carrier: Carrier,
 }
 
 fn main() -> ExitCode {
@@ -123,6 +136,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 Release::Sent => LossyRelease::Sent,
                 Release::Confirmed => LossyRelease::Acknowledged,
             },
+            lossy_carrier: match args.lossy_carrier {
+                Carrier::Adaptive => LossyCarrier::Adaptive,
+                Carrier::Datagrams => LossyCarrier::Datagrams,
+            },
             ..RoundTiming::default()
         },
         faults,
@@ -153,8 +170,9 @@ async fn run(args: Args) -> Result<(), BoxError> {
         args.jitter_ms
     );
     println!();
-    let mut h = String::from("| round | encode ms | important ms | total ms | important MB |");
-    let mut sep = String::from("|---:|---:|---:|---:|---:|");
+    let mut h =
+        String::from("| round | encode ms | important ms | total ms | important MB | lossy on |");
+    let mut sep = String::from("|---:|---:|---:|---:|---:|---|");
     for l in 1..=args.levels {
         h.push_str(&format!(" L{l} sent/dropped |"));
         sep.push_str("---:|");
@@ -173,11 +191,16 @@ async fn run(args: Args) -> Result<(), BoxError> {
             .await
             .map_err(|e| format!("round {r}: {}", chain(&e)))?;
         let mut row = format!(
-            "| {r} | {:.1} | {:.1} | {:.1} | {:.2} |",
+            "| {r} | {:.1} | {:.1} | {:.1} | {:.2} | {} |",
             ms(report.encode),
             ms(report.important),
             ms(report.total),
-            mb(report.important_bytes)
+            mb(report.important_bytes),
+            if report.lossy_on_stream {
+                "streams"
+            } else {
+                "datagrams"
+            }
         );
         for (p, d) in report.lossy_packets.iter().zip(&report.lossy_dropped) {
             row.push_str(&format!(" {p}/{d} |"));

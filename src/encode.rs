@@ -544,6 +544,63 @@ impl RoundFramer {
         })
     }
 
+    /// Frames what is left for a transport that sends the lossy levels on
+    /// a stream rather than as datagrams: `lossy[l - 1]` is then level
+    /// `l`'s stream bytes as pieces, not datagrams, and as in
+    /// [`next_reliable_shared`](Self::next_reliable_shared) a segment of
+    /// at least [`ZERO_COPY_MIN`] bytes is a view of `tensors`, not a
+    /// copy. Concatenated, a level's pieces are exactly the bytes of its
+    /// datagrams from [`finish`](Self::finish). A piece of exactly
+    /// [`DATA_HEADER_LEN`] bytes is a segment's header, whose values are
+    /// the next piece; every other piece ends where a segment ends, so a
+    /// transport may spread a level over several streams there. The rest
+    /// of the reliable part, if any, is copied into
+    /// [`EncodedRound::reliable`].
+    pub fn finish_shared(mut self, tensors: &[Bytes]) -> Result<EncodedRound, EncodeError> {
+        check_byte_shapes(&self.plan, tensors)?;
+        let _span = tracing::debug_span!("encode_finish_shared", round = self.round).entered();
+        let mut reliable = BytesMut::new();
+        while let Some(pieces) = self.next_reliable_shared(tensors, usize::MAX)? {
+            for p in pieces {
+                reliable.extend_from_slice(&p);
+            }
+        }
+        let mut lossy = Vec::with_capacity(self.levels as usize);
+        for c in 1..=self.levels as usize {
+            let mut pieces = Vec::new();
+            for i in 0..self.segments[c].len() {
+                let p = self.segments[c][i];
+                let (from, to) = (p.offset as usize, (p.offset + p.len) as usize);
+                let values = tensors[p.tensor as usize].slice(from..to);
+                if values.len() >= ZERO_COPY_MIN {
+                    // Whole segments before the header, never a header
+                    // after whole segments in one piece.
+                    if !self.buf.is_empty() {
+                        pieces.push(self.buf.split().freeze());
+                    }
+                    self.write_header(c as Class, p);
+                    pieces.push(self.buf.split().freeze());
+                    pieces.push(values);
+                } else {
+                    self.write_header(c as Class, p);
+                    self.buf.put_slice(&values);
+                }
+            }
+            if !self.buf.is_empty() {
+                pieces.push(self.buf.split().freeze());
+            }
+            lossy.push(pieces);
+        }
+        Ok(EncodedRound {
+            round: self.round,
+            reliable: reliable.freeze(),
+            lossy,
+            end: self.end,
+            classes: self.classes,
+            root: self.buf,
+        })
+    }
+
     /// Writes important segments (then the round end) into the buffer
     /// until `min_bytes` are pending or the reliable part is complete.
     fn write_reliable<G: AsRef<[f32]>>(&mut self, grads: &[G], min_bytes: usize) {
@@ -988,6 +1045,80 @@ mod tests {
         ));
         assert!(matches!(
             framer.next_reliable_shared(&views[1..], 1),
+            Err(EncodeError::Gradient(GradientError::TensorCount { .. }))
+        ));
+    }
+
+    /// The lossy part framed for a stream from shared tensors: each level's
+    /// pieces are its datagrams' bytes end to end, long segments are views,
+    /// and what the reliable pieces left is in `reliable`.
+    #[test]
+    fn shared_lossy_framing_matches_the_datagrams_end_to_end() {
+        let layout = crate::presets::resnet18();
+        let mut copying = Encoder::new(&layout, EncoderConfig::default()).unwrap();
+        let mut sharing = Encoder::new(&layout, EncoderConfig::default()).unwrap();
+        // Datagrams large enough that some lossy segments are shared.
+        let max = 64 << 10;
+        for (round, taken) in [(0u32, usize::MAX), (1, 0)] {
+            let g = grads(&layout, 40 + round as u64);
+            let want = copying.encode(round, &g, max).unwrap();
+            let shared: Vec<Arc<Vec<f32>>> = g.iter().cloned().map(Arc::new).collect();
+            let views: Vec<Bytes> = shared.iter().cloned().map(shared_f32_bytes).collect();
+            let mut framer = sharing.start(round, &g, max).unwrap();
+            // Round 0 takes the whole reliable part first, round 1 none.
+            let mut reliable = Vec::new();
+            if taken > 0 {
+                while let Some(pieces) = framer.next_reliable_shared(&views, taken).unwrap() {
+                    pieces.iter().for_each(|p| reliable.extend_from_slice(p));
+                }
+            }
+            let b = framer.finish_shared(&views).unwrap();
+            reliable.extend_from_slice(&b.reliable);
+            assert_eq!(reliable, want.reliable);
+            assert_eq!(b.lossy.len(), want.lossy.len());
+            let mut viewed = 0;
+            for (pieces, datagrams) in b.lossy.iter().zip(&want.lossy) {
+                let got: Vec<u8> = pieces.iter().flat_map(|p| p.to_vec()).collect();
+                let whole: Vec<u8> = datagrams.iter().flat_map(|d| d.to_vec()).collect();
+                assert_eq!(got, whole);
+                // Every piece but a lone header ends a segment: the
+                // pieces up to it decode whole.
+                let (mut from, mut upto) = (0, 0);
+                for (i, p) in pieces.iter().enumerate() {
+                    upto += p.len();
+                    if p.len() == DATA_HEADER_LEN {
+                        assert!(pieces.get(i + 1).is_some_and(|v| v.len() >= ZERO_COPY_MIN));
+                        continue;
+                    }
+                    assert!(crate::wire::decode_all(&got[from..upto]).all(|s| s.is_ok()));
+                    from = upto;
+                }
+                viewed += pieces
+                    .iter()
+                    .filter(|p| {
+                        shared
+                            .iter()
+                            .any(|t| t.as_ptr_range().contains(&(p.as_ptr() as *const f32)))
+                    })
+                    .map(|p| p.len())
+                    .sum::<usize>();
+            }
+            assert!(viewed > 0, "round {round}: no lossy segment shared");
+            assert_eq!(b.end, want.end);
+            copying.recycle(want);
+            sharing.recycle(b);
+        }
+        // Tensors of other sizes are refused.
+        let g = grads(&layout, 1);
+        let framer = sharing.start(9, &g, max).unwrap();
+        let views: Vec<Bytes> = g
+            .iter()
+            .cloned()
+            .map(Arc::new)
+            .map(shared_f32_bytes)
+            .collect();
+        assert!(matches!(
+            framer.finish_shared(&views[1..]),
             Err(EncodeError::Gradient(GradientError::TensorCount { .. }))
         ));
     }

@@ -9,7 +9,8 @@ use gradlane::transport::handshake::codes;
 use gradlane::transport::tls::generate_certs;
 use gradlane::transport::tuning::Congestion;
 use gradlane::transport::{
-    Config, DatagramSize, Endpoint, Faults, Link, LinkError, LossyRelease, RoundTiming,
+    Config, DatagramSize, Endpoint, Faults, Link, LinkError, LossyCarrier, LossyRelease,
+    RoundTiming,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -55,7 +56,8 @@ fn bit_equal(a: &[f32], b: &[f32]) -> bool {
 }
 
 /// Every round delivered, every important chunk exact, and in the first round
-/// every other chunk exact or all zero; nothing unaccounted.
+/// every other chunk exact or all zero; nothing unaccounted; the lossy part
+/// on a stream or as datagrams as `LossyCarrier` says.
 /// With the default settings, each round's important part goes on 4 lanes.
 async fn rounds_under_loss(loss: f64, seed: u64) {
     let used = rounds_under_loss_with(loss, seed, quick()).await;
@@ -71,6 +73,8 @@ async fn rounds_under_loss_with(loss: f64, seed: u64, config: Config) -> Vec<usi
 /// with `send_round_shared`; then every shared tensor must become the
 /// caller's alone again once quinn has let go of it.
 async fn rounds_sent_with(loss: f64, seed: u64, config: Config, shared: bool) -> Vec<usize> {
+    let adaptive = config.timing.lossy_carrier == LossyCarrier::Adaptive
+        && config.timing.lossy_deadline.is_none();
     let layout = presets::resnet18();
     let faults = Faults::symmetric_loss(loss, seed);
     let (_se, mut server, client_ep, mut client) =
@@ -80,6 +84,7 @@ async fn rounds_sent_with(loss: f64, seed: u64, config: Config, shared: bool) ->
     let mut delivered_bytes = 0u64;
     let mut late_bytes = 0u64;
     let mut lanes = Vec::new();
+    let mut on_stream = Vec::new();
     for r in 0..3u32 {
         let grads = common::grads(&layout, 100 + r as u64);
         let arcs: Vec<Arc<Vec<f32>>> = match shared {
@@ -97,6 +102,17 @@ async fn rounds_sent_with(loss: f64, seed: u64, config: Config, shared: bool) ->
         let (report, round) = (report.unwrap(), round.unwrap());
         assert_eq!(round.index, r);
         lanes.push(report.lanes);
+        // On a stream only if asked to adapt, and then unless quinn
+        // declared a packet lost since the last round started.
+        if report.lossy_on_stream {
+            assert!(adaptive, "round {r}");
+        } else if adaptive {
+            assert!(
+                client.connection().stats().path.lost_packets > 0,
+                "round {r}"
+            );
+        }
+        on_stream.push(report.lossy_on_stream);
         // Datagrams at the MTU floor survive any fall of the path MTU:
         // quinn sent every datagram it was given, at any loss.
         assert_eq!(report.lossy_dropped_by_quinn, 0);
@@ -133,6 +149,10 @@ async fn rounds_sent_with(loss: f64, seed: u64, config: Config, shared: bool) ->
     }
     // Lossy bytes: delivered in time, merged late, or lost on the wire.
     assert!(delivered_bytes + late_bytes <= sent_lossy_bytes);
+    if loss > 0.0 {
+        // The first round's losses put the later rounds on datagrams.
+        assert_eq!(&on_stream[1..], [false, false]);
+    }
     if loss == 0.0 {
         assert_eq!(delivered_bytes, sent_lossy_bytes);
         // Every datagram quinn received was read by the link.
@@ -176,6 +196,10 @@ async fn rounds_sent_from_shared_tensors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rounds_without_loss_are_exact() {
     rounds_under_loss(0.0, 1).await;
+    // And with the lossy part always as datagrams.
+    let mut config = quick();
+    config.timing.lossy_carrier = LossyCarrier::Datagrams;
+    assert_eq!(rounds_under_loss_with(0.0, 5, config).await, vec![4; 3]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -546,21 +570,33 @@ async fn a_dropped_send_round_stops_sending_its_round() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_datagrams_are_merged_into_the_next_round() {
-    // Delay on the sender and no grace on the receiver: the datagrams of a
-    // round arrive after it was delivered. (No jitter: reordering by more
-    // than quinn's duplicate-detection window makes it discard packets.)
-    // A small model: ResNet-18's 9 MB burst of datagrams now and then
-    // overflowed the kernel's socket buffer when the tests share 2 cores,
-    // a real loss this test cannot tell from lateness.
+    late_lossy_data_is_merged_into_the_next_round(LossyCarrier::Datagrams, "late-dgram").await;
+}
+
+/// The same when the lossy part rides a stream (a lossless path): what a
+/// round did not wait for is merged into the next, like late datagrams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_lossy_stream_data_is_merged_into_the_next_round() {
+    late_lossy_data_is_merged_into_the_next_round(LossyCarrier::Adaptive, "late-stream").await;
+}
+
+async fn late_lossy_data_is_merged_into_the_next_round(carrier: LossyCarrier, tag: &str) {
+    // Delay on the sender and no grace on the receiver: the lossy data of
+    // a round arrives after it was delivered. (No jitter: reordering by
+    // more than quinn's duplicate-detection window makes it discard
+    // packets.) A small model: ResNet-18's 9 MB burst of datagrams now and
+    // then overflowed the kernel's socket buffer when the tests share 2
+    // cores, a real loss this test cannot tell from lateness.
     let layout = presets::tiny();
     let config = Config {
         timing: RoundTiming {
-            // Datagrams leave only after the round end was confirmed, so
-            // none can arrive before the round is delivered.
+            // The lossy part leaves only after the round end was
+            // confirmed, so none can arrive before the round is delivered.
             release: LossyRelease::Acknowledged,
             grace: Duration::ZERO,
             max_grace: Duration::ZERO,
             lossy_deadline: None,
+            lossy_carrier: carrier,
             ..RoundTiming::default()
         },
         ..quick()
@@ -570,14 +606,15 @@ async fn late_datagrams_are_merged_into_the_next_round() {
         seed: 7,
         ..Default::default()
     };
-    let (_s, mut server, _c, mut client) = pair("late", &layout, Some(faults), config).await;
+    let (_s, mut server, _c, mut client) = pair(tag, &layout, Some(faults), config).await;
     let g0 = common::grads(&layout, 1);
     let g1 = common::grads(&layout, 2);
     let (a, r0) = tokio::join!(client.send_round(0, &g0), server.recv_round());
-    a.unwrap();
+    let on_stream = a.unwrap().lossy_on_stream;
+    assert_eq!(on_stream, carrier == LossyCarrier::Adaptive);
     let r0 = r0.unwrap();
     let missing0 = r0.stats.lossy().zero_filled_bytes;
-    assert!(missing0 > 0, "with no grace some datagrams must be late");
+    assert!(missing0 > 0, "with no grace some lossy data must be late");
     // Wait (bounded) until round 0's stragglers have landed: nothing is
     // injected as lost, so every missing byte must come late.
     tokio::time::timeout(Duration::from_secs(30), async {

@@ -31,8 +31,8 @@ pub mod tuning;
 pub use endpoint::{Config, Endpoint, Incoming, IncomingError, SetupError};
 pub use faults::Faults;
 pub use link::{
-    DatagramSize, Link, LinkError, LinkReceiver, LinkSender, LossyRelease, RoundArrival,
-    RoundTiming, SendReport,
+    DatagramSize, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,
+    RoundArrival, RoundTiming, SendReport, LOSSY_STREAM_PACKET,
 };
 
 /// Runs CPU-heavy work (scoring and framing a round, applying a gradient to

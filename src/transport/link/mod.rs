@@ -11,14 +11,18 @@
 //! stream's last retransmissions. Because datagrams are queued with
 //! `send_datagram_wait`, quinn never drops the oldest queued ones on its
 //! own: what is not sent by the optional deadline is dropped here, lowest
-//! level first, and counted.
+//! level first, and counted. While the path loses nothing, the lossy levels
+//! go on streams below the lanes instead ([`LossyCarrier`]), which cost
+//! less than datagrams and which quinn sends only when the lanes have
+//! nothing to send.
 //!
 //! Receiving: a reliable engine (one task per round stream) and an
 //! unreliable engine (one task reading datagrams) both feed the core
 //! [`Reassembler`]. When a round end arrives the round is complete;
-//! `recv_round` then waits, at most a grace period after the last datagram
-//! of that round, for the datagrams still in flight, and delivers. Anything
-//! later is merged into the next round by the core.
+//! `recv_round` then waits, at most a grace period after the last lossy
+//! byte of that round (datagram or stream), for what is still in flight,
+//! and delivers. Anything later is merged into the next round by the
+//! core.
 //!
 //! This file holds the types and the link itself; `send` the sending half,
 //! `receive` the receiving half and the background tasks.
@@ -111,6 +115,46 @@ pub enum DatagramSize {
     Path,
 }
 
+/// What carries a round's lossy levels.
+///
+/// Datagrams are what lets a round go on without waiting for a lost
+/// unimportant packet, but on a path that loses nothing they only cost:
+/// quinn spends more per byte on them than on a stream (about 1.1-1.15x
+/// the time for the same 20-50 MB on loopback, `examples/datagram_cost`),
+/// and the link pays a wake-up, a lock and a parse per datagram at both
+/// ends. On loopback without loss a ResNet-50 round took 0.80-0.83x raw
+/// quinn's throughput with datagrams and 0.89-0.97x with the lossy levels
+/// on streams (round_bench, README).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LossyCarrier {
+    /// Always datagrams.
+    Datagrams,
+    /// Streams below the important lanes and the control stream (as many
+    /// as the lanes, level 1 first) while the path loses nothing;
+    /// datagrams from the first round after quinn declared a packet lost,
+    /// until a round starts with no loss declared since the last one.
+    /// quinn sends these streams only when no lane has anything to send,
+    /// so with [`LossyRelease::Sent`] they start at once and fill what the
+    /// lanes leave idle. The receiver still never waits for a
+    /// retransmission longer than [`RoundTiming::grace`] (plus two
+    /// round-trip times) from the last lossy byte: what comes later on a
+    /// stream is merged into the next round, like a late datagram. A round
+    /// with a [`RoundTiming::lossy_deadline`] uses datagrams (the deadline
+    /// drops what quinn has not queued, which a stream cannot take back).
+    #[default]
+    Adaptive,
+}
+
+/// The largest packet of a round's lossy part when it goes on streams
+/// ([`LossyCarrier::Adaptive`]): no datagram limit applies there, and
+/// fewer, longer segments cost less to frame and to place.
+pub const LOSSY_STREAM_PACKET: usize = 64 << 10;
+
+/// The lossy streams' priority: below the important lanes (`i32::MAX`)
+/// and the control stream (0), so confirmations and reports never wait
+/// behind them.
+const LOSSY_STREAM_PRIORITY: i32 = -1;
+
 /// How a link sends rounds: over how many streams, when the datagrams
 /// start, how long the receiver waits for them, and what is dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +195,8 @@ pub struct RoundTiming {
     pub lossy_deadline: Option<Duration>,
     /// How large the lossy datagrams are.
     pub datagram_size: DatagramSize,
+    /// What carries the lossy levels.
+    pub lossy_carrier: LossyCarrier,
 }
 
 impl Default for RoundTiming {
@@ -165,6 +211,7 @@ impl Default for RoundTiming {
             max_grace: Duration::from_secs(2),
             lossy_deadline: None,
             datagram_size: DatagramSize::default(),
+            lossy_carrier: LossyCarrier::default(),
         }
     }
 }
@@ -248,7 +295,11 @@ pub struct SendReport {
     /// Streams the important bytes went on ([`RoundTiming::lanes`], fewer
     /// for a round too small to fill them).
     pub lanes: usize,
-    /// Per lossy level (index `l - 1`): datagrams queued.
+    /// The lossy levels went on streams, not as datagrams
+    /// ([`LossyCarrier::Adaptive`] on a path without loss).
+    pub lossy_on_stream: bool,
+    /// Per lossy level (index `l - 1`): datagrams queued (on streams:
+    /// packets of up to [`LOSSY_STREAM_PACKET`] bytes written).
     pub lossy_packets: Vec<u64>,
     /// Per lossy level: payload bytes in the queued datagrams.
     pub lossy_bytes: Vec<u64>,
@@ -274,10 +325,13 @@ pub struct SendReport {
     pub encode: Duration,
     /// From the start until the peer confirmed every important chunk.
     pub important: Duration,
-    /// From the start until the first datagram could be queued.
+    /// From the start until the first datagram could be queued (or the
+    /// lossy streams were opened).
     pub lossy_start: Duration,
     /// From the start until quinn had sent the last datagram (its queue
-    /// drained, at most a second after the last was queued).
+    /// drained, at most a second after the last was queued), or held all
+    /// of the lossy streams (within their flow-control windows of the
+    /// end).
     pub total: Duration,
 }
 
@@ -293,7 +347,7 @@ pub struct RoundArrival {
 /// State shared between a link's receive tasks and `recv_round`.
 struct RxShared {
     reassembler: Mutex<Reassembler>,
-    /// Woken whenever a datagram is placed.
+    /// Woken whenever datagrams or stream data are placed.
     progress: Notify,
     /// Datagrams the unreliable engine took from quinn and placed.
     datagrams_read: AtomicU64,
@@ -332,6 +386,9 @@ pub struct LinkSender {
     /// The last round whose data may have reached the peer: every round
     /// from the moment its encoding succeeded, whether or not it finished.
     last_sent: Option<u32>,
+    /// quinn's count of packets declared lost when the last round started
+    /// ([`LossyCarrier::Adaptive`] uses datagrams once it grows).
+    lost_seen: u64,
 }
 
 /// The receiving half of a link.
@@ -429,6 +486,7 @@ impl Link {
                 tx,
                 timing,
                 last_sent: None,
+                lost_seen: 0,
             },
             receiver: LinkReceiver {
                 conn,

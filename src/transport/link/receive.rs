@@ -234,6 +234,9 @@ async fn round_stream_reader(
         }
         // Let quinn reuse the buffers now, not when the slots are refilled.
         pieces[..n].fill(Bytes::new());
+        // A round's lossy part may come on a stream too (`LossyCarrier`):
+        // a round waiting for it counts its grace from the last byte.
+        rx.progress.notify_waiters();
         if let Some(r) = round_end {
             let arrived = Instant::now();
             tracing::debug!(round = r, "round end arrived");

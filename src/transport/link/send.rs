@@ -72,17 +72,26 @@ impl LinkSender {
         }
         let max = lossy_datagram_limit(&self.conn, self.timing.datagram_size)
             .ok_or(LinkError::NoDatagrams)?;
+        // Datagrams only pay off on a path that loses packets: see
+        // `LossyCarrier`. quinn does not count lost MTU probes here.
+        let lost = self.conn.stats().path.lost_packets;
+        let on_stream = self.timing.lossy_carrier == LossyCarrier::Adaptive
+            && self.timing.lossy_deadline.is_none()
+            && lost == self.lost_seen;
+        let max = if on_stream { LOSSY_STREAM_PACKET } else { max };
         // Scoring and classing read the whole round: every check on the
         // gradients happens here, before a byte is sent.
         let encoder = &mut self.encoder;
         let framer = blocking(|| encoder.start(round, grads, max))?;
         // From here on bytes of this round may reach the peer.
         self.last_sent = Some(round);
+        self.lost_seen = lost;
         let plan = start.elapsed();
         tracing::debug!(?plan, "classed");
         let mut report = SendReport {
             round,
             important_bytes: framer.end().bytes[0],
+            lossy_on_stream: on_stream,
             lossy_packets: vec![0; self.levels as usize],
             lossy_bytes: vec![0; self.levels as usize],
             lossy_dropped: vec![0; self.levels as usize],
@@ -114,11 +123,22 @@ impl LinkSender {
             queues.push(pieces);
             writers.push(tokio::spawn(write_lane(stream, queue, abandon.signal())));
         }
-        let encoded = frame_pipelined(framer, grads, shared, &queues).await;
+        let encoded = frame_pipelined(framer, grads, shared, on_stream, &queues).await;
         drop(queues);
         report.encode = start.elapsed();
         report.lanes = lanes;
         tracing::debug!(?report.encode, lanes, "framed");
+        // A lossy stream, unlike datagrams, goes by quinn's priorities: it
+        // is sent only when no lane has anything to send, so it may start
+        // now (released on `Sent`) and fill what the lanes leave idle.
+        let early = on_stream && self.timing.release == LossyRelease::Sent;
+        let mut lossy_writers = match &encoded {
+            Ok(e) if early => {
+                report.lossy_start = start.elapsed();
+                Some(self.start_lossy_streams(e, &mut report, &abandon).await?)
+            }
+            _ => None,
+        };
         let mut written = Ok(());
         for w in writers {
             let w = w
@@ -134,33 +154,129 @@ impl LinkSender {
         let encoded = encoded?;
         written?;
         tracing::debug!(elapsed = ?start.elapsed(), "important data handed to quinn");
-        // Every important byte is now in quinn's hands; the lanes'
-        // flow-control windows (4 MiB each by default) bound how much of it
-        // is still unsent. Also wait until quinn has sent at least as many
-        // bytes as the lanes hold, a lower bound for their last byte having
-        // left.
-        let released = match self.timing.release {
-            LossyRelease::Sent => Some(sent_before + reliable_len),
-            LossyRelease::Acknowledged => None,
-        };
-        tracing::debug!(
-            sent = sent_bytes(&self.conn).saturating_sub(sent_before),
-            reliable_len,
-            "waiting to release"
-        );
-        self.wait_release(round, released).await?;
-        report.lossy_start = start.elapsed();
-        tracing::debug!(
-            ?report.lossy_start,
-            sent = sent_bytes(&self.conn).saturating_sub(sent_before),
-            "lossy data released"
-        );
+        if lossy_writers.is_none() {
+            // Every important byte is now in quinn's hands; the lanes'
+            // flow-control windows (4 MiB each by default) bound how much
+            // of it is still unsent. Also wait until quinn has sent at
+            // least as many bytes as the lanes hold, a lower bound for
+            // their last byte having left.
+            let released = match self.timing.release {
+                LossyRelease::Sent => Some(sent_before + reliable_len),
+                LossyRelease::Acknowledged => None,
+            };
+            tracing::debug!(
+                sent = sent_bytes(&self.conn).saturating_sub(sent_before),
+                reliable_len,
+                "waiting to release"
+            );
+            self.wait_release(round, released).await?;
+            report.lossy_start = start.elapsed();
+            tracing::debug!(
+                ?report.lossy_start,
+                sent = sent_bytes(&self.conn).saturating_sub(sent_before),
+                "lossy data released"
+            );
+            if on_stream {
+                lossy_writers = Some(
+                    self.start_lossy_streams(&encoded, &mut report, &abandon)
+                        .await?,
+                );
+            } else {
+                self.send_lossy_datagrams(&encoded, start, &mut report, &mut abandon)
+                    .await?;
+            }
+        }
+        for writer in lossy_writers.into_iter().flatten() {
+            let written = writer
+                .await
+                .map_err(|e| LinkError::Internal(format!("lossy stream writer: {e}")))??;
+            abandon.finished.extend(written);
+        }
+        report.total = start.elapsed();
+        tracing::debug!(?report.total, on_stream, "lossy data sent");
+        let confirmed = self.wait_release(round, None).await?;
+        abandon.disarm();
+        // This round's confirmation, and any of an abandoned older round
+        // that came after its sender had gone.
+        lock(&self.tx.acked).retain(|&r, _| r > round);
+        report.important = confirmed.saturating_duration_since(start);
+        tracing::debug!(?report.important, "important data confirmed");
+        self.encoder.recycle(encoded);
+        Ok(report)
+    }
 
+    /// Opens the round's lossy streams, below the important lanes and the
+    /// control stream, as many as the important part has lanes (each
+    /// stream's flow-control window bounds its rate on a long path, as for
+    /// the lanes), and has a writer task per stream hand it its share of
+    /// the lossy levels, level 1 first, and finish it. No report follows:
+    /// the receiver waits at most the grace period from the last lossy
+    /// byte, so a retransmission on these streams can hold up a round only
+    /// that long (what comes later is merged into the next round), and the
+    /// next round, seeing the loss, sends its lossy levels as datagrams.
+    async fn start_lossy_streams(
+        &self,
+        encoded: &EncodedRound,
+        report: &mut SendReport,
+        abandon: &Abandon,
+    ) -> Result<Vec<JoinHandle<Result<Option<Unconfirmed>, LinkError>>>, LinkError> {
+        let total: u64 = encoded.end.bytes[1..].iter().sum();
+        let count = lane_count(self.timing.lanes, total as usize);
+        let mut queues = Vec::with_capacity(count);
+        let mut writers = Vec::with_capacity(count);
+        for _ in 0..count {
+            let stream = self.conn.open_uni().await.map_err(LinkError::from_conn)?;
+            let _ = stream.set_priority(LOSSY_STREAM_PRIORITY);
+            let (pieces, queue) = mpsc::unbounded_channel();
+            queues.push(pieces);
+            // Like a lane's writer: the stream is reset, never cut, if the
+            // round is abandoned.
+            writers.push(tokio::spawn(write_lane(stream, queue, abandon.signal())));
+        }
+        let (mut next, mut group, mut grouped) = (0, Vec::new(), 0);
+        for (l, level) in encoded.lossy.iter().enumerate() {
+            // The level's pieces may be views of the gradients, not
+            // packets: count from the round's end, which the framing
+            // matches.
+            report.lossy_packets[l] += u64::from(encoded.end.packets[l + 1]);
+            report.lossy_bytes[l] += encoded.end.bytes[l + 1];
+            for piece in level {
+                grouped += piece.len();
+                // A lone header belongs with the values after it (see
+                // `RoundFramer::finish_shared`); any other piece ends a
+                // segment, where a stream's share may end.
+                let whole = piece.len() != DATA_HEADER_LEN;
+                group.push(piece.clone());
+                if whole && grouped >= RELIABLE_PIECE {
+                    let _ = queues[next % count].send(LanePiece::Bytes(std::mem::take(&mut group)));
+                    (next, grouped) = (next + 1, 0);
+                }
+            }
+        }
+        if !group.is_empty() {
+            let _ = queues[next % count].send(LanePiece::Bytes(group));
+        }
+        for q in &queues {
+            let _ = q.send(LanePiece::End);
+        }
+        Ok(writers)
+    }
+
+    /// Queues the round's datagrams, level by level, waits until quinn has
+    /// sent them, and reports them sent to the peer.
+    async fn send_lossy_datagrams(
+        &self,
+        encoded: &EncodedRound,
+        start: Instant,
+        report: &mut SendReport,
+        abandon: &mut Abandon,
+    ) -> Result<(), LinkError> {
+        let round = report.round;
         // quinn's datagram queue is empty between rounds: its free space now
         // is what "all sent" looks like.
         let empty = self.conn.datagram_send_buffer_space();
         let frames_before = self.conn.stats().frame_tx.datagram;
-        self.send_lossy(&encoded, start, &mut report).await?;
+        self.send_lossy(encoded, start, report).await?;
         // Report the datagrams sent only once quinn has put the last one
         // into a packet, so the report travels behind all of them and the
         // receiver stops waiting as soon as it has what was not lost.
@@ -180,17 +296,7 @@ impl LinkSender {
             reported?;
         }
         abandon.reported = true;
-        report.total = start.elapsed();
-        tracing::debug!(?report.total, "lossy data sent");
-        let confirmed = self.wait_release(round, None).await?;
-        abandon.disarm();
-        // This round's confirmation, and any of an abandoned older round
-        // that came after its sender had gone.
-        lock(&self.tx.acked).retain(|&r, _| r > round);
-        report.important = confirmed.saturating_duration_since(start);
-        tracing::debug!(?report.important, "important data confirmed");
-        self.encoder.recycle(encoded);
-        Ok(report)
+        Ok(())
     }
 
     /// Waits until the peer confirmed `round`'s important data, or (with
@@ -339,13 +445,19 @@ enum LanePiece {
 
 /// Frames the important segments piece by piece into the lanes' queues in
 /// turn (as views of `shared`, where given and long enough), ends the
-/// lanes, then frames the datagrams.
+/// lanes, then frames the lossy part (as views too, where given, if it
+/// goes `on_stream`).
 async fn frame_pipelined<G: AsRef<[f32]>>(
     mut framer: RoundFramer,
     grads: &[G],
     shared: Option<&[Bytes]>,
+    on_stream: bool,
     lanes: &[mpsc::UnboundedSender<LanePiece>],
 ) -> Result<EncodedRound, LinkError> {
+    let finish = |framer: RoundFramer| match shared {
+        Some(tensors) if on_stream => framer.finish_shared(tensors),
+        _ => framer.finish(grads),
+    };
     let mut next = 0;
     let mut feed = |framer: &mut RoundFramer| -> Result<bool, LinkError> {
         let pieces = match shared {
@@ -375,7 +487,7 @@ async fn frame_pipelined<G: AsRef<[f32]>>(
     match tokio::runtime::Handle::current().runtime_flavor() {
         tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(|| {
             while feed(&mut framer)? {}
-            Ok(framer.finish(grads)?)
+            Ok(finish(framer)?)
         }),
         // One thread for everything: let the writer and quinn's driver run
         // between pieces.
@@ -383,14 +495,15 @@ async fn frame_pipelined<G: AsRef<[f32]>>(
             while feed(&mut framer)? {
                 tokio::task::yield_now().await;
             }
-            Ok(framer.finish(grads)?)
+            Ok(finish(framer)?)
         }
     }
 }
 
-/// The writer of one lane of a round's important part: writes the pieces
-/// as they come, finishes the stream at [`LanePiece::End`] and hands it
-/// back (quinn may still hold its data; see [`Abandon`]). If the round is
+/// The writer of one lane of a round's important part (or of its lossy
+/// stream): writes the pieces as they come, finishes the stream at
+/// [`LanePiece::End`] and hands it back (quinn may still hold its data;
+/// see [`Unconfirmed`]). If the round is
 /// abandoned first (`send_round` dropped or failed: the queue closes or
 /// `abandoned` fires), the stream is reset instead, so the peer never
 /// mistakes a cut stream for a whole one and quinn stops sending it.
@@ -400,7 +513,7 @@ async fn write_lane(
     mut stream: SendStream,
     mut pieces: mpsc::UnboundedReceiver<LanePiece>,
     mut abandoned: watch::Receiver<()>,
-) -> Result<Option<SendStream>, LinkError> {
+) -> Result<Option<Unconfirmed>, LinkError> {
     let reset = |stream: &mut SendStream| {
         let _ = stream.reset(VarInt::from_u32(codes::ROUND_ABANDONED));
     };
@@ -421,7 +534,7 @@ async fn write_lane(
             },
             Some(LanePiece::End) => {
                 let _ = stream.finish();
-                return Ok(Some(stream));
+                return Ok(Some(Unconfirmed(Some(stream))));
             }
             None => {
                 reset(&mut stream);
@@ -440,14 +553,15 @@ async fn write_lane(
 /// and resent under loss, for a round no one waits for any more.
 /// Abandoning resets every lane: a writer still running resets its
 /// stream, and a finished lane, whose data quinn may still hold, is reset
-/// here. The peer then delivers the round only if its important part had
+/// by its [`Unconfirmed`] (held here, or in the output of a writer not
+/// yet awaited). The peer then delivers the round only if its important part had
 /// all arrived; its datagrams are reported sent (none will follow), so
 /// that delivery does not wait out the grace for them.
 struct Abandon {
     /// Dropped with this guard: the running writers' signal.
     signal: watch::Sender<()>,
     /// Lanes whose writer finished the stream.
-    finished: Vec<SendStream>,
+    finished: Vec<Unconfirmed>,
     control: Arc<tokio::sync::Mutex<SendStream>>,
     round: u32,
     /// The round's datagrams were reported sent already.
@@ -475,6 +589,32 @@ impl Abandon {
     /// The peer confirmed the round: nothing to abandon.
     fn disarm(&mut self) {
         self.armed = false;
+        for stream in self.finished.drain(..) {
+            stream.confirm();
+        }
+    }
+}
+
+/// A finished stream of a round the peer has not confirmed yet: reset
+/// when dropped, unless confirmed. quinn goes on sending what it holds of
+/// a finished stream whose handle is dropped; whoever drops this one (an
+/// abandoned round's guard, or a writer's output no one awaited) stops
+/// that.
+struct Unconfirmed(Option<SendStream>);
+
+impl Unconfirmed {
+    /// The round was confirmed: let quinn finish sending the stream.
+    fn confirm(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for Unconfirmed {
+    fn drop(&mut self) {
+        if let Some(stream) = &mut self.0 {
+            // Fails harmlessly if the peer already acknowledged it all.
+            let _ = stream.reset(VarInt::from_u32(codes::ROUND_ABANDONED));
+        }
     }
 }
 
@@ -484,10 +624,8 @@ impl Drop for Abandon {
             return;
         }
         tracing::debug!(round = self.round, "round abandoned");
-        for stream in &mut self.finished {
-            // Fails harmlessly if the peer already acknowledged it all.
-            let _ = stream.reset(VarInt::from_u32(codes::ROUND_ABANDONED));
-        }
+        // Dropping them resets them.
+        self.finished.clear();
         if self.reported {
             return;
         }
