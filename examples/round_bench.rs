@@ -602,13 +602,18 @@ impl GradlaneRun {
             let before = &self.faults_before;
             let lossy = round.stats.lossy();
             eprintln!(
-                "  round {r}: datagrams sent {} ({:.2} MB), injector dropped {} out / {} in \
+                "  round {r}: lossy on {}, lossy packets sent {} ({:.2} MB), injector dropped {} out / {} in \
                  of {} / {} packets, refused by the system {}, lossy received {:.2} MB, zero-filled {:.2} MB, \
                  late merged into this round {:.2} MB, quinn discarded from its send queue {}, quinn dropped received {} (total), \
                  path MTU {}, black holes detected {} (total), datagram frames sent {} / \
                  received {} (total), packets declared lost {} (total), congestion window {} KB \
                  ({} KB before the round), smoothed RTT {:?}; timeline ms: planned {:.1}, framed {:.1}, lossy released {:.1}, \
                  important held {:.1}, lossy all sent {:.1}, delivered {:.1}",
+                if report.lossy_on_stream {
+                    "streams"
+                } else {
+                    "datagrams"
+                },
                 report.lossy_packets.iter().sum::<u64>(),
                 report.lossy_bytes.iter().sum::<u64>() as f64 / 1e6,
                 f.segments_dropped_out - before.segments_dropped_out,

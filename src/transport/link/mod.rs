@@ -133,9 +133,9 @@ pub enum LossyCarrier {
     /// as the lanes, level 1 first) while the path loses nothing;
     /// datagrams from the first round after quinn declared a packet lost,
     /// until a round starts with no loss declared since the last one.
-    /// quinn sends these streams only when no lane has anything to send,
-    /// so with [`LossyRelease::Sent`] they start at once and fill what the
-    /// lanes leave idle. The receiver still never waits for a
+    /// They are released like datagrams ([`LossyRelease`]), and quinn
+    /// sends them only when no lane has anything to send. The receiver
+    /// still never waits for a
     /// retransmission longer than [`RoundTiming::grace`] (plus two
     /// round-trip times) from the last lossy byte: what comes later on a
     /// stream is merged into the next round, like a late datagram. A round

@@ -128,17 +128,6 @@ impl LinkSender {
         report.encode = start.elapsed();
         report.lanes = lanes;
         tracing::debug!(?report.encode, lanes, "framed");
-        // A lossy stream, unlike datagrams, goes by quinn's priorities: it
-        // is sent only when no lane has anything to send, so it may start
-        // now (released on `Sent`) and fill what the lanes leave idle.
-        let early = on_stream && self.timing.release == LossyRelease::Sent;
-        let mut lossy_writers = match &encoded {
-            Ok(e) if early => {
-                report.lossy_start = start.elapsed();
-                Some(self.start_lossy_streams(e, &mut report, &abandon).await?)
-            }
-            _ => None,
-        };
         let mut written = Ok(());
         for w in writers {
             let w = w
@@ -154,43 +143,43 @@ impl LinkSender {
         let encoded = encoded?;
         written?;
         tracing::debug!(elapsed = ?start.elapsed(), "important data handed to quinn");
-        if lossy_writers.is_none() {
-            // Every important byte is now in quinn's hands; the lanes'
-            // flow-control windows (4 MiB each by default) bound how much
-            // of it is still unsent. Also wait until quinn has sent at
-            // least as many bytes as the lanes hold, a lower bound for
-            // their last byte having left.
-            let released = match self.timing.release {
-                LossyRelease::Sent => Some(sent_before + reliable_len),
-                LossyRelease::Acknowledged => None,
-            };
-            tracing::debug!(
-                sent = sent_bytes(&self.conn).saturating_sub(sent_before),
-                reliable_len,
-                "waiting to release"
-            );
-            self.wait_release(round, released).await?;
-            report.lossy_start = start.elapsed();
-            tracing::debug!(
-                ?report.lossy_start,
-                sent = sent_bytes(&self.conn).saturating_sub(sent_before),
-                "lossy data released"
-            );
-            if on_stream {
-                lossy_writers = Some(
-                    self.start_lossy_streams(&encoded, &mut report, &abandon)
-                        .await?,
-                );
-            } else {
-                self.send_lossy_datagrams(&encoded, start, &mut report, &mut abandon)
-                    .await?;
+        // Every important byte is now in quinn's hands; the lanes'
+        // flow-control windows (4 MiB each by default) bound how much of it
+        // is still unsent. Also wait until quinn has sent at least as many
+        // bytes as the lanes hold, a lower bound for their last byte having
+        // left. (Lossy streams wait too: quinn would send them only when
+        // no lane has anything to send, but their bytes, queued early,
+        // would take up quinn's connection-wide send window and the peer's
+        // flow-control credit, which the lanes' writers then wait for.)
+        let released = match self.timing.release {
+            LossyRelease::Sent => Some(sent_before + reliable_len),
+            LossyRelease::Acknowledged => None,
+        };
+        tracing::debug!(
+            sent = sent_bytes(&self.conn).saturating_sub(sent_before),
+            reliable_len,
+            "waiting to release"
+        );
+        self.wait_release(round, released).await?;
+        report.lossy_start = start.elapsed();
+        tracing::debug!(
+            ?report.lossy_start,
+            sent = sent_bytes(&self.conn).saturating_sub(sent_before),
+            "lossy data released"
+        );
+        if on_stream {
+            let writers = self
+                .start_lossy_streams(&encoded, &mut report, &abandon)
+                .await?;
+            for writer in writers {
+                let written = writer
+                    .await
+                    .map_err(|e| LinkError::Internal(format!("lossy stream writer: {e}")))??;
+                abandon.finished.extend(written);
             }
-        }
-        for writer in lossy_writers.into_iter().flatten() {
-            let written = writer
-                .await
-                .map_err(|e| LinkError::Internal(format!("lossy stream writer: {e}")))??;
-            abandon.finished.extend(written);
+        } else {
+            self.send_lossy_datagrams(&encoded, start, &mut report, &mut abandon)
+                .await?;
         }
         report.total = start.elapsed();
         tracing::debug!(?report.total, on_stream, "lossy data sent");
