@@ -4,8 +4,10 @@
 //! Every round, each tensor is cut into chunks ([`layout`]); each chunk is
 //! scored by its smoothed contribution ([`score`]); the most important chunks
 //! travel on a reliable, highest-priority QUIC stream and the rest as QUIC
-//! datagrams in graded lossy levels ([`classify`], [`encode`], [`wire`]). The
-//! receiver rebuilds each tensor as soon as every important chunk is in,
+//! datagrams in graded lossy levels ([`classify`], [`encode`], [`wire`]);
+//! while the path loses nothing, those levels ride lower-priority streams
+//! instead, which cost less ([`transport::LossyCarrier`]). The receiver
+//! rebuilds each tensor as soon as every important chunk is in,
 //! fills what is missing with zeros, and adds chunks that arrive late into
 //! the next round ([`reassembly`]). [`transport`] is the thin async shell
 //! over quinn; everything else is a deterministic core with no sockets and
