@@ -568,6 +568,54 @@ async fn a_dropped_send_round_stops_sending_its_round() {
     assert!(resets >= 1, "no lane of the dropped round was reset");
 }
 
+/// A round whose writers have handed every byte to quinn, dropped while it
+/// waits for the peer: quinn still holds most of it (a 100 ms path sends
+/// one initial window a round trip), and a finished stream whose handle
+/// is dropped is sent to its end unless reset. Every lane must be reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_dropped_after_its_lanes_finished_is_reset() {
+    // 4 MB: a quarter per lane, well inside each lane's 4 MiB window, so
+    // the writers finish at once.
+    let layout = Layout::new(vec![TensorSpec::dense("w", [1 << 20])]).unwrap();
+    let round_bytes = layout.total_values() as u64 * 4;
+    let faults = Faults {
+        delay: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let (_s, mut server, _c, mut client) =
+        pair("dropped-late", &layout, Some(faults), quick()).await;
+    let conn = client.connection().clone();
+    let sent = move || conn.stats().udp_tx.bytes;
+    let before = sent();
+    let resets_before = client.connection().stats().frame_tx.reset_stream;
+    let g0 = common::grads(&layout, 1);
+    let dropped = tokio::time::timeout(Duration::from_millis(150), client.send_round(0, &g0)).await;
+    assert!(
+        dropped.is_err(),
+        "a round over 200 ms round trips finished in 150 ms"
+    );
+    // The frames leave once the congestion window has room: within a few
+    // round trips.
+    let resets = || client.connection().stats().frame_tx.reset_stream - resets_before;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while resets() < 4 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(resets() >= 4, "{} of the 4 finished lanes reset", resets());
+    let g1 = common::grads(&layout, 2);
+    let (a, r) = tokio::join!(client.send_round(1, &g1), server.recv_round());
+    let report = a.unwrap();
+    assert_eq!(report.lanes, 4);
+    let r = r.unwrap();
+    assert_eq!(r.index, 1, "the dropped round was delivered");
+    assert!(r.tensors.iter().zip(&g1).all(|(x, y)| bit_equal(x, y)));
+    let total = sent() - before;
+    assert!(
+        (total as f64) < 1.4 * round_bytes as f64,
+        "{total} bytes sent for a dropped and a whole {round_bytes}-byte round"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_datagrams_are_merged_into_the_next_round() {
     late_lossy_data_is_merged_into_the_next_round(LossyCarrier::Datagrams, "late-dgram").await;
