@@ -288,12 +288,8 @@ async fn a_cancelled_push_leaves_the_session_usable() {
     let mut cancelled = false;
     for _ in 0..5 {
         let grads = [&grad];
-        let mut push = std::pin::pin!(a.push(params.index, &grads));
-        let first = std::future::poll_fn(|cx| {
-            std::task::Poll::Ready(std::future::Future::poll(push.as_mut(), cx))
-        })
-        .await;
-        match first {
+        let push = std::pin::pin!(a.push(params.index, &grads));
+        match poll_once(push).await {
             std::task::Poll::Pending => {
                 cancelled = true;
                 break;
@@ -341,12 +337,8 @@ async fn a_push_dropped_while_awaiting_its_reply_leaves_the_session_in_step() {
     let mut applied = 0;
     let mut dropped = false;
     for _ in 0..20 {
-        let mut push = std::pin::pin!(a.push_flat(params.index, &grad));
-        let first = std::future::poll_fn(|cx| {
-            std::task::Poll::Ready(std::future::Future::poll(push.as_mut(), cx))
-        })
-        .await;
-        match first {
+        let push = std::pin::pin!(a.push_flat(params.index, &grad));
+        match poll_once(push).await {
             std::task::Poll::Pending => {
                 dropped = true;
                 break;
@@ -651,4 +643,12 @@ async fn a_client_that_never_says_hello_is_closed_after_the_timeout() {
     run.stop.send(()).unwrap();
     let stats = run.done.await.unwrap().unwrap();
     assert_eq!(stats.links_refused, 1);
+}
+
+/// Polls `f` once, with the task's own waker: its output if that poll
+/// finished it. Dropping `f` afterwards cancels it where it stopped.
+async fn poll_once<F: std::future::Future>(
+    mut f: std::pin::Pin<&mut F>,
+) -> std::task::Poll<F::Output> {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(f.as_mut().poll(cx))).await
 }
