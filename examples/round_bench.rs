@@ -11,12 +11,12 @@
 //! variants alike. Per congestion controller in `--controllers` (default:
 //! gradlane's capped BBR, then quinn's own BBR):
 //!
-//! - gradlane (default config: the lossy part on a stream below the
-//!   important lanes while the path loses nothing, else as datagrams
-//!   released as soon as the important stream is sent), the same with the
-//!   lossy part always as datagrams, and the same with the lossy part
-//!   released only once the receiver confirmed the important part (no
-//!   lossy traffic in flight while it arrives);
+//! - gradlane (default config: the lossy part on streams below the
+//!   important lanes while the path loses nothing, else as datagrams,
+//!   released as soon as quinn has sent the important stream), the same
+//!   with the lossy part always as datagrams, and the same with the lossy
+//!   part released only once the receiver confirmed the important part
+//!   (no lossy traffic in flight while it arrives);
 //! - raw quinn: one unidirectional stream per round carrying the same number
 //!   of bytes from one prepared buffer, read and discarded; tuned transport
 //!   from `gradlane::transport::tuning`;
@@ -740,8 +740,8 @@ fn variants(
             ),
             // The same, but the lossy part starts only once the receiver
             // confirmed the important part: no lossy traffic in flight
-            // while it arrives (the default starts datagrams once the
-            // important stream is sent, and a lossy stream at once).
+            // while it arrives (the default starts it once quinn has sent
+            // the important stream).
             (
                 "gradlane, lossy after confirmation",
                 Kind::Gradlane(0.8, LossyRelease::Acknowledged, adaptive, true),

@@ -7,9 +7,10 @@
 //! Connects to a receiver, sends `--rounds` rounds of synthetic gradients
 //! (seeded, heavy-tailed, a different scale per tensor) of a preset model,
 //! and prints one markdown table row per round: encode, important and total
-//! milliseconds, what carried the lossy levels (a stream while the path
+//! milliseconds, what carried the lossy levels (streams while the path
 //! loses nothing, else datagrams; `--lossy-carrier`), and per lossy level
-//! the packets queued and dropped by the sender. At the end it prints what the fault injector on this end did.
+//! the packets queued and dropped by the sender. At the end it prints what
+//! the fault injector on this end did.
 //! `--loss`, `--delay-ms` and `--jitter-ms` inject faults on this end's
 //! socket (both directions).
 

@@ -119,12 +119,13 @@ pub enum DatagramSize {
 ///
 /// Datagrams are what lets a round go on without waiting for a lost
 /// unimportant packet, but on a path that loses nothing they only cost:
-/// quinn spends more per byte on them than on a stream (about 1.1-1.15x
-/// the time for the same 20-50 MB on loopback, `examples/datagram_cost`),
-/// and the link pays a wake-up, a lock and a parse per datagram at both
-/// ends. On loopback without loss a ResNet-50 round took 0.80-0.83x raw
-/// quinn's throughput with datagrams and 0.89-0.97x with the lossy levels
-/// on streams (round_bench, README).
+/// quinn takes 1.07-1.23x the time to carry the same 20 MB as datagrams
+/// as on a stream on loopback (`examples/datagram_cost`), and the link
+/// pays a wake-up, a lock and a parse per datagram at both ends. On
+/// loopback without loss a ResNet-50 round took 0.78-0.87x raw quinn's
+/// throughput with datagrams (median 0.80x) and 0.81-0.88x (median 0.87x)
+/// with the lossy levels on streams, 5 alternating runs each (round_bench,
+/// README).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LossyCarrier {
     /// Always datagrams.
@@ -135,12 +136,12 @@ pub enum LossyCarrier {
     /// until a round starts with no loss declared since the last one.
     /// They are released like datagrams ([`LossyRelease`]), and quinn
     /// sends them only when no lane has anything to send. The receiver
-    /// still never waits for a
-    /// retransmission longer than [`RoundTiming::grace`] (plus two
-    /// round-trip times) from the last lossy byte: what comes later on a
-    /// stream is merged into the next round, like a late datagram. A round
-    /// with a [`RoundTiming::lossy_deadline`] uses datagrams (the deadline
-    /// drops what quinn has not queued, which a stream cannot take back).
+    /// still never waits for a retransmission longer than
+    /// [`RoundTiming::grace`] (plus two round-trip times) from the last
+    /// lossy byte: what comes later on a stream is merged into the next
+    /// round, like a late datagram. A round with a
+    /// [`RoundTiming::lossy_deadline`] uses datagrams (the deadline drops
+    /// what quinn has not queued, which a stream cannot take back).
     #[default]
     Adaptive,
 }
