@@ -5,7 +5,7 @@ use gradlane::layout::{Layout, TensorSpec};
 use gradlane::ps::baselines::SyncMomentum;
 use gradlane::ps::sim::{LeastSquares, SplitMix64};
 use gradlane::ps::{Disposition, OrderedMomentum, OrderedMomentumConfig, ParameterServer};
-use gradlane::ps_net::{self, Compression, ServeStats, ServerHandle, Worker, WorkerError};
+use gradlane::ps_net::{self, Compression, Params, ServeStats, ServerHandle, Worker, WorkerError};
 use gradlane::transport::handshake::codes;
 use gradlane::transport::tls::generate_certs;
 use gradlane::transport::{Config, Endpoint, Faults};
@@ -284,23 +284,7 @@ async fn a_cancelled_push_leaves_the_session_usable() {
     // then abandoned (its lanes reset), and the request naming it is never
     // written. A push that still finished in that one poll is counted and
     // tried again.
-    let mut applied = 0;
-    let mut cancelled = false;
-    for _ in 0..5 {
-        let grads = [&grad];
-        let push = std::pin::pin!(a.push(params.index, &grads));
-        match poll_once(push).await {
-            std::task::Poll::Pending => {
-                cancelled = true;
-                break;
-            }
-            std::task::Poll::Ready(reply) => {
-                params = reply.unwrap().params;
-                applied += 1;
-            }
-        }
-    }
-    assert!(cancelled, "every push finished within one poll");
+    let applied = push_until_one_is_dropped(&mut a, &mut params, &grad, 5).await;
     // The ticket was never used, and the next push goes under a fresh
     // round index: the server drops the round no request named (or the
     // link skips it, when the next round overtakes it).
@@ -334,22 +318,7 @@ async fn a_push_dropped_while_awaiting_its_reply_leaves_the_session_in_step() {
     // loaded machine the test thread can be descheduled for longer than
     // loopback's round trip between sending and looking for the reply:
     // such a push is done, and the next one is tried.)
-    let mut applied = 0;
-    let mut dropped = false;
-    for _ in 0..20 {
-        let push = std::pin::pin!(a.push_flat(params.index, &grad));
-        match poll_once(push).await {
-            std::task::Poll::Pending => {
-                dropped = true;
-                break;
-            }
-            std::task::Poll::Ready(reply) => {
-                params = reply.unwrap().params;
-                applied += 1;
-            }
-        }
-    }
-    assert!(dropped, "every push finished within one poll");
+    let applied = push_until_one_is_dropped(&mut a, &mut params, &grad, 20).await;
     // The server applied the request that left. The next pull returns the
     // parameters and ticket of that push's reply (before, it read that
     // reply as its own and failed: a push reply to a pull), and the calls
@@ -643,6 +612,30 @@ async fn a_client_that_never_says_hello_is_closed_after_the_timeout() {
     run.stop.send(()).unwrap();
     let stats = run.done.await.unwrap().unwrap();
     assert_eq!(stats.links_refused, 1);
+}
+
+/// Pushes `grad` under `params`' ticket, each push polled once and dropped
+/// if that poll did not finish it, until one is dropped (at most `tries`);
+/// a push that finished hands its reply's parameters on. Returns how many
+/// finished.
+async fn push_until_one_is_dropped(
+    a: &mut Worker,
+    params: &mut Params,
+    grad: &[f32],
+    tries: usize,
+) -> u64 {
+    let mut applied = 0;
+    for _ in 0..tries {
+        let push = std::pin::pin!(a.push_flat(params.index, grad));
+        match poll_once(push).await {
+            std::task::Poll::Pending => return applied,
+            std::task::Poll::Ready(reply) => {
+                *params = reply.unwrap().params;
+                applied += 1;
+            }
+        }
+    }
+    panic!("every push finished within one poll");
 }
 
 /// Polls `f` once, with the task's own waker: its output if that poll
