@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use common::{chain, mb, resolve, BoxError, Cc};
 use gradlane::reassembly::RoundStats;
-use gradlane::transport::tuning::Tuning;
 use gradlane::transport::{Config, Endpoint, Faults};
 
 /// Receive gradlane rounds and print a table of what arrived.
@@ -55,6 +54,13 @@ struct Args {
     /// Congestion controller of this end.
     #[arg(long, value_enum, default_value_t = Cc::CappedBbr)]
     congestion: Cc,
+    /// Every packet 8952 bytes from the first (`Tuning::jumbo`): only on a
+    /// network that carries 9000-byte frames end to end (and loopback).
+    /// Set it on both ends: with one end only, packets stay within the
+    /// other's 1452 bytes. On a path with a smaller MTU the handshake
+    /// fails.
+    #[arg(long)]
+    jumbo: bool,
 }
 
 fn main() -> ExitCode {
@@ -74,10 +80,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         seed: args.seed,
     });
     let config = Config {
-        tuning: Tuning {
-            congestion: args.congestion.into(),
-            ..Tuning::default()
-        },
+        tuning: common::tuning(args.congestion, args.jumbo),
         faults,
         ..Config::default()
     };

@@ -115,6 +115,12 @@ struct Args {
     /// Size of gradlane's lossy datagrams (`RoundTiming::datagram_size`).
     #[arg(long, value_enum, default_value_t = Datagrams::Floor)]
     datagram_size: Datagrams,
+    /// Every QUIC variant in 8952-byte packets from the first
+    /// (`Tuning::jumbo`), as on a network known to carry jumbo frames;
+    /// loopback carries them. Without it, the default tuning: MTU
+    /// discovery up to 1452 bytes.
+    #[arg(long)]
+    jumbo: bool,
 }
 
 /// `--datagram-size`.
@@ -231,6 +237,16 @@ impl Bench {
         (client, server)
     }
 
+    /// The transport tuning of every QUIC variant (`--jumbo`).
+    fn tuning(&self, congestion: Congestion) -> Tuning {
+        let base = if self.args.jumbo {
+            Tuning::jumbo()
+        } else {
+            Tuning::default()
+        };
+        Tuning { congestion, ..base }
+    }
+
     fn skipped(&self, name: &str) -> bool {
         let only = &self.args.only;
         !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str()))
@@ -273,10 +289,7 @@ impl Bench {
                 },
                 ..EncoderConfig::default()
             },
-            tuning: Tuning {
-                congestion,
-                ..Tuning::default()
-            },
+            tuning: self.tuning(congestion),
             timing: RoundTiming {
                 release,
                 lossy_carrier: carrier,
@@ -332,10 +345,7 @@ impl Bench {
         seed: u64,
     ) -> Result<QuinnRun, BoxError> {
         let (client_faults, server_faults) = self.faults(loss, seed);
-        let tuning = Tuning {
-            congestion,
-            ..Tuning::default()
-        };
+        let tuning = self.tuning(congestion);
         let local: SocketAddr = "127.0.0.1:0".parse()?;
         let server_config = tls::server_config(&self.files.server_cert, &self.files.server_key)?;
         let (server, _) =
@@ -930,11 +940,16 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
     println!(
         "{} rounds of {:.1} MB ({}) per variant after 1 warm-up; every variant on its own \
          connection, rounds interleaved across variants; QUIC variants: {} ms delay each way, \
-         seeded loss each way; loopback, one process",
+         seeded loss each way, {}; loopback, one process",
         bench.args.rounds,
         model_bytes as f64 / 1e6,
         bench.args.model,
-        bench.args.delay_ms
+        bench.args.delay_ms,
+        if bench.args.jumbo {
+            "8952-byte packets (--jumbo)"
+        } else {
+            "packets up to 1452 bytes"
+        }
     );
     println!();
     println!(

@@ -27,7 +27,6 @@ use common::{grads, ms};
 use gradlane::classify::ClassifyConfig;
 use gradlane::encode::EncoderConfig;
 use gradlane::presets;
-use gradlane::transport::tuning::Tuning;
 use gradlane::transport::{Config, Endpoint, Faults, LossyCarrier, LossyRelease, RoundTiming};
 
 /// `--lossy-release` on the command line (`LossyRelease`).
@@ -88,6 +87,13 @@ struct Args {
     /// Congestion controller of this end.
     #[arg(long, value_enum, default_value_t = Cc::CappedBbr)]
     congestion: Cc,
+    /// Every packet 8952 bytes from the first (`Tuning::jumbo`): only on a
+    /// network that carries 9000-byte frames end to end (and loopback).
+    /// Set it on both ends: with one end only, packets stay within the
+    /// other's 1452 bytes. On a path with a smaller MTU the handshake
+    /// fails.
+    #[arg(long)]
+    jumbo: bool,
     /// Streams each round's important part is spread over.
     #[arg(long, default_value_t = RoundTiming::default().lanes)]
     lanes: u8,
@@ -127,10 +133,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
             },
             ..EncoderConfig::default()
         },
-        tuning: Tuning {
-            congestion: args.congestion.into(),
-            ..Tuning::default()
-        },
+        tuning: common::tuning(args.congestion, args.jumbo),
         timing: RoundTiming {
             lanes: args.lanes,
             release: match args.lossy_release {

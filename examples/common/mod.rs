@@ -5,7 +5,7 @@
 use clap::ValueEnum;
 use gradlane::classify::splitmix64;
 use gradlane::layout::Layout;
-use gradlane::transport::tuning::Congestion;
+use gradlane::transport::tuning::{Congestion, Tuning};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -42,6 +42,21 @@ impl From<Cc> for Congestion {
             Cc::Newreno => Congestion::NewReno,
             Cc::QueueGatedCubic => Congestion::QueueGatedCubic,
         }
+    }
+}
+
+/// The transport tuning of an example's end: the congestion flag, and with
+/// `jumbo` (the `--jumbo` flag) 8952-byte packets from the first
+/// ([`Tuning::jumbo`]).
+pub fn tuning(congestion: Cc, jumbo: bool) -> Tuning {
+    let base = if jumbo {
+        Tuning::jumbo()
+    } else {
+        Tuning::default()
+    };
+    Tuning {
+        congestion: congestion.into(),
+        ..base
     }
 }
 

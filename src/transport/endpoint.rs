@@ -162,8 +162,8 @@ impl Endpoint {
             self.config.encoder,
             self.config.reassembly,
             self.config.timing,
-            send,
-            recv,
+            self.config.tuning.min_udp_payload,
+            (send, recv),
         )
     }
 
@@ -303,7 +303,7 @@ async fn welcome(config: &Config, conn: quinn::Connection) -> Result<Link, LinkE
         encoder,
         config.reassembly,
         config.timing,
-        send,
-        recv,
+        config.tuning.min_udp_payload,
+        (send, recv),
     )
 }

@@ -15,6 +15,8 @@
 //!   for paths with random loss.
 //! - [`gated_controller`]: the shell both controllers share: quinn's
 //!   controller with a gate of ours in front.
+//! - [`gso_cap`]: keeps quinn's GSO batches within one UDP send, which
+//!   jumbo packets need.
 //! - [`faults`]: a seeded loss/delay wrapper of the UDP socket for tests,
 //!   examples and benchmarks (this host has no `netem`).
 
@@ -23,6 +25,7 @@ pub mod congestion;
 pub mod endpoint;
 pub mod faults;
 pub mod gated_controller;
+pub mod gso_cap;
 pub mod handshake;
 pub mod link;
 pub mod tls;

@@ -99,8 +99,11 @@ pub enum LossyRelease {
 /// 600-750 queued datagrams a fall; at the floor none fell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DatagramSize {
-    /// Packets of at most QUIC's 1200-byte floor (1162-byte datagrams
-    /// with quinn's 8-byte connection IDs): their loss never reads as a
+    /// Packets of at most the MTU floor quinn never falls below
+    /// ([`Tuning::min_udp_payload`](crate::transport::tuning::Tuning): QUIC's
+    /// 1200 bytes by default, 1162-byte datagrams with quinn's 8-byte
+    /// connection IDs; 8952 with [`Tuning::jumbo`](crate::transport::tuning::Tuning::jumbo)):
+    /// their loss never reads as a
     /// black hole, and a fall of the path MTU discards none of them. (A
     /// packet that also carries the important stream's tail is full-size;
     /// now and then losses of those still add up to a fall, which costs
@@ -384,6 +387,10 @@ pub struct LinkSender {
     levels: u8,
     tx: Arc<TxShared>,
     timing: RoundTiming,
+    /// The UDP payload the path is known to carry
+    /// ([`Tuning::min_udp_payload`](crate::transport::tuning::Tuning)):
+    /// what [`DatagramSize::MtuFloor`] frames for.
+    floor_mtu: u16,
     /// The last round whose data may have reached the peer: every round
     /// from the moment its encoding succeeded, whether or not it finished.
     last_sent: Option<u32>,
@@ -430,15 +437,17 @@ impl std::fmt::Debug for Link {
 
 impl Link {
     /// Builds the link once the handshake is done; starts the receive tasks.
+    /// `control` is the handshake's stream pair.
     pub(crate) fn start(
         conn: Connection,
         layout: Layout,
         encoder: EncoderConfig,
         reassembly: ReassemblyConfig,
         timing: RoundTiming,
-        control_send: SendStream,
-        control_recv: RecvStream,
+        floor_mtu: u16,
+        control: (SendStream, RecvStream),
     ) -> Result<Self, LinkError> {
+        let (control_send, control_recv) = control;
         let levels = encoder.classify.levels;
         let encoder = Encoder::new(&layout, encoder)?;
         let reassembler = Reassembler::new(
@@ -486,6 +495,7 @@ impl Link {
                 levels,
                 tx,
                 timing,
+                floor_mtu,
                 last_sent: None,
                 lost_seen: 0,
             },

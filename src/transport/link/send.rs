@@ -70,7 +70,7 @@ impl LinkSender {
         if let Some(last) = self.last_sent.filter(|&last| round <= last) {
             return Err(LinkError::RoundOrder { round, last });
         }
-        let max = lossy_datagram_limit(&self.conn, self.timing.datagram_size)
+        let max = lossy_datagram_limit(&self.conn, self.timing.datagram_size, self.floor_mtu)
             .ok_or(LinkError::NoDatagrams)?;
         // Datagrams only pay off on a path that loses packets: see
         // `LossyCarrier`. quinn does not count lost MTU probes here.
@@ -631,27 +631,23 @@ impl Drop for Abandon {
 
 /// The datagram payload a round's lossy part is framed for (see
 /// [`DatagramSize`]).
-fn lossy_datagram_limit(conn: &Connection, size: DatagramSize) -> Option<usize> {
+/// `floor` is the MTU quinn never falls below (its `min_mtu`).
+fn lossy_datagram_limit(conn: &Connection, size: DatagramSize, floor: u16) -> Option<usize> {
     let max = conn.max_datagram_size()?;
     Some(match size {
-        DatagramSize::MtuFloor => limit_at_floor(max, conn.stats().path.current_mtu),
+        DatagramSize::MtuFloor => limit_at_floor(max, conn.stats().path.current_mtu, floor),
         DatagramSize::Path => max,
     })
 }
 
-/// The smallest path MTU quinn falls back to: its `TransportConfig::min_mtu`,
-/// which [`Tuning`](crate::transport::tuning::Tuning) leaves at QUIC's
-/// minimum.
-const QUIC_MIN_MTU: u16 = 1200;
-
-/// The datagram payload whose packets fit QUIC's MTU floor, from the path's
-/// datagram limit `max` at path MTU `mtu`. quinn's limit is the MTU less a
-/// fixed worst-case overhead, so taking off the MTU's rise above the floor
-/// is exact; when the peer's own limit is the smaller one this errs on the
-/// small side. Never below what the encoder needs: then the path's limit
-/// is used as it is.
-fn limit_at_floor(max: usize, mtu: u16) -> usize {
-    let rise = mtu.saturating_sub(QUIC_MIN_MTU) as usize;
+/// The datagram payload whose packets fit the MTU floor `floor`, from the
+/// path's datagram limit `max` at path MTU `mtu`. quinn's limit is the MTU
+/// less a fixed worst-case overhead, so taking off the MTU's rise above the
+/// floor is exact; when the peer's own limit is the smaller one this errs
+/// on the small side. Never below what the encoder needs: then the path's
+/// limit is used as it is.
+fn limit_at_floor(max: usize, mtu: u16, floor: u16) -> usize {
+    let rise = mtu.saturating_sub(floor) as usize;
     match max.saturating_sub(rise) {
         floor if floor >= crate::encode::MIN_DATAGRAM => floor,
         _ => max,
@@ -698,15 +694,20 @@ mod tests {
     #[test]
     fn floor_datagrams_fit_the_mtu_floor() {
         // quinn 0.11 on loopback: 1162 at the 1200-byte floor, 1414 at 1452.
-        assert_eq!(limit_at_floor(1162, 1200), 1162);
-        assert_eq!(limit_at_floor(1414, 1452), 1162);
+        assert_eq!(limit_at_floor(1162, 1200, 1200), 1162);
+        assert_eq!(limit_at_floor(1414, 1452, 1200), 1162);
+        // A known jumbo path: the floor is the path's size.
+        assert_eq!(limit_at_floor(8914, 8952, 8952), 8914);
+        // Discovery above a raised floor takes off only the rise above it.
+        assert_eq!(limit_at_floor(8914, 8952, 4000), 3962);
         // A peer's smaller limit: the result errs on the small side.
-        assert_eq!(limit_at_floor(600, 1452), 348);
+        assert_eq!(limit_at_floor(600, 1452, 1200), 348);
         // Never below what the encoder can frame: the path's limit as is.
         let tiny = crate::encode::MIN_DATAGRAM + 10;
-        assert_eq!(limit_at_floor(tiny, 1452), tiny);
-        // An MTU under the floor (a config this crate does not make) takes
-        // nothing off.
-        assert_eq!(limit_at_floor(1000, 1100), 1000);
+        assert_eq!(limit_at_floor(tiny, 1452, 1200), tiny);
+        // An MTU under the floor (the peer accepts less than our floor)
+        // takes nothing off.
+        assert_eq!(limit_at_floor(1000, 1100, 1200), 1000);
+        assert_eq!(limit_at_floor(1414, 1452, 8952), 1414);
     }
 }
