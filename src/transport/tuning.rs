@@ -97,8 +97,8 @@ pub struct Tuning {
     pub congestion: Congestion,
     /// Requested UDP socket send and receive buffer size in bytes.
     pub socket_buffer: usize,
-    /// The UDP payload every packet may have: what the path is known to
-    /// carry end to end. quinn starts at this size (`initial_mtu`) and never
+    /// The UDP payload size the path is known to carry end to end. quinn
+    /// starts at this size (`initial_mtu`) and never
     /// falls below it (`min_mtu`): losses of packets this size never read
     /// as an MTU black hole, and the lossy datagrams are framed to fit it
     /// ([`DatagramSize::MtuFloor`](crate::transport::DatagramSize)). The
@@ -168,7 +168,7 @@ pub enum TuningError {
     #[error("max idle timeout {0:?} is too large for quic")]
     IdleTimeout(Duration),
     /// The UDP payload bounds are outside what QUIC allows, or crossed.
-    #[error("udp payload bounds {min}..={max} are not within 1200..=65527")]
+    #[error("udp payload bounds {min}..={max} must be ordered and within 1200..=65527")]
     UdpPayload {
         /// `min_udp_payload`.
         min: u16,
@@ -178,7 +178,7 @@ pub enum TuningError {
 }
 
 impl Tuning {
-    /// The defaults, for a network known to carry 9000-byte (jumbo) frames
+    /// The default tuning for a network known to carry 9000-byte (jumbo) frames
     /// end to end, such as a datacenter fabric set up for them, and for
     /// loopback: every packet 8952 bytes from the first. Per-packet work
     /// is what bounds quinn on a busy host; on loopback ResNet-50 rounds
