@@ -98,9 +98,9 @@ pub struct Tuning {
     /// Requested UDP socket send and receive buffer size in bytes.
     pub socket_buffer: usize,
     /// The UDP payload size the path is known to carry end to end. quinn
-    /// starts at this size (`initial_mtu`) and never
-    /// falls below it (`min_mtu`): losses of packets this size never read
-    /// as an MTU black hole, and the lossy datagrams are framed to fit it
+    /// starts at this size (`initial_mtu`) and never falls below it
+    /// (`min_mtu`): losses of packets this size never read as an MTU black
+    /// hole, and the lossy datagrams are framed to fit it
     /// ([`DatagramSize::MtuFloor`](crate::transport::DatagramSize)). The
     /// default is QUIC's floor, 1200, safe on any path; set it higher only
     /// where the network is known to carry it (see [`Tuning::jumbo`]): a

@@ -100,11 +100,12 @@ pub enum LossyRelease {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DatagramSize {
     /// Packets of at most the MTU floor quinn never falls below
-    /// ([`Tuning::min_udp_payload`](crate::transport::tuning::Tuning): QUIC's
-    /// 1200 bytes by default, 1162-byte datagrams with quinn's 8-byte
-    /// connection IDs; 8952 with [`Tuning::jumbo`](crate::transport::tuning::Tuning::jumbo)):
-    /// their loss never reads as a
-    /// black hole, and a fall of the path MTU discards none of them. (A
+    /// ([`Tuning::min_udp_payload`](crate::transport::tuning::Tuning):
+    /// QUIC's 1200 bytes by default, 1162-byte datagrams with quinn's
+    /// 8-byte connection IDs; 8952 with
+    /// [`Tuning::jumbo`](crate::transport::tuning::Tuning::jumbo)): their
+    /// loss never reads as a black hole, and a fall of the path MTU
+    /// discards none of them. (A
     /// packet that also carries the important stream's tail is full-size;
     /// now and then losses of those still add up to a fall, which costs
     /// the stream its packet size until quinn probes the MTU again.)
