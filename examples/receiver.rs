@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use common::{chain, mb, resolve, BoxError, Cc};
+use gradlane::classify::ClassifyConfig;
 use gradlane::reassembly::RoundStats;
+use gradlane::transport::tuning::Tuning;
 use gradlane::transport::{Config, Endpoint, Faults};
 
 /// Receive gradlane rounds and print a table of what arrived.
@@ -61,6 +63,13 @@ struct Args {
     /// fails.
     #[arg(long)]
     jumbo: bool,
+    /// Mark every packet with the DSCP of its class, as the authors did:
+    /// TOS 224 for the important class, acknowledgements and control, TOS
+    /// `(levels - c) * 32` for lossy level `c`. For networks that queue by
+    /// DSCP; the lossy part then goes as datagrams once the peer confirmed
+    /// the important part. Linux only.
+    #[arg(long)]
+    dscp: bool,
 }
 
 fn main() -> ExitCode {
@@ -80,7 +89,12 @@ async fn run(args: Args) -> Result<(), BoxError> {
         seed: args.seed,
     });
     let config = Config {
-        tuning: common::tuning(args.congestion, args.jumbo),
+        tuning: Tuning {
+            // This end's rounds go back in the sender's layout with the
+            // default classes.
+            dscp: common::dscp(args.dscp, ClassifyConfig::default().levels),
+            ..common::tuning(args.congestion, args.jumbo)
+        },
         faults,
         ..Config::default()
     };
@@ -198,6 +212,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
             f.datagrams_received + f.datagrams_dropped_in
         );
     }
+    common::print_marked(&endpoint);
     // Not before the sender holds the confirmation of the last round.
     link.close_when_confirmed(Duration::from_secs(2)).await;
     endpoint.wait_idle().await;

@@ -27,6 +27,7 @@ use common::{grads, ms};
 use gradlane::classify::ClassifyConfig;
 use gradlane::encode::EncoderConfig;
 use gradlane::presets;
+use gradlane::transport::tuning::Tuning;
 use gradlane::transport::{Config, Endpoint, Faults, LossyCarrier, LossyRelease, RoundTiming};
 
 /// `--lossy-release` on the command line (`LossyRelease`).
@@ -94,6 +95,13 @@ struct Args {
     /// fails.
     #[arg(long)]
     jumbo: bool,
+    /// Mark every packet with the DSCP of its class, as the authors did:
+    /// TOS 224 for the important class, acknowledgements and control, TOS
+    /// `(levels - c) * 32` for lossy level `c`. For networks that queue by
+    /// DSCP; the lossy part then goes as datagrams once the receiver
+    /// confirmed the important part. Linux only.
+    #[arg(long)]
+    dscp: bool,
     /// Streams each round's important part is spread over.
     #[arg(long, default_value_t = RoundTiming::default().lanes)]
     lanes: u8,
@@ -133,7 +141,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
             },
             ..EncoderConfig::default()
         },
-        tuning: common::tuning(args.congestion, args.jumbo),
+        tuning: Tuning {
+            dscp: common::dscp(args.dscp, args.levels),
+            ..common::tuning(args.congestion, args.jumbo)
+        },
         timing: RoundTiming {
             lanes: args.lanes,
             release: match args.lossy_release {
@@ -243,6 +254,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         ),
         None => println!("faults (this end): none injected"),
     }
+    common::print_marked(&endpoint);
     if closed.is_err() {
         eprintln!(
             "sender: no close from the receiver within {wait:?} of the last round \

@@ -5,7 +5,9 @@
 use clap::ValueEnum;
 use gradlane::classify::splitmix64;
 use gradlane::layout::Layout;
+use gradlane::transport::marking::DscpMarks;
 use gradlane::transport::tuning::{Congestion, Tuning};
+use gradlane::transport::Endpoint;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -58,6 +60,36 @@ pub fn tuning(congestion: Cc, jumbo: bool) -> Tuning {
         congestion: congestion.into(),
         ..base
     }
+}
+
+/// The marks of the `--dscp` flag: the authors' (TOS 224 important, TOS
+/// `(levels - c) * 32` for lossy level `c`).
+pub fn dscp(on: bool, levels: u8) -> Option<DscpMarks> {
+    on.then(|| DscpMarks::authors(levels))
+}
+
+/// Prints how many packets the endpoint sent under each DSCP, if it marks
+/// them.
+pub fn print_marked(endpoint: &Endpoint) {
+    let Some(counts) = endpoint.marked_counts() else {
+        return;
+    };
+    let by_mark: Vec<String> = (0..64)
+        .filter(|&d| counts.packets[d] > 0)
+        .map(|d| {
+            format!(
+                "DSCP {d} (TOS {}): {} packets, {:.2} MB",
+                d << 2,
+                counts.packets[d],
+                counts.bytes[d] as f64 / 1e6
+            )
+        })
+        .collect();
+    println!(
+        "marked (this end): {}; {} send errors",
+        by_mark.join("; "),
+        counts.send_errors
+    );
 }
 
 /// Sets up tracing (`RUST_LOG`, default `warn`, to stderr), parses the

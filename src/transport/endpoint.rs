@@ -9,9 +9,12 @@
 
 use super::faults::{FaultStats, Faults, FaultySocket};
 use super::handshake::{codes, framed, Control, HandshakeError, Hello};
-use super::link::{read_control, write_control, Link, LinkError, RoundTiming};
+use super::link::{read_control, write_control, Carrier, Link, LinkError, RoundTiming};
+use super::marking::{ConnectionMark, MarkRegistry};
+#[cfg(target_os = "linux")]
+use super::marking::{MarkedCounts, MarkingSocket};
 use super::tls::{self, ClientConfigError, ServerConfigError};
-use super::tuning::{self, EndpointError, Tuning, TuningError};
+use super::tuning::{self, EndpointError, EndpointParts, Tuning, TuningError};
 use crate::encode::EncoderConfig;
 use crate::layout::Layout;
 use crate::reassembly::ReassemblyConfig;
@@ -81,6 +84,9 @@ pub struct Endpoint {
     inner: quinn::Endpoint,
     config: Config,
     faults: Option<Arc<FaultySocket>>,
+    marks: Option<Arc<MarkRegistry>>,
+    #[cfg(target_os = "linux")]
+    marking: Option<Arc<MarkingSocket>>,
 }
 
 impl Endpoint {
@@ -92,12 +98,8 @@ impl Endpoint {
         config: Config,
     ) -> Result<Self, SetupError> {
         let server = tls::server_config(cert.as_ref(), key.as_ref())?;
-        let (inner, faults) = tuning::endpoint(addr, Some(server), &config.tuning, config.faults)?;
-        Ok(Self {
-            inner,
-            config,
-            faults,
-        })
+        let parts = tuning::endpoint_parts(addr, Some(server), &config.tuning, config.faults)?;
+        Ok(Self::from_parts(parts, config))
     }
 
     /// A client that trusts only the CA certificate in `ca` (PEM).
@@ -113,13 +115,20 @@ impl Endpoint {
     ) -> Result<Self, SetupError> {
         let client = tls::client_config(ca.as_ref())?;
         let client = tuning::tuned_client(client, &config.tuning)?;
-        let (mut inner, faults) = tuning::endpoint(local, None, &config.tuning, config.faults)?;
-        inner.set_default_client_config(client);
-        Ok(Self {
-            inner,
+        let mut parts = tuning::endpoint_parts(local, None, &config.tuning, config.faults)?;
+        parts.endpoint.set_default_client_config(client);
+        Ok(Self::from_parts(parts, config))
+    }
+
+    fn from_parts(parts: EndpointParts, config: Config) -> Self {
+        Self {
+            inner: parts.endpoint,
             config,
-            faults,
-        })
+            faults: parts.faults,
+            marks: parts.marks,
+            #[cfg(target_os = "linux")]
+            marking: parts.marking,
+        }
     }
 
     /// The local address (useful after binding port 0).
@@ -130,6 +139,12 @@ impl Endpoint {
     /// What the fault injector did so far, if one is attached.
     pub fn fault_stats(&self) -> Option<FaultStats> {
         self.faults.as_ref().map(|f| f.stats())
+    }
+
+    /// Packets sent so far by DSCP, if [`Tuning::dscp`] is set.
+    #[cfg(target_os = "linux")]
+    pub fn marked_counts(&self) -> Option<MarkedCounts> {
+        self.marking.as_ref().map(|m| m.counts())
     }
 
     /// Connects to a server and runs the handshake with `layout`.
@@ -156,14 +171,19 @@ impl Endpoint {
             _ => return Err(LinkError::from_conn(conn.closed().await)),
         }
         tracing::info!(remote = %addr, tensors = layout.len(), "link up");
-        Link::start(
+        let mark = connection_mark(&self.marks, &self.config, &conn);
+        let carrier = Carrier {
             conn,
+            control: (send, recv),
+            floor_mtu: self.config.tuning.min_udp_payload,
+            mark,
+        };
+        Link::start(
+            carrier,
             layout.clone(),
             self.config.encoder,
             self.config.reassembly,
             self.config.timing,
-            self.config.tuning.min_udp_payload,
-            (send, recv),
         )
     }
 
@@ -193,6 +213,7 @@ impl Endpoint {
         Some(Incoming {
             incoming,
             config: self.config.clone(),
+            marks: self.marks.clone(),
         })
     }
 
@@ -234,6 +255,7 @@ fn layout_difference(expected: &Layout, got: &Layout) -> String {
 pub struct Incoming {
     incoming: quinn::Incoming,
     config: Config,
+    marks: Option<Arc<MarkRegistry>>,
 }
 
 /// Why an incoming client did not become a link.
@@ -254,7 +276,8 @@ impl Incoming {
     pub async fn finish(self) -> Result<Link, IncomingError> {
         let conn = self.incoming.await.map_err(IncomingError::Quic)?;
         let config = self.config;
-        match tokio::time::timeout(config.hello_timeout, welcome(&config, conn.clone())).await {
+        let welcome = welcome(&config, &self.marks, conn.clone());
+        match tokio::time::timeout(config.hello_timeout, welcome).await {
             Ok(r) => Ok(r?),
             Err(_) => {
                 let why = format!("no hello within {:?}", config.hello_timeout);
@@ -265,7 +288,22 @@ impl Incoming {
     }
 }
 
-async fn welcome(config: &Config, conn: quinn::Connection) -> Result<Link, LinkError> {
+/// The handle that sets the class `conn`'s packets are marked with, if the
+/// endpoint marks them.
+fn connection_mark(
+    marks: &Option<Arc<MarkRegistry>>,
+    config: &Config,
+    conn: &quinn::Connection,
+) -> Option<ConnectionMark> {
+    let (registry, dscp) = (marks.as_ref()?, config.tuning.dscp?);
+    Some(registry.register(conn.remote_address(), dscp))
+}
+
+async fn welcome(
+    config: &Config,
+    marks: &Option<Arc<MarkRegistry>>,
+    conn: quinn::Connection,
+) -> Result<Link, LinkError> {
     let (mut send, mut recv) = conn.accept_bi().await.map_err(LinkError::from_conn)?;
     let hello = match read_control(&mut recv).await {
         Ok(Some(body)) => Hello::decode(&body),
@@ -297,13 +335,18 @@ async fn welcome(config: &Config, conn: quinn::Connection) -> Result<Link, LinkE
         chunking: hello.chunking,
         ..config.encoder
     };
-    Link::start(
+    let mark = connection_mark(marks, config, &conn);
+    let carrier = Carrier {
         conn,
+        control: (send, recv),
+        floor_mtu: config.tuning.min_udp_payload,
+        mark,
+    };
+    Link::start(
+        carrier,
         hello.layout,
         encoder,
         config.reassembly,
         config.timing,
-        config.tuning.min_udp_payload,
-        (send, recv),
     )
 }

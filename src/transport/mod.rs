@@ -17,6 +17,8 @@
 //!   controller with a gate of ours in front.
 //! - [`gso_cap`]: keeps quinn's GSO batches within one UDP send, which
 //!   jumbo packets need.
+//! - [`marking`]: DSCP marks per traffic class, for networks with
+//!   priority queues (quinn-udp writes only ECN).
 //! - [`faults`]: a seeded loss/delay wrapper of the UDP socket for tests,
 //!   examples and benchmarks (this host has no `netem`).
 
@@ -28,6 +30,7 @@ pub mod gated_controller;
 pub mod gso_cap;
 pub mod handshake;
 pub mod link;
+pub mod marking;
 pub mod tls;
 pub mod tuning;
 

@@ -20,6 +20,9 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use super::faults::{Faults, FaultySocket, FaultySocketError};
 use super::gso_cap::GsoCappedSocket;
+#[cfg(target_os = "linux")]
+use super::marking::MarkingSocket;
+use super::marking::{DscpMarks, MarkRegistry};
 
 const MIB: u64 = 1 << 20;
 
@@ -116,6 +119,12 @@ pub struct Tuning {
     /// packets (smaller than the stream's) for a black hole and falls to
     /// 1200 bytes for a minute (README).
     pub max_udp_payload: u16,
+    /// Mark every packet with the DSCP of the class its link is sending
+    /// (`None`, the default: quinn's own socket, TOS from ECN alone). For
+    /// networks with priority queues on the DSCP; see
+    /// [`marking`](super::marking) for how packets are classed and what a
+    /// link with marks does differently. Linux only.
+    pub dscp: Option<DscpMarks>,
 }
 
 impl Default for Tuning {
@@ -149,6 +158,7 @@ impl Default for Tuning {
             socket_buffer: 4 * MIB as usize,
             min_udp_payload: MIN_UDP_PAYLOAD,
             max_udp_payload: ETHERNET_UDP_PAYLOAD,
+            dscp: None,
         }
     }
 }
@@ -175,6 +185,12 @@ pub enum TuningError {
         /// `max_udp_payload`.
         max: u16,
     },
+    /// A DSCP mark does not fit six bits.
+    #[error("dscp {0} is not in 0..=63")]
+    Dscp(u8),
+    /// DSCP marks were asked for on a system where gradlane cannot write them.
+    #[error("dscp marks need linux")]
+    DscpUnsupported,
 }
 
 impl Tuning {
@@ -345,7 +361,37 @@ pub fn endpoint(
     tuning: &Tuning,
     faults: Option<Faults>,
 ) -> Result<(quinn::Endpoint, Option<Arc<FaultySocket>>), EndpointError> {
+    let parts = endpoint_parts(addr, server, tuning, faults)?;
+    Ok((parts.endpoint, parts.faults))
+}
+
+/// A quinn endpoint and the layers under it that report on their work.
+#[derive(Debug)]
+pub struct EndpointParts {
+    /// The endpoint.
+    pub endpoint: quinn::Endpoint,
+    /// The fault injector, if faults were given.
+    pub faults: Option<Arc<FaultySocket>>,
+    /// Where links register the class their packets are marked with, if
+    /// [`Tuning::dscp`] is set.
+    pub marks: Option<Arc<MarkRegistry>>,
+    /// The socket that writes the marks (its counts by DSCP), if
+    /// [`Tuning::dscp`] is set.
+    #[cfg(target_os = "linux")]
+    pub marking: Option<Arc<MarkingSocket>>,
+}
+
+/// Like [`endpoint`], with every layer returned.
+pub fn endpoint_parts(
+    addr: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+    tuning: &Tuning,
+    faults: Option<Faults>,
+) -> Result<EndpointParts, EndpointError> {
     let (_, max_udp_payload) = tuning.udp_payload()?;
+    if let Some(bad) = tuning.dscp.and_then(|m| m.invalid()) {
+        return Err(TuningError::Dscp(bad).into());
+    }
     let (socket, _) = bind_udp(addr, tuning.socket_buffer)?;
     let server = match server {
         Some(mut s) => {
@@ -356,10 +402,21 @@ pub fn endpoint(
     };
     let runtime: Arc<dyn Runtime> = Arc::new(quinn::TokioRuntime);
     let endpoint_err = |source| EndpointError::Endpoint { addr, source };
-    let real: Arc<dyn AsyncUdpSocket> = GsoCappedSocket::new(
-        runtime.wrap_udp_socket(socket).map_err(endpoint_err)?,
-        max_udp_payload,
-    );
+    let marks = tuning.dscp.map(|m| MarkRegistry::new(m.important));
+    #[cfg(target_os = "linux")]
+    let (base, marking): (Arc<dyn AsyncUdpSocket>, _) = match &marks {
+        Some(registry) => {
+            let marking = MarkingSocket::new(socket, registry.clone()).map_err(endpoint_err)?;
+            (marking.clone(), Some(marking))
+        }
+        None => (runtime.wrap_udp_socket(socket).map_err(endpoint_err)?, None),
+    };
+    #[cfg(not(target_os = "linux"))]
+    let base: Arc<dyn AsyncUdpSocket> = match &marks {
+        Some(_) => return Err(TuningError::DscpUnsupported.into()),
+        None => runtime.wrap_udp_socket(socket).map_err(endpoint_err)?,
+    };
+    let real: Arc<dyn AsyncUdpSocket> = GsoCappedSocket::new(base, max_udp_payload);
     let (abstract_socket, faulty): (Arc<dyn AsyncUdpSocket>, _) = match faults {
         Some(f) => {
             let faulty = FaultySocket::new(real, f)?;
@@ -381,7 +438,13 @@ pub fn endpoint(
         runtime,
     )
     .map_err(endpoint_err)?;
-    Ok((endpoint, faulty))
+    Ok(EndpointParts {
+        endpoint,
+        faults: faulty,
+        marks,
+        #[cfg(target_os = "linux")]
+        marking,
+    })
 }
 
 /// A client configuration from `tls` with `tuning`'s transport settings.

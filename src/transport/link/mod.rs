@@ -28,6 +28,7 @@
 //! `receive` the receiving half and the background tasks.
 
 use super::handshake::{codes, framed, Control, HandshakeError, MAX_MESSAGE};
+use super::marking::ConnectionMark;
 use crate::encode::{EncodeError, EncodedRound, Encoder, EncoderConfig, RoundFramer};
 use crate::layout::Layout;
 use crate::reassembly::{
@@ -398,6 +399,9 @@ pub struct LinkSender {
     /// quinn's count of packets declared lost when the last round started
     /// ([`LossyCarrier::Adaptive`] uses datagrams once it grows).
     lost_seen: u64,
+    /// The class this connection's packets are marked with, if the
+    /// endpoint marks them ([`Tuning::dscp`](crate::transport::tuning::Tuning)).
+    mark: Option<ConnectionMark>,
 }
 
 /// The receiving half of a link.
@@ -436,18 +440,35 @@ impl std::fmt::Debug for Link {
     }
 }
 
+/// What a link runs on, once the handshake is done.
+pub(crate) struct Carrier {
+    /// The connection.
+    pub conn: Connection,
+    /// The handshake's stream pair, the control stream from then on.
+    pub control: (SendStream, RecvStream),
+    /// The UDP payload the path is known to carry
+    /// ([`Tuning::min_udp_payload`](crate::transport::tuning::Tuning)).
+    pub floor_mtu: u16,
+    /// Sets the class the connection's packets are marked with, if the
+    /// endpoint marks them.
+    pub mark: Option<ConnectionMark>,
+}
+
 impl Link {
     /// Builds the link once the handshake is done; starts the receive tasks.
-    /// `control` is the handshake's stream pair.
     pub(crate) fn start(
-        conn: Connection,
+        carrier: Carrier,
         layout: Layout,
         encoder: EncoderConfig,
         reassembly: ReassemblyConfig,
         timing: RoundTiming,
-        floor_mtu: u16,
-        control: (SendStream, RecvStream),
     ) -> Result<Self, LinkError> {
+        let Carrier {
+            conn,
+            control,
+            floor_mtu,
+            mark,
+        } = carrier;
         let (control_send, control_recv) = control;
         let levels = encoder.classify.levels;
         let encoder = Encoder::new(&layout, encoder)?;
@@ -499,6 +520,7 @@ impl Link {
                 floor_mtu,
                 last_sent: None,
                 lost_seen: 0,
+                mark,
             },
             receiver: LinkReceiver {
                 conn,

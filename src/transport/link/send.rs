@@ -75,9 +75,14 @@ impl LinkSender {
         // Datagrams only pay off on a path that loses packets: see
         // `LossyCarrier`. quinn does not count lost MTU probes here.
         let lost = self.conn.stats().path.lost_packets;
+        // Marked packets are classed by time (see `marking`): the lossy
+        // levels go as datagrams, one level after another, once the peer
+        // holds the important part.
+        let marked = self.mark.is_some();
         let on_stream = self.timing.lossy_carrier == LossyCarrier::Adaptive
             && self.timing.lossy_deadline.is_none()
-            && lost == self.lost_seen;
+            && lost == self.lost_seen
+            && !marked;
         let max = if on_stream { LOSSY_STREAM_PACKET } else { max };
         // Scoring and classing read the whole round: every check on the
         // gradients happens here, before a byte is sent.
@@ -152,8 +157,8 @@ impl LinkSender {
         // would take up quinn's connection-wide send window and the peer's
         // flow-control credit, which the lanes' writers then wait for.)
         let released = match self.timing.release {
-            LossyRelease::Sent => Some(sent_before + reliable_len),
-            LossyRelease::Acknowledged => None,
+            LossyRelease::Sent if !marked => Some(sent_before + reliable_len),
+            _ => None,
         };
         tracing::debug!(
             sent = sent_bytes(&self.conn).saturating_sub(sent_before),
@@ -265,11 +270,15 @@ impl LinkSender {
         // is what "all sent" looks like.
         let empty = self.conn.datagram_send_buffer_space();
         let frames_before = self.conn.stats().frame_tx.datagram;
-        self.send_lossy(encoded, start, report).await?;
+        // Marks go back to the important class however this ends.
+        let class = ClassGuard(self.mark.as_ref());
+        self.send_lossy(encoded, start, report, empty).await?;
         // Report the datagrams sent only once quinn has put the last one
         // into a packet, so the report travels behind all of them and the
         // receiver stops waiting as soon as it has what was not lost.
-        if self.wait_datagrams_sent(empty).await? {
+        let drained = self.wait_datagrams_sent(empty).await?;
+        drop(class);
+        if drained {
             // Queued but never put into a packet: discarded by quinn (a
             // path MTU fall makes queued datagrams oversized). Datagrams
             // are never resent, so frames sent count them one to one.
@@ -345,9 +354,20 @@ impl LinkSender {
         encoded: &EncodedRound,
         start: Instant,
         report: &mut SendReport,
+        empty: usize,
     ) -> Result<(), LinkError> {
         let deadline = self.timing.lossy_deadline.map(|d| start + d);
+        let mut queued = false;
         for (l, datagrams) in encoded.lossy.iter().enumerate() {
+            if let Some(mark) = self.mark.as_ref().filter(|_| !datagrams.is_empty()) {
+                // The socket marks what quinn sends now: let quinn put the
+                // level before into packets before marking the next.
+                if queued {
+                    self.wait_datagrams_sent(empty).await?;
+                }
+                mark.set_class(l as u8 + 1);
+                queued = true;
+            }
             for (i, d) in datagrams.iter().enumerate() {
                 if deadline.is_some_and(|d| Instant::now() >= d) {
                     // Everything not yet queued, this level and below, is dropped.
@@ -408,6 +428,17 @@ impl LinkSender {
             }
         }
         Ok(())
+    }
+}
+
+/// Puts a connection's marks back to the important class when dropped.
+struct ClassGuard<'a>(Option<&'a ConnectionMark>);
+
+impl Drop for ClassGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(mark) = self.0 {
+            mark.set_class(crate::classify::IMPORTANT);
+        }
     }
 }
 
