@@ -55,7 +55,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-tshark -q -i lo -f "udp port $PORT" -w "$CAPTURE" 2>"$WORK/tshark.err" &
+tshark -q -B 64 -i lo -f "udp port $PORT" -w "$CAPTURE" 2>"$WORK/tshark.err" &
 SHARK_PID=$!
 # tshark says so once it captures.
 for _ in $(seq 100); do
@@ -93,6 +93,8 @@ tshark -r "$CAPTURE" -T fields -e udp.srcport -e ip.dsfield.dscp -e udp.length 2
         END { for (k in frames) { split(k, p, SUBSEP)
               printf "| %s | %d | %d | %d | %.2f |\n", p[1], p[2], p[2] * 4, frames[k], bytes[k] / 1e6 } }' |
     sort -t'|' -k2,2 -k3,3nr
+echo
+echo "tshark: $(grep -i "captured\|dropped" "$WORK/tshark.err" | tr '\n' ' ')"
 echo
 echo "Each end's own count:"
 grep -h "^marked" "$WORK/sender.out" | sed 's/^/  sender: /'
