@@ -568,7 +568,7 @@ impl Runner {
     async fn stop(self) {
         match self {
             Runner::Gradlane(g) => {
-                g.tx.close();
+                let _ = g.tx.close().await;
                 g.client.wait_idle().await;
             }
             Runner::Quinn(q) => {

@@ -260,7 +260,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
             "sender: no close from the receiver within {wait:?} of the last round \
              (lost?); closing from this end"
         );
-        link.close();
+        link.close_now();
     }
     endpoint.wait_idle().await;
     Ok(())

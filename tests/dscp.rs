@@ -171,7 +171,7 @@ async fn every_class_leaves_with_its_own_mark() {
         }
         important += report.important_bytes;
     }
-    c.close();
+    c.close_now();
     let sent = client.marked_counts().unwrap();
     let server_sent = server.marked_counts().unwrap();
     let seen = relay.stop();

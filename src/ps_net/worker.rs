@@ -322,7 +322,9 @@ impl Worker {
         // queued, and waits (a bounded time) for the server to see the end.
         drop(requests);
         let _ = writer.await;
-        link.close();
+        if let Err(e) = link.close().await {
+            tracing::debug!(%e, "leaving");
+        }
     }
 
     /// Hands a whole request to the writer; its reply is owed from now on.

@@ -226,6 +226,76 @@ impl Control {
     }
 }
 
+/// What a link tells its peer in the reason of its CONNECTION_CLOSE (code
+/// [`codes::CLOSED`]).
+///
+/// quinn discards whatever stream data is unsent or unacknowledged when a
+/// connection closes, a confirmation of the last round among it; the close
+/// frame itself is what the peer is sure to see last (quinn resends it in
+/// answer to every packet from the peer while the connection is closing).
+/// So it says again which round this end confirmed last: a sender whose
+/// round the peer had, but whose confirmation was cut off by the close,
+/// still learns that the round arrived.
+///
+/// Written as text (`done confirmed=17 read_all`) so it stays legible in a
+/// packet capture or a log; words it does not know are skipped, so later
+/// versions can add some.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CloseNote {
+    /// The last round whose important part this end confirmed; rounds
+    /// completed after the close began are not confirmed.
+    pub last_confirmed: Option<u32>,
+    /// This end read the peer's control stream to its end: every
+    /// confirmation the peer sent was processed before the close.
+    pub read_all: bool,
+}
+
+impl CloseNote {
+    /// The reason bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = String::from("done");
+        if let Some(r) = self.last_confirmed {
+            out.push_str(&format!(" confirmed={r}"));
+        }
+        if self.read_all {
+            out.push_str(" read_all");
+        }
+        out.into_bytes()
+    }
+
+    /// Reads a reason written by [`encode`](Self::encode); `None` for any
+    /// other reason (not text, not starting with `done`).
+    pub fn decode(reason: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(reason).ok()?;
+        let mut words = text.split(' ');
+        if words.next() != Some("done") {
+            return None;
+        }
+        let mut note = Self::default();
+        for word in words {
+            if word == "read_all" {
+                note.read_all = true;
+            } else if let Some(r) = word.strip_prefix("confirmed=") {
+                note.last_confirmed = Some(r.parse().ok()?);
+            }
+        }
+        Some(note)
+    }
+
+    /// The note in a connection's error, if the peer closed it in order
+    /// with one.
+    pub fn from_error(e: &quinn::ConnectionError) -> Option<Self> {
+        match e {
+            quinn::ConnectionError::ApplicationClosed(c)
+                if c.error_code.into_inner() == u64::from(codes::CLOSED) =>
+            {
+                Self::decode(&c.reason)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Prefixes a body with its length.
 pub fn framed(body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + body.len());
@@ -255,6 +325,41 @@ mod tests {
             Control::LossySent(9),
         ] {
             assert_eq!(Control::decode(&c.encode()).unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn close_notes_round_trip_and_bad_ones_are_none() {
+        for note in [
+            CloseNote::default(),
+            CloseNote {
+                last_confirmed: Some(0),
+                read_all: false,
+            },
+            CloseNote {
+                last_confirmed: Some(u32::MAX),
+                read_all: true,
+            },
+        ] {
+            assert_eq!(CloseNote::decode(&note.encode()), Some(note));
+        }
+        assert_eq!(CloseNote::decode(b"done"), Some(CloseNote::default()));
+        // Words a later version may add are skipped.
+        assert_eq!(
+            CloseNote::decode(b"done flushed confirmed=3"),
+            Some(CloseNote {
+                last_confirmed: Some(3),
+                read_all: false
+            })
+        );
+        for bad in [
+            &b""[..],
+            b"endpoint closed",
+            b"done confirmed=x",
+            b"done confirmed=4294967296",
+            b"\xff\xfe",
+        ] {
+            assert_eq!(CloseNote::decode(bad), None, "{bad:?}");
         }
     }
 

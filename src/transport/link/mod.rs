@@ -27,7 +27,7 @@
 //! This file holds the types and the link itself; `send` the sending half,
 //! `receive` the receiving half and the background tasks.
 
-use super::handshake::{codes, framed, Control, HandshakeError, MAX_MESSAGE};
+use super::handshake::{codes, framed, CloseNote, Control, HandshakeError, MAX_MESSAGE};
 use super::marking::ConnectionMark;
 use crate::encode::{EncodeError, EncodedRound, Encoder, EncoderConfig, RoundFramer};
 use crate::layout::Layout;
@@ -46,8 +46,12 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+mod close;
 mod receive;
 mod send;
+
+pub use close::CLOSE_WAIT;
+use close::{ControlTx, Linger, SharedControl};
 
 use receive::{control_reader, datagram_reader, stream_acceptor};
 
@@ -228,6 +232,23 @@ pub enum LinkError {
     /// The connection is gone (closed by either side, timed out, reset).
     #[error("connection: {0}")]
     Connection(#[from] ConnectionError),
+    /// The peer closed the link in order ([`Link::close`], or dropped it).
+    /// With `round`: before that round's important part was complete there,
+    /// so the round was not delivered (a round the peer had is never
+    /// reported this way, even if it closed at once after taking it).
+    #[error("{}", peer_closed_message(*.round))]
+    PeerClosed {
+        /// The round this end was sending, if it was sending one.
+        round: Option<u32>,
+    },
+    /// [`Link::close`] closed the link without the peer's acknowledgement:
+    /// the peer did not answer within the wait (gone, or the path lost
+    /// everything), so it may not have read this end's last confirmations.
+    #[error("the peer did not acknowledge the close within {waited:?}; closed anyway")]
+    CloseUnacknowledged {
+        /// How long the close waited.
+        waited: Duration,
+    },
     /// The peer closed the connection with a gradlane error code.
     #[error("peer closed the link (code {code:#x}): {reason}")]
     Rejected {
@@ -277,11 +298,26 @@ pub enum LinkError {
     },
 }
 
+fn peer_closed_message(round: Option<u32>) -> String {
+    match round {
+        Some(r) => {
+            format!("the peer closed the link before round {r}'s important part was complete")
+        }
+        None => "the peer closed the link".into(),
+    }
+}
+
 impl LinkError {
     /// Maps a connection error that carries a gradlane close code to
-    /// [`LinkError::Rejected`].
+    /// [`LinkError::PeerClosed`] (an orderly close) or
+    /// [`LinkError::Rejected`] (any other code).
     pub(crate) fn from_conn(e: ConnectionError) -> Self {
         match e {
+            ConnectionError::ApplicationClosed(c)
+                if c.error_code.into_inner() == u64::from(codes::CLOSED) =>
+            {
+                LinkError::PeerClosed { round: None }
+            }
             ConnectionError::ApplicationClosed(c) => LinkError::Rejected {
                 code: c.error_code.into_inner(),
                 reason: String::from_utf8_lossy(&c.reason).into_owned(),
@@ -384,7 +420,7 @@ pub struct LinkSender {
     conn: Connection,
     /// The control stream to the peer (shared with the receive side, which
     /// sends its confirmations on it).
-    control: Arc<tokio::sync::Mutex<SendStream>>,
+    control: SharedControl,
     encoder: Encoder,
     levels: u8,
     tx: Arc<TxShared>,
@@ -402,6 +438,7 @@ pub struct LinkSender {
     /// The class this connection's packets are marked with, if the
     /// endpoint marks them ([`Tuning::dscp`](crate::transport::tuning::Tuning)).
     mark: Option<ConnectionMark>,
+    linger: Arc<Linger>,
 }
 
 /// The receiving half of a link.
@@ -410,21 +447,22 @@ pub struct LinkReceiver {
     rx: Arc<RxShared>,
     ended: mpsc::UnboundedReceiver<Result<(u32, Instant), String>>,
     timing: RoundTiming,
-    _tasks: TaskGuard,
-}
-
-/// Aborts the link's background tasks when the receiver goes away.
-struct TaskGuard(Vec<JoinHandle<()>>);
-
-impl Drop for TaskGuard {
-    fn drop(&mut self) {
-        for t in &self.0 {
-            t.abort();
-        }
-    }
+    /// The peer finished its control stream: it is closing the link.
+    peer_finished: tokio::sync::watch::Receiver<bool>,
+    /// Closes the link in order once both halves are gone.
+    _linger: Arc<Linger>,
 }
 
 /// A bidirectional gradient link: both ends can send and receive rounds.
+///
+/// Close it with [`close`](Self::close) when done: that waits until the
+/// peer has read this end's confirmations of the rounds it sent. Dropping
+/// it (both halves, if split) does the same in the background, within
+/// [`CLOSE_WAIT`], as long as the tokio runtime and the process live on;
+/// a process about to exit should `close().await` and then
+/// [`Endpoint::wait_idle`](crate::transport::Endpoint::wait_idle).
+/// Rounds this end confirmed but never took with `recv_round` are lost
+/// with it (their senders were told they arrived).
 pub struct Link {
     layout: Layout,
     sender: LinkSender,
@@ -491,7 +529,7 @@ impl Link {
             peer_finished: tokio::sync::watch::Sender::new(false),
         });
         let (ended_tx, ended) = mpsc::unbounded_channel();
-        let control_send = Arc::new(tokio::sync::Mutex::new(control_send));
+        let control_send = ControlTx::new(control_send);
         let tasks = vec![
             tokio::spawn(control_reader(
                 conn.clone(),
@@ -508,6 +546,13 @@ impl Link {
             )),
             tokio::spawn(datagram_reader(conn.clone(), rx.clone())),
         ];
+        let linger = Arc::new(Linger::new(
+            conn.clone(),
+            control_send.clone(),
+            tx.clone(),
+            tasks,
+        ));
+        let peer_finished = tx.peer_finished.subscribe();
         Ok(Self {
             layout,
             sender: LinkSender {
@@ -521,13 +566,15 @@ impl Link {
                 last_sent: None,
                 lost_seen: 0,
                 mark,
+                linger: linger.clone(),
             },
             receiver: LinkReceiver {
                 conn,
                 rx,
                 ended,
                 timing,
-                _tasks: TaskGuard(tasks),
+                peer_finished,
+                _linger: linger,
             },
         })
     }
@@ -605,35 +652,36 @@ impl Link {
         (self.sender, self.receiver)
     }
 
-    /// Closes the connection in an orderly way, at once: whatever this end
-    /// sent that the peer has not acknowledged is abandoned. See
-    /// [`close_when_confirmed`](Self::close_when_confirmed) for a receiver
-    /// done with its last round.
-    pub fn close(&self) {
-        self.sender
-            .conn
-            .close(VarInt::from_u32(codes::CLOSED), b"done");
+    /// Closes the link in order, waiting at most [`CLOSE_WAIT`]; see
+    /// [`close_within`](Self::close_within).
+    pub async fn close(&self) -> Result<(), LinkError> {
+        self.close_within(CLOSE_WAIT).await
     }
 
-    /// Closes the connection once the peer has read everything this end
-    /// sent on the control stream, its confirmations of received rounds
-    /// among them, or after `wait` at most. A receiver that closes right
-    /// after its last `recv_round` could otherwise abandon a confirmation
-    /// lost on the way, or one the peer's QUIC stack holds but the link has
-    /// not read yet, and the peer's `send_round` of that round would fail
-    /// (measured: at 5% loss, a sender of rounds without datagrams).
+    /// Closes the link in order: this end stops confirming rounds (one
+    /// that completes now was never taken with `recv_round`; its sender
+    /// gets [`LinkError::PeerClosed`]), finishes its control stream behind
+    /// the confirmations it wrote, waits until the peer's link has read
+    /// them all (it finishes its own control stream in reply), and closes
+    /// the connection. A receiver that closed the connection at once after
+    /// its last `recv_round` could cut off that round's confirmation
+    /// (quinn discards unsent stream data on close); the close frame also
+    /// names the last round confirmed, so even then the peer's
+    /// `send_round` of it succeeds, if the frame arrives.
     ///
-    /// This end finishes its control stream; the peer's link, having read
-    /// it to the end, finishes its own in reply, and this end closes once
-    /// it has read that end too.
-    pub async fn close_when_confirmed(&self, wait: Duration) {
-        let mut finished = self.sender.tx.peer_finished.subscribe();
-        let both = async {
-            let _ = self.sender.control.lock().await.finish();
-            let _ = finished.wait_for(|&f| f).await;
-        };
-        let _ = tokio::time::timeout(wait, both).await;
-        self.close();
+    /// Returns [`LinkError::CloseUnacknowledged`] if the peer did not
+    /// answer within `wait` (the connection is closed all the same), and
+    /// [`LinkError::PeerClosed`] if the peer closed first without having
+    /// read everything.
+    pub async fn close_within(&self, wait: Duration) -> Result<(), LinkError> {
+        self.sender.linger.close(wait).await
+    }
+
+    /// Closes the connection at once: whatever this end sent that the peer
+    /// has not acknowledged is abandoned, except that the close frame
+    /// still names the last round this end confirmed.
+    pub fn close_now(&self) {
+        self.sender.linger.close_now();
     }
 }
 

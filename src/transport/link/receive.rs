@@ -28,11 +28,11 @@ impl LinkReceiver {
                 m = self.ended.recv() => match m {
                     Some(Ok(r)) => r,
                     Some(Err(e)) => return Err(LinkError::Protocol(e)),
-                    None => return Err(LinkError::from_conn(self.conn.closed().await)),
+                    None => return Err(self.closed_error(self.conn.closed().await)),
                 },
                 e = self.conn.closed() => match self.ended.try_recv() {
                     Ok(Err(why)) => return Err(LinkError::Protocol(why)),
-                    _ => return Err(LinkError::from_conn(e)),
+                    _ => return Err(self.closed_error(e)),
                 },
             };
             // Two rounds can complete at about the same time on their own
@@ -114,6 +114,19 @@ impl LinkReceiver {
         Ok(delivered)
     }
 
+    /// Why no round will come: the connection's end, which is the peer's
+    /// closing if it had finished its control stream before (its close
+    /// frame may have been lost, and the connection then ended in a
+    /// stateless reset or an idle timeout).
+    fn closed_error(&self, e: ConnectionError) -> LinkError {
+        match LinkError::from_conn(e) {
+            LinkError::Connection(_) if *self.peer_finished.borrow() => {
+                LinkError::PeerClosed { round: None }
+            }
+            e => e,
+        }
+    }
+
     /// Hands a delivered round's tensors back for reuse.
     pub fn recycle(&mut self, tensors: Vec<Vec<f32>>) {
         let _ = lock(&self.rx.reassembler).recycle(tensors);
@@ -137,22 +150,27 @@ impl LinkReceiver {
 pub(super) async fn control_reader(
     conn: Connection,
     mut recv: RecvStream,
-    control: Arc<tokio::sync::Mutex<SendStream>>,
+    control: SharedControl,
     tx: Arc<TxShared>,
     rx: Arc<RxShared>,
 ) {
     loop {
         let msg = match read_control(&mut recv).await {
             Ok(Some(body)) => Control::decode(&body),
-            // The peer is closing (`Link::close_when_confirmed`) and all it
-            // sent is read: finish this end's stream in reply, so the
-            // peer knows, and close no sooner than it.
+            // The peer is closing (`Link::close`) and all it sent is read:
+            // finish this end's stream in reply, so the peer knows.
+            // (Rounds completing from now on are not confirmed: the
+            // peer no longer reads confirmations.)
             Ok(None) => {
-                let _ = control.lock().await.finish();
+                control.finish().await;
                 tx.peer_finished.send_replace(true);
                 return;
             }
-            Err(LinkError::Connection(_) | LinkError::Rejected { .. }) => return,
+            Err(
+                LinkError::Connection(_)
+                | LinkError::Rejected { .. }
+                | LinkError::PeerClosed { .. },
+            ) => return,
             Err(e) => {
                 protocol_close(&conn, &format!("control stream: {e}"));
                 return;
@@ -182,7 +200,7 @@ pub(super) async fn control_reader(
 pub(super) async fn stream_acceptor(
     conn: Connection,
     rx: Arc<RxShared>,
-    control: Arc<tokio::sync::Mutex<SendStream>>,
+    control: SharedControl,
     ended: mpsc::UnboundedSender<Result<(u32, Instant), String>>,
 ) {
     while let Ok(stream) = conn.accept_uni().await {
@@ -205,7 +223,7 @@ async fn round_stream_reader(
     conn: Connection,
     mut stream: RecvStream,
     rx: Arc<RxShared>,
-    control: Arc<tokio::sync::Mutex<SendStream>>,
+    control: SharedControl,
     ended: mpsc::UnboundedSender<Result<(u32, Instant), String>>,
 ) {
     let mut decoder = StreamDecoder::new();
@@ -240,14 +258,9 @@ async fn round_stream_reader(
         if let Some(r) = round_end {
             let arrived = Instant::now();
             tracing::debug!(round = r, "round end arrived");
-            let mut c = control.lock().await;
-            if write_control(&mut c, Control::ImportantReceived(r))
-                .await
-                .is_err()
-            {
+            if control.confirm(r).await.is_err() {
                 return;
             }
-            drop(c);
             let _ = ended.send(Ok((r, arrived)));
         }
     }

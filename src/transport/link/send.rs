@@ -104,7 +104,58 @@ impl LinkSender {
             plan,
             ..Default::default()
         };
+        // From here until the peer confirms the important part, a return
+        // (an error, or the caller dropping this future) abandons the
+        // round: see `Abandon`.
+        let mut abandon = Abandon::new(self.control.clone(), round);
+        let sending = Sending {
+            start,
+            on_stream,
+            marked,
+        };
+        let sent = self
+            .send_framed(framer, grads, shared, sending, &mut report, &mut abandon)
+            .await;
+        // The confirmation is all that decides the round: once the peer
+        // has the important part, a failure in what follows (the lossy
+        // part, the report of it; the peer closing the link at once after
+        // taking the round) does not undo it.
+        let confirmed = match sent {
+            Ok((confirmed, encoded)) => {
+                self.encoder.recycle(encoded);
+                confirmed
+            }
+            Err(e) => self.settle(round, e)?,
+        };
+        abandon.disarm();
+        // This round's confirmation, and any of an abandoned older round
+        // that came after its sender had gone.
+        lock(&self.tx.acked).retain(|&r, _| r > round);
+        report.important = confirmed.saturating_duration_since(start);
+        if report.total.is_zero() {
+            report.total = start.elapsed();
+        }
+        tracing::debug!(?report.important, "important data confirmed");
+        Ok(report)
+    }
 
+    /// Sends a classed round: the important part on the lanes, then the
+    /// lossy part; waits for the peer's confirmation. Returns when it came.
+    async fn send_framed<G: AsRef<[f32]>>(
+        &self,
+        framer: RoundFramer,
+        grads: &[G],
+        shared: Option<&[Bytes]>,
+        sending: Sending,
+        report: &mut SendReport,
+        abandon: &mut Abandon,
+    ) -> Result<(Instant, EncodedRound), LinkError> {
+        let Sending {
+            start,
+            on_stream,
+            marked,
+        } = sending;
+        let round = report.round;
         // Bytes quinn sent so far, less those it declared lost (their
         // retransmissions are counted again): the baseline for knowing when
         // the important stream has left.
@@ -114,10 +165,6 @@ impl LinkSender {
         // to quinn from one writer task per lane as soon as each is framed,
         // while this thread frames the next ones and then the datagrams.
         let lanes = lane_count(self.timing.lanes, framer.reliable_len());
-        // From here until the peer confirms the important part, a return
-        // (an error, or the caller dropping this future) abandons the
-        // round: see `Abandon`.
-        let mut abandon = Abandon::new(self.control.clone(), round);
         let mut queues = Vec::with_capacity(lanes);
         let mut writers = Vec::with_capacity(lanes);
         for _ in 0..lanes {
@@ -173,9 +220,7 @@ impl LinkSender {
             "lossy data released"
         );
         if on_stream {
-            let writers = self
-                .start_lossy_streams(&encoded, &mut report, &abandon)
-                .await?;
+            let writers = self.start_lossy_streams(&encoded, report, abandon).await?;
             for writer in writers {
                 let written = writer
                     .await
@@ -183,20 +228,40 @@ impl LinkSender {
                 abandon.finished.extend(written);
             }
         } else {
-            self.send_lossy_datagrams(&encoded, start, &mut report, &mut abandon)
+            self.send_lossy_datagrams(&encoded, start, report, abandon)
                 .await?;
         }
         report.total = start.elapsed();
         tracing::debug!(?report.total, on_stream, "lossy data sent");
         let confirmed = self.wait_release(round, None).await?;
-        abandon.disarm();
-        // This round's confirmation, and any of an abandoned older round
-        // that came after its sender had gone.
-        lock(&self.tx.acked).retain(|&r, _| r > round);
-        report.important = confirmed.saturating_duration_since(start);
-        tracing::debug!(?report.important, "important data confirmed");
-        self.encoder.recycle(encoded);
-        Ok(report)
+        Ok((confirmed, encoded))
+    }
+
+    /// What a failure while sending `round` means, given what the peer
+    /// said: the round arrived if the peer confirmed it, on the control
+    /// stream or in the note of its close (the confirmation itself may
+    /// have been cut off by the close); it did not if the peer closed in
+    /// order without confirming it. Returns when the confirmation came.
+    fn settle(&self, round: u32, e: LinkError) -> Result<Instant, LinkError> {
+        // Read before the confirmations: the control reader records every
+        // confirmation before it marks the peer's stream finished.
+        let peer_finished = *self.tx.peer_finished.borrow();
+        if let Some(&at) = lock(&self.tx.acked).get(&round) {
+            tracing::debug!(%e, "round confirmed before the failure");
+            return Ok(at);
+        }
+        let note = self
+            .conn
+            .close_reason()
+            .and_then(|c| CloseNote::from_error(&c));
+        if note.is_some_and(|n| n.last_confirmed.is_some_and(|c| c >= round)) {
+            tracing::debug!(%e, "round confirmed in the peer's close");
+            return Ok(Instant::now());
+        }
+        if note.is_some() || peer_finished || matches!(e, LinkError::PeerClosed { .. }) {
+            return Err(LinkError::PeerClosed { round: Some(round) });
+        }
+        Err(e)
     }
 
     /// Opens the round's lossy streams, below the important lanes and the
@@ -215,6 +280,9 @@ impl LinkSender {
         abandon: &Abandon,
     ) -> Result<Vec<JoinHandle<Result<Option<Unconfirmed>, LinkError>>>, LinkError> {
         let total: u64 = encoded.end.bytes[1..].iter().sum();
+        if total == 0 {
+            return Ok(Vec::new());
+        }
         let count = lane_count(self.timing.lanes, total as usize);
         let mut queues = Vec::with_capacity(count);
         let mut writers = Vec::with_capacity(count);
@@ -286,12 +354,13 @@ impl LinkSender {
             let queued: u64 = report.lossy_packets.iter().sum();
             report.lossy_dropped_by_quinn = queued.saturating_sub(frames);
         }
-        let reported =
-            write_control(&mut *self.control.lock().await, Control::LossySent(round)).await;
-        // A peer closing the link (`close_when_confirmed`) has finished its
-        // control stream, and this end its own in reply: the report is moot.
-        if !*self.tx.peer_finished.borrow() {
-            reported?;
+        // The report only saves the peer time. It fails when the peer is
+        // closing the link (this end finished its control stream in reply)
+        // or the connection is gone; waiting for the confirmation tells
+        // which, and whether the round arrived.
+        let stream = &mut *self.control.stream.lock().await;
+        if let Err(e) = write_control(stream, Control::LossySent(round)).await {
+            tracing::debug!(%e, "report of the datagrams not written");
         }
         abandon.reported = true;
         Ok(())
@@ -304,10 +373,19 @@ impl LinkSender {
     async fn wait_release(&self, round: u32, sent: Option<u64>) -> Result<Instant, LinkError> {
         let acked = self.tx.acked_notify.notified();
         tokio::pin!(acked);
+        let mut finished = self.tx.peer_finished.subscribe();
         loop {
             acked.as_mut().enable();
+            // Read before the confirmations: the control reader records
+            // every confirmation before it marks the peer's stream finished.
+            let peer_finished = *finished.borrow_and_update();
             if let Some(&at) = lock(&self.tx.acked).get(&round) {
                 return Ok(at);
+            }
+            // The peer is closing and every confirmation it sent is read:
+            // this one will not come.
+            if peer_finished {
+                return Err(LinkError::PeerClosed { round: Some(round) });
             }
             if sent.is_some_and(|s| sent_bytes(&self.conn) >= s) {
                 return Ok(Instant::now());
@@ -323,6 +401,7 @@ impl LinkSender {
             tokio::select! {
                 _ = acked.as_mut() => acked.set(self.tx.acked_notify.notified()),
                 _ = poll => {}
+                _ = finished.changed() => {}
                 e = self.conn.closed() => return Err(LinkError::from_conn(e)),
             }
         }
@@ -429,6 +508,17 @@ impl LinkSender {
         }
         Ok(())
     }
+}
+
+/// How a classed round goes out, decided before its first byte.
+#[derive(Clone, Copy)]
+struct Sending {
+    /// When `send_round` started.
+    start: Instant,
+    /// The lossy part goes on streams, not as datagrams.
+    on_stream: bool,
+    /// The endpoint marks this connection's packets by class.
+    marked: bool,
 }
 
 /// Puts a connection's marks back to the important class when dropped.
@@ -582,7 +672,7 @@ struct Abandon {
     signal: watch::Sender<()>,
     /// Lanes whose writer finished the stream.
     finished: Vec<Unconfirmed>,
-    control: Arc<tokio::sync::Mutex<SendStream>>,
+    control: SharedControl,
     round: u32,
     /// The round's datagrams were reported sent already.
     reported: bool,
@@ -590,7 +680,7 @@ struct Abandon {
 }
 
 impl Abandon {
-    fn new(control: Arc<tokio::sync::Mutex<SendStream>>, round: u32) -> Self {
+    fn new(control: SharedControl, round: u32) -> Self {
         Self {
             signal: watch::Sender::new(()),
             finished: Vec::new(),
@@ -654,7 +744,8 @@ impl Drop for Abandon {
             let round = self.round;
             runtime.spawn(async move {
                 // The link may be gone: nothing to tell then.
-                let _ = write_control(&mut *control.lock().await, Control::LossySent(round)).await;
+                let stream = &mut *control.stream.lock().await;
+                let _ = write_control(stream, Control::LossySent(round)).await;
             });
         }
     }
