@@ -25,7 +25,7 @@ if ! command -v tc >/dev/null || ! command -v ip >/dev/null; then
     apt-get install -y iproute2 >/dev/null
 fi
 
-cargo build --release --quiet --example round_bench
+cargo build --release --quiet --bin round_bench
 trap 'ip netns del "$NS" 2>/dev/null || true' EXIT
 ip netns del "$NS" 2>/dev/null || true
 ip netns add "$NS"
@@ -36,6 +36,6 @@ ip netns exec "$NS" tc qdisc add dev lo root handle 1: htb default 10 r2q 1000
 ip netns exec "$NS" tc class add dev lo parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE"
 ip netns exec "$NS" tc qdisc add dev lo parent 1:10 handle 10: bfifo limit "$QUEUE_BYTES"
 echo "round_bench in namespace $NS, loopback shaped to $RATE (HTB), queue $QUEUE_BYTES bytes" >&2
-ip netns exec "$NS" ./target/release/examples/round_bench "$@"
+ip netns exec "$NS" ./target/release/round_bench "$@"
 ip netns exec "$NS" tc -s qdisc show dev lo | grep -m1 -o "dropped [0-9]*" | sed "s/^/bottleneck queue: /" >&2
 ip netns exec "$NS" awk '/^Udp:/ { if (!h) { split($0, k); h = 1 } else { for (i = 2; i <= NF; i++) if (k[i] ~ /Errors/) printf "udp %s %s\n", k[i], $i } }' /proc/net/snmp >&2

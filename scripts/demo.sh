@@ -14,9 +14,9 @@ cd "$(dirname "$0")/.."
 ADDR=127.0.0.1:4433
 
 echo "== building the examples (release)" >&2
-cargo build --release --quiet --example certs --example receiver --example sender
+cargo build --release --quiet --bin certs --bin receiver --bin sender
 
-BIN=target/release/examples
+BIN=target/release
 if [[ ! -f certs/ca.pem || ! -f certs/server.pem || ! -f certs/server.key ]]; then
     echo "== making certificates in certs/" >&2
     "$BIN/certs" --out-dir certs --san localhost --san 127.0.0.1 >&2

@@ -28,8 +28,8 @@ if ! command -v tc >/dev/null || ! command -v ip >/dev/null; then
     apt-get install -y iproute2 >/dev/null
 fi
 
-cargo build --release --quiet --example certs --example receiver --example sender
-BIN=$PWD/target/release/examples
+cargo build --release --quiet --bin certs --bin receiver --bin sender
+BIN=$PWD/target/release
 CERTS=$(mktemp -d)
 "$BIN/certs" --out-dir "$CERTS" --san localhost >/dev/null
 

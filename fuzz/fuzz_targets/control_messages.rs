@@ -1,8 +1,8 @@
 //! Any bytes into the handshake and parameter-server message decoders.
 #![no_main]
 
-use gradlane::ps_net::protocol::{decode_refused, ParamsHeader, Request};
-use gradlane::transport::handshake::{Control, Hello};
+use gradlane_core::ps::messages::{decode_refused, ParamsHeader, Request};
+use gradlane_core::control::{Control, Hello};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

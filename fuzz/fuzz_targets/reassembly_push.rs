@@ -4,11 +4,11 @@
 //! bounds; delivering afterwards must not panic either.
 #![no_main]
 
-use gradlane::reassembly::{Channel, Reassembler, ReassemblyConfig};
+use gradlane_core::reassembly::{Channel, Reassembler, ReassemblyConfig};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(mut r) = Reassembler::new(gradlane::presets::tiny(), ReassemblyConfig::default())
+    let Ok(mut r) = Reassembler::new(gradlane_core::presets::tiny(), ReassemblyConfig::default())
     else {
         return;
     };

@@ -1,0 +1,283 @@
+//! Which chunks travel reliably and which travel lossy, in which level
+//! (seed 002, S31–S34).
+//!
+//! Chunks are ranked by contribution, descending (ties by chunk id so the
+//! result is deterministic). The top `ceil(ratio * N)` are important; the rest
+//! are split into `levels` equal rank bands, level 1 holding the highest lossy
+//! contributions. Ranking is per tensor by default so that every tensor keeps
+//! its most important part exact; a global ranking is an option.
+
+use crate::layout::ChunkPlan;
+use crate::rng::SplitMix64;
+use thiserror::Error;
+
+/// The class of a chunk: `0` is important, `1..=7` are lossy levels.
+pub type Class = u8;
+
+/// The important class.
+pub const IMPORTANT: Class = 0;
+
+/// The most lossy levels a configuration may ask for.
+pub const MAX_LEVELS: u8 = 7;
+
+/// Where chunks are ranked against each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ranking {
+    /// Within each tensor (the default).
+    #[default]
+    PerTensor,
+    /// Across the whole round.
+    Global,
+}
+
+/// Adaptive ratio: `ratio_t = max(ratio_0 * L_t / L_0, ratio_min)`, from the
+/// training loss the caller reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdaptiveRatio {
+    /// The floor of the ratio.
+    pub ratio_min: f64,
+}
+
+/// Classification settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClassifyConfig {
+    /// Fraction of chunks that are important, in `[0, 1]` (default 0.8).
+    pub ratio: f64,
+    /// Number of lossy levels, `1..=7` (default 3).
+    pub levels: u8,
+    /// Per tensor or global ranking.
+    pub ranking: Ranking,
+    /// Adapt the ratio to the reported loss.
+    pub adaptive: Option<AdaptiveRatio>,
+    /// Send the first round entirely reliably (the authors' warm-up).
+    pub first_round_all_important: bool,
+    /// Rank at random with this seed instead of by contribution (ablation).
+    pub random_ranking: Option<u64>,
+}
+
+impl Default for ClassifyConfig {
+    fn default() -> Self {
+        Self {
+            ratio: 0.8,
+            levels: 3,
+            ranking: Ranking::PerTensor,
+            adaptive: None,
+            first_round_all_important: false,
+            random_ranking: None,
+        }
+    }
+}
+
+/// Why a classification setting was refused.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum ClassifyError {
+    /// The ratio is outside `[0, 1]`.
+    #[error("ratio {0} is not in [0, 1]")]
+    Ratio(f64),
+    /// The level count is outside `1..=7`.
+    #[error("levels {0} is not in 1..=7")]
+    Levels(u8),
+    /// The adaptive floor is outside `[0, 1]`.
+    #[error("adaptive ratio_min {0} is not in [0, 1]")]
+    RatioMin(f64),
+    /// A reported loss is not a positive finite number.
+    #[error("loss {0} is not a positive finite number")]
+    Loss(f64),
+    /// The contributions do not match the plan.
+    #[error("{got} contributions for a plan of {expected} chunks")]
+    Contributions {
+        /// Chunks in the plan.
+        expected: usize,
+        /// Contributions passed.
+        got: usize,
+    },
+}
+
+impl ClassifyConfig {
+    /// Checks every field's range.
+    pub fn validate(&self) -> Result<(), ClassifyError> {
+        if !(0.0..=1.0).contains(&self.ratio) {
+            return Err(ClassifyError::Ratio(self.ratio));
+        }
+        if !(1..=MAX_LEVELS).contains(&self.levels) {
+            return Err(ClassifyError::Levels(self.levels));
+        }
+        if let Some(a) = self.adaptive {
+            if !(0.0..=1.0).contains(&a.ratio_min) {
+                return Err(ClassifyError::RatioMin(a.ratio_min));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How many of `n` chunks are important at `ratio`: `ceil(ratio * n)`.
+///
+/// Computed so that float noise cannot add a chunk: `0.8 * 10` is 8, not 9.
+pub fn important_count(ratio: f64, n: usize) -> usize {
+    let x = ratio * n as f64;
+    let r = x.round();
+    let k = if (x - r).abs() < 1e-9 { r } else { x.ceil() };
+    (k.max(0.0) as usize).min(n)
+}
+
+/// The lossy level of the chunk at position `pos` among `m` lossy chunks split
+/// into `levels` equal bands: band `i` holds positions
+/// `[i*m/levels, (i+1)*m/levels)`.
+pub fn level_of(pos: usize, m: usize, levels: u8) -> Class {
+    // The largest i with i*m/levels <= pos.
+    let l = levels as usize;
+    let mut i = (pos * l) / m.max(1);
+    while i + 1 < l && (i + 1) * m / l <= pos {
+        i += 1;
+    }
+    while i > 0 && i * m / l > pos {
+        i -= 1;
+    }
+    (i + 1) as Class
+}
+
+/// Classifies chunks round after round; holds the adaptive-ratio and
+/// random-ranking state.
+#[derive(Debug, Clone)]
+pub struct Classifier {
+    config: ClassifyConfig,
+    first_loss: Option<f64>,
+    ratio: f64,
+    rng: SplitMix64,
+    rounds: u64,
+    order: Vec<u32>,
+    keys: Vec<u64>,
+}
+
+impl Classifier {
+    /// A classifier with validated settings.
+    pub fn new(config: ClassifyConfig) -> Result<Self, ClassifyError> {
+        config.validate()?;
+        Ok(Self {
+            ratio: config.ratio,
+            rng: SplitMix64::new(config.random_ranking.unwrap_or(0)),
+            config,
+            first_loss: None,
+            rounds: 0,
+            order: Vec::new(),
+            keys: Vec::new(),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ClassifyConfig {
+        &self.config
+    }
+
+    /// The ratio the next round will use.
+    pub fn ratio(&self) -> f64 {
+        self.ratio
+    }
+
+    /// Reports the training loss; with adaptive ratio on, sets
+    /// `ratio = max(ratio_0 * L / L_0, ratio_min)`, `L_0` being the first
+    /// loss reported. The result is capped at 1.
+    pub fn report_loss(&mut self, loss: f64) -> Result<(), ClassifyError> {
+        if !(loss.is_finite() && loss > 0.0) {
+            return Err(ClassifyError::Loss(loss));
+        }
+        let Some(a) = self.config.adaptive else {
+            return Ok(());
+        };
+        let l0 = *self.first_loss.get_or_insert(loss);
+        self.ratio = (self.config.ratio * loss / l0).max(a.ratio_min).min(1.0);
+        Ok(())
+    }
+
+    /// Assigns a class to every chunk of the plan from its contribution.
+    /// `out[j]` is chunk `j`'s class.
+    pub fn classify(
+        &mut self,
+        plan: &ChunkPlan,
+        contributions: &[f32],
+        out: &mut Vec<Class>,
+    ) -> Result<(), ClassifyError> {
+        if contributions.len() != plan.len() {
+            return Err(ClassifyError::Contributions {
+                expected: plan.len(),
+                got: contributions.len(),
+            });
+        }
+        out.clear();
+        out.resize(plan.len(), IMPORTANT);
+        let first = self.rounds == 0;
+        self.rounds += 1;
+        if first && self.config.first_round_all_important {
+            return Ok(());
+        }
+        match self.config.ranking {
+            Ranking::PerTensor => {
+                for t in 0..plan.tensor_count() {
+                    self.classify_range(plan.tensor_chunks(t), contributions, out);
+                }
+            }
+            Ranking::Global => self.classify_range(0..plan.len(), contributions, out),
+        }
+        Ok(())
+    }
+
+    fn classify_range(
+        &mut self,
+        range: std::ops::Range<usize>,
+        contributions: &[f32],
+        out: &mut [Class],
+    ) {
+        let n = range.len();
+        let k = important_count(self.ratio, n);
+        if k == n {
+            return; // already all important
+        }
+        // Sort keys: contributions are non-negative, so their bit patterns
+        // order like the values; invert for descending and put the id in the
+        // low half for a deterministic tie order. One u64 sort is several
+        // times faster than a comparator on floats.
+        self.keys.clear();
+        for id in range.clone() {
+            let c = contributions[id];
+            let rank_key = match self.config.random_ranking {
+                Some(_) => (self.rng.next_u64() >> 32) as u32,
+                None => !c.max(0.0).to_bits(),
+            };
+            self.keys.push(((rank_key as u64) << 32) | id as u64);
+        }
+        self.keys.sort_unstable();
+        self.order.clear();
+        self.order.extend(self.keys.iter().map(|k| *k as u32));
+        let m = n - k;
+        for (pos, &id) in self.order[k..].iter().enumerate() {
+            out[id as usize] = level_of(pos, m, self.config.levels);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn important_count_is_exact_ceil() {
+        assert_eq!(important_count(0.8, 10), 8);
+        assert_eq!(important_count(0.8, 11), 9);
+        assert_eq!(important_count(0.0, 11), 0);
+        assert_eq!(important_count(1.0, 11), 11);
+        assert_eq!(important_count(0.3, 10), 3);
+        assert_eq!(important_count(0.7, 10), 7);
+    }
+
+    #[test]
+    fn levels_are_equal_bands() {
+        let m = 10;
+        let levels: Vec<_> = (0..m).map(|p| level_of(p, m, 3)).collect();
+        assert_eq!(levels, [1, 1, 1, 2, 2, 2, 3, 3, 3, 3]);
+        assert_eq!(
+            (0..2).map(|p| level_of(p, 2, 3)).collect::<Vec<_>>(),
+            [2, 3]
+        );
+    }
+}

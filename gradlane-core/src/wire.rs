@@ -1,0 +1,563 @@
+//! The packet format: fixed-size little-endian headers, versioned.
+//!
+//! Everything gradlane sends is a sequence of *segments*. A datagram holds one
+//! or more segments of one class; the reliable stream of a round is a run of
+//! segments closed by a [`RoundEnd`]. Two kinds exist:
+//!
+//! * a data segment ([`DataHeader`], 40 bytes, then the payload): a contiguous
+//!   byte range of one tensor — a whole chunk, several adjacent chunks of the
+//!   same class, or a fragment of a chunk larger than a datagram;
+//! * a round end ([`RoundEnd`], 152 bytes): sent on the reliable stream after
+//!   the last important byte of a round, it tells the receiver how many
+//!   chunks, bytes and packets of each class the sender sent, and a digest of
+//!   the important chunk ids, so the receiver can *check* that it holds every
+//!   important chunk rather than trust that it does.
+//!
+//! ```text
+//! common prefix (8 bytes)
+//!   0  u16  magic 0x4C47 ("GL" in memory)
+//!   2  u8   version (1)
+//!   3  u8   kind: 1 data, 2 round end
+//!   4  u8   class (data: 0 important, 1..=7 lossy level; round end: levels)
+//!   5  u8   reserved, 0
+//!   6  u16  reserved, 0
+//! data (40 bytes in all)
+//!   8  u32  round        12 u32 tensor       16 u32 chunk (holding byte_offset)
+//!   20 u32  first chunk of the tensor        24 u32 last chunk of the tensor
+//!   28 u32  tensor size in bytes             32 u32 byte_offset in the tensor
+//!   36 u32  payload length in bytes
+//! round end (152 bytes in all)
+//!   8  u32  round        12 u32 reserved, 0  16 u64 digest of important chunk ids
+//!   24 [u32; 8] chunks per class   56 [u64; 8] bytes per class
+//!   120 [u32; 8] packets per class
+//! ```
+//!
+//! Decoding never panics and never trusts a length: every field is checked,
+//! structurally here and against the [`ChunkPlan`] in [`DataHeader::validate`],
+//! and each kind of bad field has its own [`WireError`].
+
+use crate::classify::{Class, MAX_LEVELS};
+use crate::layout::ChunkPlan;
+use crate::rng::SplitMix64;
+use thiserror::Error;
+
+/// Magic number at the start of every segment.
+pub const MAGIC: u16 = 0x4C47;
+/// The format version this build speaks.
+pub const VERSION: u8 = 1;
+/// Size of the common prefix, enough to learn a segment's kind.
+pub const PREFIX_LEN: usize = 8;
+/// Size of a data segment's header.
+pub const DATA_HEADER_LEN: usize = 40;
+/// Size of a round-end segment.
+pub const ROUND_END_LEN: usize = 152;
+/// The largest payload one data segment may carry. Bounds what a receiver
+/// buffers before it can validate and place a segment.
+pub const MAX_SEGMENT_PAYLOAD: u32 = 1 << 20;
+/// Number of class slots in a round end (important + 7 levels).
+pub const CLASS_SLOTS: usize = 1 + MAX_LEVELS as usize;
+
+const KIND_DATA: u8 = 1;
+const KIND_ROUND_END: u8 = 2;
+
+/// Why bytes could not be decoded as a segment, or a header does not fit the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum WireError {
+    /// Fewer bytes than the header or payload needs.
+    #[error("truncated: need {need} bytes, have {have}")]
+    Truncated {
+        /// Bytes the segment needs.
+        need: usize,
+        /// Bytes available.
+        have: usize,
+    },
+    /// The magic number is wrong: not a gradlane segment.
+    #[error("bad magic {0:#06x}")]
+    BadMagic(u16),
+    /// A version this build does not speak.
+    #[error("unsupported version {0}")]
+    Version(u8),
+    /// An unknown segment kind.
+    #[error("unknown segment kind {0}")]
+    Kind(u8),
+    /// A class outside `0..=7`.
+    #[error("class {0} out of range")]
+    Class(u8),
+    /// A reserved field is not zero.
+    #[error("reserved field is not zero")]
+    Reserved,
+    /// Offset or length not a multiple of 4 (f32 values).
+    #[error("offset {offset} or length {len} is not a multiple of 4")]
+    Misaligned {
+        /// Byte offset.
+        offset: u32,
+        /// Payload length.
+        len: u32,
+    },
+    /// A data segment with no payload.
+    #[error("empty payload")]
+    EmptyPayload,
+    /// A payload larger than [`MAX_SEGMENT_PAYLOAD`].
+    #[error("payload of {0} bytes exceeds the segment limit")]
+    PayloadTooLarge(u32),
+    /// The byte range runs past the tensor size in the header.
+    #[error("bytes {offset}..{offset}+{len} outside a tensor of {tensor_bytes} bytes")]
+    OutOfRange {
+        /// Byte offset.
+        offset: u32,
+        /// Payload length.
+        len: u32,
+        /// Tensor size in the header.
+        tensor_bytes: u32,
+    },
+    /// `first <= chunk <= last` does not hold.
+    #[error("chunk {chunk} not within first {first} and last {last}")]
+    ChunkOrder {
+        /// Chunk id.
+        chunk: u32,
+        /// First chunk of the tensor.
+        first: u32,
+        /// Last chunk of the tensor.
+        last: u32,
+    },
+    /// A tensor id the layout does not have.
+    #[error("unknown tensor {0}")]
+    UnknownTensor(u32),
+    /// The tensor size disagrees with the layout.
+    #[error("tensor {tensor} size {got} bytes, layout says {expected}")]
+    TensorSize {
+        /// Tensor id.
+        tensor: u32,
+        /// The layout's size.
+        expected: u32,
+        /// The header's size.
+        got: u32,
+    },
+    /// The first/last chunk ids disagree with the plan.
+    #[error("tensor {tensor} chunks {first}..={last} disagree with the plan")]
+    ChunkSpan {
+        /// Tensor id.
+        tensor: u32,
+        /// The header's first chunk.
+        first: u32,
+        /// The header's last chunk.
+        last: u32,
+    },
+    /// The chunk id is not the chunk holding the byte offset.
+    #[error("chunk {chunk} does not hold byte {offset} of tensor {tensor}")]
+    ChunkMismatch {
+        /// Tensor id.
+        tensor: u32,
+        /// Chunk id.
+        chunk: u32,
+        /// Byte offset.
+        offset: u32,
+    },
+    /// A round end whose class counts are inconsistent.
+    #[error("round end counts are inconsistent")]
+    BadRoundEnd,
+}
+
+fn u16_at(b: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([b[i], b[i + 1]])
+}
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[i..i + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn put_prefix(out: &mut [u8], kind: u8, class: u8) {
+    out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+    out[2] = VERSION;
+    out[3] = kind;
+    out[4] = class;
+    out[5..8].fill(0);
+}
+
+/// The header of a data segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DataHeader {
+    /// Class of the bytes: 0 important, `1..=7` a lossy level.
+    pub class: Class,
+    /// Round index.
+    pub round: u32,
+    /// Tensor id.
+    pub tensor: u32,
+    /// The chunk holding `byte_offset`.
+    pub chunk: u32,
+    /// First chunk id of the tensor.
+    pub first_chunk: u32,
+    /// Last chunk id of the tensor.
+    pub last_chunk: u32,
+    /// Size of the tensor in bytes.
+    pub tensor_bytes: u32,
+    /// Position of the payload in the tensor, in bytes.
+    pub byte_offset: u32,
+    /// Payload length in bytes.
+    pub payload_len: u32,
+}
+
+impl DataHeader {
+    /// Writes the header into the first [`DATA_HEADER_LEN`] bytes of `out`.
+    ///
+    /// # Panics
+    /// If `out` is shorter than [`DATA_HEADER_LEN`] (a caller bug, not input).
+    pub fn write(&self, out: &mut [u8]) {
+        put_prefix(out, KIND_DATA, self.class);
+        let fields = [
+            self.round,
+            self.tensor,
+            self.chunk,
+            self.first_chunk,
+            self.last_chunk,
+            self.tensor_bytes,
+            self.byte_offset,
+            self.payload_len,
+        ];
+        for (i, f) in fields.iter().enumerate() {
+            out[8 + 4 * i..12 + 4 * i].copy_from_slice(&f.to_le_bytes());
+        }
+    }
+
+    /// The header of a piece of this (validated) segment: `len` payload
+    /// bytes starting at tensor byte `offset`, with `chunk` set to the chunk
+    /// that holds `offset`.
+    pub fn fragment(&self, plan: &ChunkPlan, offset: u32, len: u32) -> DataHeader {
+        DataHeader {
+            // Inside a validated segment, so inside the tensor; keep the
+            // segment's chunk should a caller pass an offset outside it.
+            chunk: plan
+                .chunk_at(self.tensor as usize, offset)
+                .unwrap_or(self.chunk as usize) as u32,
+            byte_offset: offset,
+            payload_len: len,
+            ..*self
+        }
+    }
+
+    /// Checks the header against the plan: known tensor, its size, its chunk
+    /// span, and that `chunk` holds `byte_offset`.
+    pub fn validate(&self, plan: &ChunkPlan) -> Result<(), WireError> {
+        let t = self.tensor as usize;
+        if t >= plan.tensor_count() {
+            return Err(WireError::UnknownTensor(self.tensor));
+        }
+        let expected = plan.tensor_bytes(t);
+        if self.tensor_bytes != expected {
+            return Err(WireError::TensorSize {
+                tensor: self.tensor,
+                expected,
+                got: self.tensor_bytes,
+            });
+        }
+        let span = plan.tensor_chunks(t);
+        if self.first_chunk as usize != span.start || self.last_chunk as usize + 1 != span.end {
+            return Err(WireError::ChunkSpan {
+                tensor: self.tensor,
+                first: self.first_chunk,
+                last: self.last_chunk,
+            });
+        }
+        if plan.chunk_at(t, self.byte_offset) != Some(self.chunk as usize) {
+            return Err(WireError::ChunkMismatch {
+                tensor: self.tensor,
+                chunk: self.chunk,
+                offset: self.byte_offset,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The end of a round's important data, with what the sender sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RoundEnd {
+    /// Round index.
+    pub round: u32,
+    /// Number of lossy levels in use (1..=7).
+    pub levels: u8,
+    /// [`id_digest`] summed over the important chunks.
+    pub important_digest: u64,
+    /// Chunks sent per class (index 0 important, `l` level `l`).
+    pub chunks: [u32; CLASS_SLOTS],
+    /// Payload bytes sent per class.
+    pub bytes: [u64; CLASS_SLOTS],
+    /// Packets sent per class (segments on the stream, datagrams otherwise).
+    pub packets: [u32; CLASS_SLOTS],
+}
+
+/// The per-chunk term of the important-id digest: order-independent (summed
+/// with wrapping add) and well mixed, so a missing or extra chunk changes it.
+pub fn id_digest(chunk: u32) -> u64 {
+    SplitMix64::at(chunk as u64 ^ 0x6772_6164_6c61_6e65, 0)
+}
+
+impl RoundEnd {
+    /// Writes the segment into the first [`ROUND_END_LEN`] bytes of `out`.
+    ///
+    /// # Panics
+    /// If `out` is shorter than [`ROUND_END_LEN`] (a caller bug, not input).
+    pub fn write(&self, out: &mut [u8]) {
+        put_prefix(out, KIND_ROUND_END, self.levels);
+        out[8..12].copy_from_slice(&self.round.to_le_bytes());
+        out[12..16].fill(0);
+        out[16..24].copy_from_slice(&self.important_digest.to_le_bytes());
+        for i in 0..CLASS_SLOTS {
+            out[24 + 4 * i..28 + 4 * i].copy_from_slice(&self.chunks[i].to_le_bytes());
+            out[56 + 8 * i..64 + 8 * i].copy_from_slice(&self.bytes[i].to_le_bytes());
+            out[120 + 4 * i..124 + 4 * i].copy_from_slice(&self.packets[i].to_le_bytes());
+        }
+    }
+
+    /// The encoded segment.
+    pub fn to_bytes(&self) -> [u8; ROUND_END_LEN] {
+        let mut out = [0u8; ROUND_END_LEN];
+        self.write(&mut out);
+        out
+    }
+
+    /// Total chunks sent in all classes.
+    pub fn total_chunks(&self) -> u64 {
+        self.chunks.iter().map(|&c| c as u64).sum()
+    }
+}
+
+/// One decoded segment, borrowing its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Segment<'a> {
+    /// A byte range of a tensor.
+    Data(DataHeader, &'a [u8]),
+    /// The end of a round's important data.
+    RoundEnd(RoundEnd),
+}
+
+/// The total length of the segment that starts with `head`, once at least
+/// [`DATA_HEADER_LEN`] bytes (or the whole segment) are known: lets a stream
+/// reader learn how much to read next. `Ok(None)` means "need more bytes".
+pub fn segment_len(head: &[u8]) -> Result<Option<usize>, WireError> {
+    if head.len() < PREFIX_LEN {
+        return Ok(None);
+    }
+    check_prefix(head)?;
+    match head[3] {
+        KIND_ROUND_END => Ok(Some(ROUND_END_LEN)),
+        _ if head.len() < DATA_HEADER_LEN => Ok(None),
+        _ => {
+            let len = u32_at(head, 36);
+            if len > MAX_SEGMENT_PAYLOAD {
+                return Err(WireError::PayloadTooLarge(len));
+            }
+            Ok(Some(DATA_HEADER_LEN + len as usize))
+        }
+    }
+}
+
+fn check_prefix(b: &[u8]) -> Result<(), WireError> {
+    let magic = u16_at(b, 0);
+    if magic != MAGIC {
+        return Err(WireError::BadMagic(magic));
+    }
+    if b[2] != VERSION {
+        return Err(WireError::Version(b[2]));
+    }
+    if b[3] != KIND_DATA && b[3] != KIND_ROUND_END {
+        return Err(WireError::Kind(b[3]));
+    }
+    if b[5] != 0 || u16_at(b, 6) != 0 {
+        return Err(WireError::Reserved);
+    }
+    Ok(())
+}
+
+/// The fixed part of a segment: a data segment's header (its payload
+/// follows) or a whole round end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    /// A data segment's header; `payload_len` payload bytes follow it.
+    Data(DataHeader),
+    /// A round end (it has no payload).
+    RoundEnd(RoundEnd),
+}
+
+/// How many bytes the fixed part of the segment starting with `prefix` has
+/// ([`DATA_HEADER_LEN`] or [`ROUND_END_LEN`]), once its [`PREFIX_LEN`]
+/// bytes are known; `Ok(None)` means "need more bytes".
+pub fn head_len(prefix: &[u8]) -> Result<Option<usize>, WireError> {
+    if prefix.len() < PREFIX_LEN {
+        return Ok(None);
+    }
+    check_prefix(prefix)?;
+    Ok(Some(if prefix[3] == KIND_ROUND_END {
+        ROUND_END_LEN
+    } else {
+        DATA_HEADER_LEN
+    }))
+}
+
+/// Decodes the fixed part of the segment at the start of `buf` without
+/// needing its payload, so a stream reader can place payload bytes as they
+/// arrive; returns it and its length (see [`head_len`]).
+///
+/// Checks everything [`decode`] checks except that the payload is there.
+pub fn decode_head(buf: &[u8]) -> Result<(Head, usize), WireError> {
+    if buf.len() < PREFIX_LEN {
+        return Err(WireError::Truncated {
+            need: PREFIX_LEN,
+            have: buf.len(),
+        });
+    }
+    check_prefix(buf)?;
+    let class = buf[4];
+    if buf[3] == KIND_ROUND_END {
+        if buf.len() < ROUND_END_LEN {
+            return Err(WireError::Truncated {
+                need: ROUND_END_LEN,
+                have: buf.len(),
+            });
+        }
+        if !(1..=MAX_LEVELS).contains(&class) {
+            return Err(WireError::Class(class));
+        }
+        if u32_at(buf, 12) != 0 {
+            return Err(WireError::Reserved);
+        }
+        let mut end = RoundEnd {
+            round: u32_at(buf, 8),
+            levels: class,
+            important_digest: u64_at(buf, 16),
+            ..Default::default()
+        };
+        for i in 0..CLASS_SLOTS {
+            end.chunks[i] = u32_at(buf, 24 + 4 * i);
+            end.bytes[i] = u64_at(buf, 56 + 8 * i);
+            end.packets[i] = u32_at(buf, 120 + 4 * i);
+            // A class that sent chunks sent at least 4 bytes per chunk and at
+            // least one packet; levels beyond `levels` sent nothing.
+            let unused = i > class as usize;
+            let c = end.chunks[i] as u64;
+            if (unused && (c | end.bytes[i] | end.packets[i] as u64) != 0)
+                || end.bytes[i] < 4 * c
+                || (c > 0 && end.packets[i] == 0)
+                || end.bytes[i] % 4 != 0
+            {
+                return Err(WireError::BadRoundEnd);
+            }
+        }
+        return Ok((Head::RoundEnd(end), ROUND_END_LEN));
+    }
+    if buf.len() < DATA_HEADER_LEN {
+        return Err(WireError::Truncated {
+            need: DATA_HEADER_LEN,
+            have: buf.len(),
+        });
+    }
+    if class > MAX_LEVELS {
+        return Err(WireError::Class(class));
+    }
+    let h = DataHeader {
+        class,
+        round: u32_at(buf, 8),
+        tensor: u32_at(buf, 12),
+        chunk: u32_at(buf, 16),
+        first_chunk: u32_at(buf, 20),
+        last_chunk: u32_at(buf, 24),
+        tensor_bytes: u32_at(buf, 28),
+        byte_offset: u32_at(buf, 32),
+        payload_len: u32_at(buf, 36),
+    };
+    if h.payload_len == 0 {
+        return Err(WireError::EmptyPayload);
+    }
+    if h.payload_len > MAX_SEGMENT_PAYLOAD {
+        return Err(WireError::PayloadTooLarge(h.payload_len));
+    }
+    if h.byte_offset % 4 != 0 || h.payload_len % 4 != 0 {
+        return Err(WireError::Misaligned {
+            offset: h.byte_offset,
+            len: h.payload_len,
+        });
+    }
+    if h.byte_offset as u64 + h.payload_len as u64 > h.tensor_bytes as u64 {
+        return Err(WireError::OutOfRange {
+            offset: h.byte_offset,
+            len: h.payload_len,
+            tensor_bytes: h.tensor_bytes,
+        });
+    }
+    if !(h.first_chunk <= h.chunk && h.chunk <= h.last_chunk) {
+        return Err(WireError::ChunkOrder {
+            chunk: h.chunk,
+            first: h.first_chunk,
+            last: h.last_chunk,
+        });
+    }
+    Ok((Head::Data(h), DATA_HEADER_LEN))
+}
+
+/// Decodes the segment at the start of `buf`; returns it and the bytes it used.
+///
+/// Checks everything that can be checked without the layout; use
+/// [`DataHeader::validate`] for the rest.
+pub fn decode(buf: &[u8]) -> Result<(Segment<'_>, usize), WireError> {
+    match decode_head(buf)? {
+        (Head::RoundEnd(end), used) => Ok((Segment::RoundEnd(end), used)),
+        (Head::Data(h), _) => {
+            let total = DATA_HEADER_LEN + h.payload_len as usize;
+            if buf.len() < total {
+                return Err(WireError::Truncated {
+                    need: total,
+                    have: buf.len(),
+                });
+            }
+            Ok((Segment::Data(h, &buf[DATA_HEADER_LEN..total]), total))
+        }
+    }
+}
+
+/// Decodes every segment of a packet (a datagram, or a run of stream bytes).
+pub fn decode_all(mut buf: &[u8]) -> impl Iterator<Item = Result<Segment<'_>, WireError>> {
+    let mut failed = false;
+    std::iter::from_fn(move || {
+        if buf.is_empty() || failed {
+            return None;
+        }
+        match decode(buf) {
+            Ok((seg, used)) => {
+                buf = &buf[used..];
+                Some(Ok(seg))
+            }
+            Err(e) => {
+                failed = true;
+                Some(Err(e))
+            }
+        }
+    })
+}
+
+/// Writes `src` as little-endian f32 bytes into `dst` (`dst.len() == 4 * src.len()`).
+pub fn put_f32s(dst: &mut [u8], src: &[f32]) {
+    if cfg!(target_endian = "little") {
+        // The in-memory form is the wire form: one memcpy.
+        dst.copy_from_slice(bytemuck::cast_slice(src));
+    } else {
+        for (d, v) in dst.chunks_exact_mut(4).zip(src) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+/// Reads little-endian f32 bytes from `src` into `dst` (`src.len() == 4 * dst.len()`).
+pub fn get_f32s(dst: &mut [f32], src: &[u8]) {
+    if cfg!(target_endian = "little") {
+        // `src` may sit at any address, so copy bytes into the aligned `dst`.
+        bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(src);
+    } else {
+        for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+            *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+        }
+    }
+}

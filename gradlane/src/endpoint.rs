@@ -1,0 +1,352 @@
+//! Endpoints: where links come from.
+//!
+//! A server endpoint listens with a certificate and key read from files; a
+//! client endpoint trusts the CA in a file. Both are tuned (socket buffers,
+//! windows, congestion controller) and may carry a fault-injecting socket.
+//! The client's `connect` runs the gradlane handshake: the layout and chunk
+//! options travel to the server, which accepts them, or refuses them when it
+//! was told which layout to expect.
+
+use crate::link::{read_control, write_control, Carrier, Link, LinkError, RoundTiming};
+use crate::socket::faults::{FaultStats, Faults, FaultySocket};
+use crate::socket::marking::{ConnectionMark, MarkRegistry};
+#[cfg(target_os = "linux")]
+use crate::socket::marking::{MarkedCounts, MarkingSocket};
+use crate::tls::{self, ClientConfigError, ServerConfigError};
+use crate::tuning::{self, EndpointError, EndpointParts, Tuning, TuningError};
+use gradlane_core::control::{codes, framed, Control, HandshakeError, Hello};
+use gradlane_core::encode::EncoderConfig;
+use gradlane_core::layout::Layout;
+use gradlane_core::reassembly::ReassemblyConfig;
+use quinn::VarInt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+
+/// Everything a link end can be configured with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Chunking, scoring and classification of the rounds this end sends.
+    /// The client's chunking is used in both directions.
+    pub encoder: EncoderConfig,
+    /// Limits of the receiver.
+    pub reassembly: ReassemblyConfig,
+    /// Grace period and lossy deadline.
+    pub timing: RoundTiming,
+    /// Socket and QUIC tuning.
+    pub tuning: Tuning,
+    /// Injected loss, delay and jitter (tests, examples, benchmarks).
+    pub faults: Option<Faults>,
+    /// On a server: refuse clients whose layout differs from this one.
+    pub expect_layout: Option<Layout>,
+    /// On a server: how long a client that completed the QUIC handshake may
+    /// take to send its hello before it is closed with
+    /// [`codes::BAD_HELLO`].
+    pub hello_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            encoder: EncoderConfig::default(),
+            reassembly: ReassemblyConfig::default(),
+            timing: RoundTiming::default(),
+            tuning: Tuning::default(),
+            faults: None,
+            expect_layout: None,
+            hello_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why an endpoint could not be made.
+#[derive(Debug, Error)]
+pub enum SetupError {
+    /// Certificate or key files.
+    #[error(transparent)]
+    Server(#[from] ServerConfigError),
+    /// The CA file.
+    #[error(transparent)]
+    Client(#[from] ClientConfigError),
+    /// The socket or quinn endpoint.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// The transport configuration.
+    #[error(transparent)]
+    Tuning(#[from] TuningError),
+}
+
+/// A QUIC endpoint that makes gradlane links.
+#[derive(Debug)]
+pub struct Endpoint {
+    inner: quinn::Endpoint,
+    config: Config,
+    faults: Option<Arc<FaultySocket>>,
+    marks: Option<Arc<MarkRegistry>>,
+    #[cfg(target_os = "linux")]
+    marking: Option<Arc<MarkingSocket>>,
+}
+
+impl Endpoint {
+    /// A server listening on `addr` with a certificate chain and key from PEM files.
+    pub fn server(
+        addr: SocketAddr,
+        cert: impl AsRef<Path>,
+        key: impl AsRef<Path>,
+        config: Config,
+    ) -> Result<Self, SetupError> {
+        let server = tls::server_config(cert.as_ref(), key.as_ref())?;
+        let parts = tuning::endpoint_parts(addr, Some(server), &config.tuning, config.faults)?;
+        Ok(Self::from_parts(parts, config))
+    }
+
+    /// A client that trusts only the CA certificate in `ca` (PEM).
+    pub fn client(ca: impl AsRef<Path>, config: Config) -> Result<Self, SetupError> {
+        Self::client_bound(SocketAddr::from(([0, 0, 0, 0], 0)), ca, config)
+    }
+
+    /// A client bound to a given local address.
+    pub fn client_bound(
+        local: SocketAddr,
+        ca: impl AsRef<Path>,
+        config: Config,
+    ) -> Result<Self, SetupError> {
+        let client = tls::client_config(ca.as_ref())?;
+        let client = tuning::tuned_client(client, &config.tuning)?;
+        let mut parts = tuning::endpoint_parts(local, None, &config.tuning, config.faults)?;
+        parts.endpoint.set_default_client_config(client);
+        Ok(Self::from_parts(parts, config))
+    }
+
+    fn from_parts(parts: EndpointParts, config: Config) -> Self {
+        Self {
+            inner: parts.endpoint,
+            config,
+            faults: parts.faults,
+            marks: parts.marks,
+            #[cfg(target_os = "linux")]
+            marking: parts.marking,
+        }
+    }
+
+    /// The local address (useful after binding port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    /// What the fault injector did so far, if one is attached.
+    pub fn fault_stats(&self) -> Option<FaultStats> {
+        self.faults.as_ref().map(|f| f.stats())
+    }
+
+    /// Packets sent so far by DSCP, if [`Tuning::dscp`] is set.
+    #[cfg(target_os = "linux")]
+    pub fn marked_counts(&self) -> Option<MarkedCounts> {
+        self.marking.as_ref().map(|m| m.counts())
+    }
+
+    /// Connects to a server and runs the handshake with `layout`.
+    pub async fn connect(
+        &self,
+        addr: SocketAddr,
+        server_name: &str,
+        layout: &Layout,
+    ) -> Result<Link, LinkError> {
+        let connecting = self
+            .inner
+            .connect(addr, server_name)
+            .map_err(|e| LinkError::Protocol(format!("connect: {e}")))?;
+        let conn = connecting.await.map_err(LinkError::from_conn)?;
+        let (mut send, mut recv) = conn.open_bi().await.map_err(LinkError::from_conn)?;
+        let hello = Hello {
+            layout: layout.clone(),
+            chunking: self.config.encoder.chunking,
+        };
+        send.write_all(&framed(&hello.encode())).await?;
+        match read_control(&mut recv).await? {
+            Some(body) if Control::decode(&body)? == Control::Welcome => {}
+            // The server closes with a reason when it refuses us.
+            _ => return Err(LinkError::from_conn(conn.closed().await)),
+        }
+        tracing::info!(remote = %addr, tensors = layout.len(), "link up");
+        let mark = connection_mark(&self.marks, &self.config, &conn);
+        let carrier = Carrier {
+            conn,
+            control: (send, recv),
+            floor_mtu: self.config.tuning.min_udp_payload,
+            mark,
+        };
+        Link::start(
+            carrier,
+            layout.clone(),
+            self.config.encoder,
+            self.config.reassembly,
+            self.config.timing,
+        )
+    }
+
+    /// Accepts the next link. Returns `None` once the endpoint is closed.
+    ///
+    /// Handshakes run one after the other here; a server that must not let
+    /// one slow client hold up the next uses [`Endpoint::incoming`] and
+    /// finishes each [`Incoming`] in its own task.
+    pub async fn accept(&self) -> Option<Result<Link, LinkError>> {
+        loop {
+            match self.incoming().await?.finish().await {
+                Err(IncomingError::Quic(e)) => {
+                    // A failed QUIC handshake (wrong CA, a scan) is that
+                    // peer's problem; keep listening.
+                    tracing::info!(%e, "incoming connection failed");
+                }
+                Err(IncomingError::Link(e)) => return Some(Err(e)),
+                Ok(link) => return Some(Ok(link)),
+            }
+        }
+    }
+
+    /// The next client knocking, before any handshake. Returns `None` once
+    /// the endpoint is closed.
+    pub async fn incoming(&self) -> Option<Incoming> {
+        let incoming = self.inner.accept().await?;
+        Some(Incoming {
+            incoming,
+            config: self.config.clone(),
+            marks: self.marks.clone(),
+        })
+    }
+
+    /// Closes every connection and stops listening.
+    pub fn close(&self) {
+        self.inner
+            .close(VarInt::from_u32(codes::CLOSED), b"endpoint closed");
+    }
+
+    /// Waits until every connection of this endpoint is closed.
+    pub async fn wait_idle(&self) {
+        self.inner.wait_idle().await;
+    }
+}
+
+/// Says where two layouts first differ, for the close reason.
+fn layout_difference(expected: &Layout, got: &Layout) -> String {
+    if expected.len() != got.len() {
+        return format!(
+            "layout mismatch: expected {} tensors, got {}",
+            expected.len(),
+            got.len()
+        );
+    }
+    for (i, (a, b)) in expected.tensors().iter().zip(got.tensors()).enumerate() {
+        if a != b {
+            return format!(
+                "layout mismatch at tensor {i}: expected {} {:?}, got {} {:?}",
+                a.name, a.shape, b.name, b.shape
+            );
+        }
+    }
+    "layout mismatch".into()
+}
+
+/// A client that reached the endpoint and has not been through the QUIC
+/// and gradlane handshakes yet (see [`Endpoint::incoming`]).
+#[derive(Debug)]
+pub struct Incoming {
+    incoming: quinn::Incoming,
+    config: Config,
+    marks: Option<Arc<MarkRegistry>>,
+}
+
+/// Why an incoming client did not become a link.
+#[derive(Debug, Error)]
+pub enum IncomingError {
+    /// The QUIC/TLS handshake failed.
+    #[error("quic handshake: {0}")]
+    Quic(quinn::ConnectionError),
+    /// The gradlane handshake failed (bad hello, layout mismatch, no hello
+    /// in time).
+    #[error(transparent)]
+    Link(#[from] LinkError),
+}
+
+impl Incoming {
+    /// Runs both handshakes; the client has [`Config::hello_timeout`] after
+    /// the QUIC handshake to send its hello.
+    pub async fn finish(self) -> Result<Link, IncomingError> {
+        let conn = self.incoming.await.map_err(IncomingError::Quic)?;
+        let config = self.config;
+        let welcome = welcome(&config, &self.marks, conn.clone());
+        match tokio::time::timeout(config.hello_timeout, welcome).await {
+            Ok(r) => Ok(r?),
+            Err(_) => {
+                let why = format!("no hello within {:?}", config.hello_timeout);
+                conn.close(VarInt::from_u32(codes::BAD_HELLO), why.as_bytes());
+                Err(LinkError::Handshake(HandshakeError::Timeout).into())
+            }
+        }
+    }
+}
+
+/// The handle that sets the class `conn`'s packets are marked with, if the
+/// endpoint marks them.
+fn connection_mark(
+    marks: &Option<Arc<MarkRegistry>>,
+    config: &Config,
+    conn: &quinn::Connection,
+) -> Option<ConnectionMark> {
+    let (registry, dscp) = (marks.as_ref()?, config.tuning.dscp?);
+    Some(registry.register(conn.remote_address(), dscp))
+}
+
+async fn welcome(
+    config: &Config,
+    marks: &Option<Arc<MarkRegistry>>,
+    conn: quinn::Connection,
+) -> Result<Link, LinkError> {
+    let (mut send, mut recv) = conn.accept_bi().await.map_err(LinkError::from_conn)?;
+    let hello = match read_control(&mut recv).await {
+        Ok(Some(body)) => Hello::decode(&body),
+        Ok(None) => Err(gradlane_core::control::HandshakeError::Truncated),
+        Err(LinkError::Handshake(e)) => Err(e),
+        Err(e) => return Err(e),
+    };
+    let hello = match hello {
+        Ok(h) => h,
+        Err(e) => {
+            let why = format!("bad hello: {e}");
+            conn.close(VarInt::from_u32(codes::BAD_HELLO), why.as_bytes());
+            return Err(e.into());
+        }
+    };
+    if let Some(expected) = &config.expect_layout {
+        if expected != &hello.layout {
+            let why = layout_difference(expected, &hello.layout);
+            conn.close(VarInt::from_u32(codes::LAYOUT_MISMATCH), why.as_bytes());
+            return Err(LinkError::Rejected {
+                code: codes::LAYOUT_MISMATCH as u64,
+                reason: why,
+            });
+        }
+    }
+    write_control(&mut send, Control::Welcome).await?;
+    tracing::info!(remote = %conn.remote_address(), tensors = hello.layout.len(), "link up");
+    let encoder = EncoderConfig {
+        chunking: hello.chunking,
+        ..config.encoder
+    };
+    let mark = connection_mark(marks, config, &conn);
+    let carrier = Carrier {
+        conn,
+        control: (send, recv),
+        floor_mtu: config.tuning.min_udp_payload,
+        mark,
+    };
+    Link::start(
+        carrier,
+        hello.layout,
+        encoder,
+        config.reassembly,
+        config.timing,
+    )
+}

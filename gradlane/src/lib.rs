@@ -1,0 +1,144 @@
+//! gradlane moves gradient tensors between the processes of a distributed
+//! training job over QUIC, and spends reliability only where it pays.
+//!
+//! Every round, each tensor is cut into chunks; each chunk is scored by its
+//! smoothed contribution; the most important chunks travel exactly and
+//! first on reliable, highest-priority QUIC streams and the rest as QUIC
+//! datagrams in graded lossy levels. The receiver rebuilds each tensor as
+//! soon as every important chunk is in, fills what is missing with zeros,
+//! and adds chunks that arrive late into the next round.
+//!
+//! # Example: one round over a real QUIC link on loopback
+//!
+//! ```
+//! use gradlane::{generate_certs, Config, Endpoint, Layout, TensorSpec};
+//!
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Certificates come from files; `cargo run --bin certs` makes them.
+//! let dir = std::env::temp_dir().join(format!("gradlane-doc-{}", std::process::id()));
+//! generate_certs(&dir, &["localhost"])?;
+//!
+//! let layout = Layout::new(vec![
+//!     TensorSpec::conv2d("conv1.weight", [64, 3, 7, 7]),
+//!     TensorSpec::dense("fc.weight", [10, 64]),
+//!     TensorSpec::dense("fc.bias", [10]),
+//! ])?;
+//!
+//! // Receiving side: it learns the layout in the handshake.
+//! let server = Endpoint::server(
+//!     "127.0.0.1:0".parse()?,
+//!     dir.join("server.pem"),
+//!     dir.join("server.key"),
+//!     Config::default(),
+//! )?;
+//! let addr = server.local_addr()?;
+//!
+//! // Sending side.
+//! let client = Endpoint::client(dir.join("ca.pem"), Config::default())?;
+//! let (accepted, connected) =
+//!     tokio::join!(server.accept(), client.connect(addr, "localhost", &layout));
+//! let (mut rx, mut tx) = (accepted.expect("endpoint open")?, connected?);
+//!
+//! let grads: Vec<Vec<f32>> = (0..layout.len())
+//!     .map(|t| (0..layout.tensor_len(t)).map(|i| (i as f32).sin()).collect())
+//!     .collect();
+//! let (report, round) = tokio::join!(tx.send_round(0, &grads), rx.recv_round());
+//! let (report, round) = (report?, round?);
+//!
+//! // 80% of each tensor's chunks travelled reliably and are exact.
+//! assert_eq!(round.index, 0);
+//! assert_eq!(round.stats.classes[0].received_bytes, report.important_bytes);
+//! assert_eq!(round.tensors.len(), 3);
+//! tx.close().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The API
+//!
+//! - Links: [`Endpoint`] (from certificate files), [`Link`] and its halves
+//!   [`LinkSender`] and [`LinkReceiver`], [`Round`] and [`SendReport`],
+//!   [`LinkError`].
+//! - The model: [`Layout`], [`TensorSpec`], [`presets`].
+//! - Settings: [`Config`]; [`Faults`] to inject loss and delay.
+//! - Certificates: [`generate_certs`].
+//! - [`codec`]: the sparse log-quantized gradient codec.
+//! - [`ps`]: the parameter-server algorithms (ordered momentum, the
+//!   straggler filter); [`ps_net`]: a server and workers that run them
+//!   over links.
+//! - [`quic`]: plain quinn endpoints built the way gradlane builds its
+//!   own, for measuring against.
+//!
+//! The deterministic core (chunking, scoring, framing, reassembly) is the
+//! crate `gradlane-core`, for those who bring their own transport.
+//!
+//! # Map of the crate
+//!
+//! - `endpoint`: [`Endpoint`], [`Config`], the gradlane handshake.
+//! - `link/`: a link over one QUIC connection: `send` (framing pipelined
+//!   with the stream writers, the release of the lossy part), `receive`
+//!   (the reliable and unreliable engines feeding the core's reassembler),
+//!   `close` (closing in order).
+//! - `tls`: certificates in, rustls configurations out, and a small CA.
+//! - `tuning`: socket buffers, flow-control windows, MTU, the congestion
+//!   controller, and the endpoint built from them.
+//! - `socket/`: wrappers of quinn's UDP socket: GSO cap, DSCP marks, faults.
+//! - `congestion/`: gradlane's two congestion controllers.
+//! - `ps_net/`: the parameter server over links.
+
+#![warn(unreachable_pub)]
+
+mod congestion;
+mod endpoint;
+mod link;
+pub mod ps_net;
+pub mod quic;
+mod socket;
+mod tls;
+mod tuning;
+
+#[cfg(test)]
+mod tests;
+
+pub use endpoint::{Config, Endpoint, Incoming, IncomingError, SetupError};
+pub use gradlane_core::classify::{AdaptiveRatio, ClassifyConfig, Ranking};
+pub use gradlane_core::codec;
+pub use gradlane_core::control::codes;
+pub use gradlane_core::encode::EncoderConfig;
+pub use gradlane_core::layout::{
+    ChunkOptions, ConvChunking, Layout, LayoutError, TensorKind, TensorSpec,
+};
+pub use gradlane_core::presets;
+pub use gradlane_core::ps;
+pub use gradlane_core::reassembly::{
+    ClassStats, ReassemblyConfig, ReceiverCounters, Round, RoundStats,
+};
+pub use link::{
+    DatagramSize, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,
+    RoundArrival, RoundTiming, SendReport, CLOSE_WAIT, LOSSY_STREAM_PACKET,
+};
+pub use socket::faults::{FaultStats, Faults};
+pub use socket::marking::DscpMarks;
+#[cfg(target_os = "linux")]
+pub use socket::marking::MarkedCounts;
+pub use tls::{
+    generate_certs, CertFiles, ClientConfigError, GenerateCertsError, PemError, ServerConfigError,
+};
+pub use tuning::{
+    Congestion, EndpointError, Tuning, TuningError, ETHERNET_UDP_PAYLOAD, JUMBO_UDP_PAYLOAD,
+    MIN_UDP_PAYLOAD,
+};
+
+/// Runs CPU-heavy work (scoring and framing a round, applying a gradient to
+/// a large model: tens of milliseconds). On a multi-threaded runtime it
+/// tells tokio first, which moves the other tasks of this worker thread
+/// (quinn's drivers, stream writers) to another thread meanwhile; a
+/// current-thread runtime has no other thread, and outside a runtime there
+/// is nothing to move.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}

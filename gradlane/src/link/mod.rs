@@ -1,0 +1,727 @@
+//! A bidirectional gradient link over one QUIC connection.
+//!
+//! Sending a round: the core encoder scores and classes it, then frames the
+//! important segments piece by piece while a writer task hands each piece
+//! to a fresh unidirectional stream at the highest priority, closed by the
+//! round end. The lossy datagrams, level 1 first, are released once quinn
+//! has sent the important data (or, as an option, once the peer confirmed
+//! it; see [`LossyRelease`]): quinn puts datagrams ahead of stream data in
+//! every packet, so releasing them earlier would slow the important bytes,
+//! and the capped congestion window keeps them from queueing ahead of the
+//! stream's last retransmissions. Because datagrams are queued with
+//! `send_datagram_wait`, quinn never drops the oldest queued ones on its
+//! own: what is not sent by the optional deadline is dropped here, lowest
+//! level first, and counted. While the path loses nothing, the lossy levels
+//! go on streams below the lanes instead ([`LossyCarrier`]), which cost
+//! less than datagrams and which quinn sends only when the lanes have
+//! nothing to send.
+//!
+//! Receiving: a reliable engine (one task per round stream) and an
+//! unreliable engine (one task reading datagrams) both feed the core
+//! [`Reassembler`]. When a round end arrives the round is complete;
+//! `recv_round` then waits, at most a grace period after the last lossy
+//! byte of that round (datagram or stream), for what is still in flight,
+//! and delivers. Anything later is merged into the next round by the
+//! core.
+//!
+//! This file holds the types and the link itself; `send` the sending half,
+//! `receive` the receiving half and the background tasks.
+
+use crate::socket::marking::ConnectionMark;
+use bytes::Bytes;
+use gradlane_core::control::{codes, framed, CloseNote, Control, HandshakeError, MAX_MESSAGE};
+use gradlane_core::encode::{EncodeError, EncodedRound, Encoder, EncoderConfig, RoundFramer};
+use gradlane_core::layout::Layout;
+use gradlane_core::reassembly::{
+    Channel, Reassembler, ReassemblyConfig, ReassemblyError, Round, StreamDecoder,
+};
+use gradlane_core::wire::{self, DATA_HEADER_LEN};
+use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+mod close;
+mod receive;
+mod send;
+
+pub use close::CLOSE_WAIT;
+use close::{ControlTx, Linger, SharedControl};
+
+use receive::{control_reader, datagram_reader, stream_acceptor};
+
+/// When a round's lossy datagrams may start.
+///
+/// Measured with round_bench (ResNet-50, interleaved runs, README): with
+/// [`LossyRelease::Sent`] under the default controller
+/// ([`Congestion::CappedBbr`](crate::tuning::Congestion)) the
+/// important data was complete 0.98-1.08x as late as with
+/// [`LossyRelease::Acknowledged`] behind a 1 Gbit/s bottleneck (two runs)
+/// and 0.99-1.08x on loopback (0.81-1.16x in a noisier run), and rounds
+/// took as long within the noise: the path does not idle for the
+/// confirmation's round trip, which counts more on a longer path. Two
+/// things made that so. The release now
+/// counts QUIC's per-packet overhead (counting raw UDP bytes released the
+/// datagrams with 2 MB of the stream unsent, which then trickled out
+/// behind them). And the window is capped: under quinn's unbounded BBR the
+/// datagrams filled every queue on the way (the receiver's socket buffer,
+/// a bottleneck's queue), and the stream's retransmissions waited behind
+/// them, up to 1.30x (loopback) and 1.17x (bottleneck).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LossyRelease {
+    /// Once every important byte is in quinn's hands and quinn has sent at
+    /// least as many stream bytes (less those lost; estimated from its
+    /// packet counters) as the important lanes hold. The path does not
+    /// idle while the peer's confirmation travels back; the datagrams may
+    /// overtake only retransmissions of the stream's last packets. The
+    /// peer's confirmation, if it comes first, also releases them.
+    #[default]
+    Sent,
+    /// Once the peer confirmed every important chunk: the path idles for
+    /// about a round trip, but no datagram competes with important data, on
+    /// the path or for the receiver's CPU.
+    Acknowledged,
+}
+
+/// How large the lossy datagrams are framed.
+///
+/// quinn 0.11 takes a lost packet larger than QUIC's 1200-byte floor for a
+/// sign of an MTU black hole unless a later packet of the largest size it
+/// has seen delivered was acknowledged. quinn frames a datagram for the
+/// worst-case packet overhead, so a packet holding one full-size datagram
+/// is 6-9 bytes short of the MTU, and the datagrams are sent after the
+/// full-size stream packets: random loss among them soon reads as a black
+/// hole. The MTU then falls to the floor, quinn discards the queued
+/// datagrams that no longer fit, and every later packet, the stream's
+/// too, is sent at the floor until `MtuDiscoveryConfig`'s cooldown ends.
+/// Measured at 5% injected loss on loopback (`round_bench --per-round`):
+/// every connection with datagrams at the path's size fell, and each lost
+/// 600-750 queued datagrams a fall; at the floor none fell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DatagramSize {
+    /// Packets of at most the MTU floor quinn never falls below
+    /// ([`Tuning::min_udp_payload`](crate::tuning::Tuning):
+    /// QUIC's 1200 bytes by default, 1162-byte datagrams with quinn's
+    /// 8-byte connection IDs; 8952 with
+    /// [`Tuning::jumbo`](crate::tuning::Tuning::jumbo)): their
+    /// loss never reads as a black hole, and a fall of the path MTU
+    /// discards none of them. (A
+    /// packet that also carries the important stream's tail is full-size;
+    /// now and then losses of those still add up to a fall, which costs
+    /// the stream its packet size until quinn probes the MTU again.)
+    #[default]
+    MtuFloor,
+    /// The path's size at framing time (1414 bytes on loopback, whose MTU
+    /// discovery reaches 1452): about 18% fewer datagrams, for paths
+    /// without random loss. Datagrams a fall discards are counted in
+    /// [`SendReport::lossy_dropped_by_quinn`]; those not yet queued are
+    /// reframed for the new size.
+    Path,
+}
+
+/// What carries a round's lossy levels.
+///
+/// Datagrams are what lets a round go on without waiting for a lost
+/// unimportant packet, but on a path that loses nothing they only cost:
+/// quinn takes 1.07-1.23x the time to carry the same 20 MB as datagrams
+/// as on a stream on loopback (`examples/datagram_cost`), and the link
+/// pays a wake-up, a lock and a parse per datagram at both ends. On
+/// loopback without loss a ResNet-50 round took 0.78-0.87x raw quinn's
+/// throughput with datagrams (median 0.80x) and 0.81-0.88x (median 0.87x)
+/// with the lossy levels on streams, 5 alternating runs each (round_bench,
+/// README).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LossyCarrier {
+    /// Always datagrams.
+    Datagrams,
+    /// Streams below the important lanes and the control stream (as many
+    /// as the lanes, level 1 first) while the path loses nothing;
+    /// datagrams from the first round after quinn declared a packet lost,
+    /// until a round starts with no loss declared since the last one.
+    /// They are released like datagrams ([`LossyRelease`]), and quinn
+    /// sends them only when no lane has anything to send. The receiver
+    /// still never waits for a retransmission longer than
+    /// [`RoundTiming::grace`] (plus two round-trip times) from the last
+    /// lossy byte: what comes later on a stream is merged into the next
+    /// round, like a late datagram. A round with a
+    /// [`RoundTiming::lossy_deadline`] uses datagrams (the deadline drops
+    /// what quinn has not queued, which a stream cannot take back).
+    #[default]
+    Adaptive,
+}
+
+/// The largest packet of a round's lossy part when it goes on streams
+/// ([`LossyCarrier::Adaptive`]): no datagram limit applies there, and
+/// fewer, longer segments cost less to frame and to place.
+pub const LOSSY_STREAM_PACKET: usize = 64 << 10;
+
+/// The lossy streams' priority: below the important lanes (`i32::MAX`)
+/// and the control stream (0), so confirmations and reports never wait
+/// behind them.
+const LOSSY_STREAM_PRIORITY: i32 = -1;
+
+/// How a link sends rounds: over how many streams, when the datagrams
+/// start, how long the receiver waits for them, and what is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundTiming {
+    /// Streams the important part of each round is spread over (0 counts
+    /// as 1), piece by piece in turn. Each QUIC stream has its own
+    /// flow-control window, and a lost packet holds up the rest of its
+    /// stream's window until it is retransmitted, over an RTT later: on a
+    /// long lossy path one window stalls. quinn also closes a connection
+    /// whose stream has more than 1024 gaps, which forbids simply raising
+    /// the window (`Tuning::stream_receive_window`) at high loss; lanes
+    /// multiply the window instead. The receiver needs no setting: the
+    /// round's end may arrive on any lane before the last important chunk.
+    pub lanes: u8,
+    /// When the lossy datagrams start.
+    pub release: LossyRelease,
+    /// After a round's important data is in, how long to wait after the last
+    /// datagram of the round before delivering without the rest (plus two
+    /// round-trip times, for datagrams released on the peer's confirmation
+    /// and still in flight). Once the sender reports every datagram of the
+    /// round sent (`Control::LossySent`), the wait shrinks to a few
+    /// milliseconds: under loss a round no longer waits out the grace period
+    /// for datagrams that were lost. The default, 30 ms, is above quinn's 25 ms
+    /// maximum ACK delay: a sender whose congestion window is full of
+    /// datagrams can stall that long waiting for an ACK, and a shorter grace
+    /// then turns a lossless round's datagrams into late ones (measured on
+    /// loopback: with 5 ms, 94% of the first round's datagrams came late).
+    /// Until the round's first lossy byte or the sender's report arrives,
+    /// there is no last datagram to count from: the wait is then bounded
+    /// by `max_grace` alone (the sender starts the datagrams only once it
+    /// has this end's confirmation, which loss can delay by a probe
+    /// timeout).
+    pub grace: Duration,
+    /// Upper bound on that wait, whatever arrives.
+    pub max_grace: Duration,
+    /// Drop lossy datagrams not yet queued this long after `send_round`
+    /// started (lowest levels are sent last, so they are dropped first).
+    pub lossy_deadline: Option<Duration>,
+    /// How large the lossy datagrams are.
+    pub datagram_size: DatagramSize,
+    /// What carries the lossy levels.
+    pub lossy_carrier: LossyCarrier,
+}
+
+impl Default for RoundTiming {
+    fn default() -> Self {
+        Self {
+            // Measured (README): on a 1 Gbit/s, 20 ms path at 5% loss, one
+            // lane took 2.0 s per ResNet-50 round and four 0.97 s (0.86 s
+            // lossless); on loopback, where the CPU binds, no difference.
+            lanes: 4,
+            release: LossyRelease::default(),
+            grace: Duration::from_millis(30),
+            max_grace: Duration::from_secs(2),
+            lossy_deadline: None,
+            datagram_size: DatagramSize::default(),
+            lossy_carrier: LossyCarrier::default(),
+        }
+    }
+}
+
+/// Why a link operation failed.
+#[derive(Debug, Error)]
+pub enum LinkError {
+    /// The connection is gone (closed by either side, timed out, reset).
+    #[error("connection: {0}")]
+    Connection(#[from] ConnectionError),
+    /// The peer closed the link in order ([`Link::close`], or dropped it).
+    /// With `round`: before that round's important part was complete there,
+    /// so the round was not delivered (a round the peer had is never
+    /// reported this way, even if it closed at once after taking it).
+    #[error("{}", peer_closed_message(*.round))]
+    PeerClosed {
+        /// The round this end was sending, if it was sending one.
+        round: Option<u32>,
+    },
+    /// [`Link::close`] closed the link without the peer's acknowledgement:
+    /// the peer did not answer within the wait (gone, or the path lost
+    /// everything), so it may not have read this end's last confirmations.
+    #[error("the peer did not acknowledge the close within {waited:?}; closed anyway")]
+    CloseUnacknowledged {
+        /// How long the close waited.
+        waited: Duration,
+    },
+    /// The peer closed the connection with a gradlane error code.
+    #[error("peer closed the link (code {code:#x}): {reason}")]
+    Rejected {
+        /// The application error code (see [`codes`]).
+        code: u64,
+        /// The peer's reason.
+        reason: String,
+    },
+    /// Writing to a stream failed.
+    #[error("write: {0}")]
+    Write(#[from] quinn::WriteError),
+    /// Reading a stream failed.
+    #[error("read: {0}")]
+    Read(#[from] quinn::ReadError),
+    /// The round could not be encoded (bad gradients, bad config).
+    #[error("encode: {0}")]
+    Encode(#[from] EncodeError),
+    /// The received data broke the protocol; the connection was closed.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// A local reassembly request failed.
+    #[error("reassembly: {0}")]
+    Reassembly(#[from] ReassemblyError),
+    /// The handshake could not be decoded.
+    #[error("handshake: {0}")]
+    Handshake(#[from] HandshakeError),
+    /// The peer does not accept QUIC datagrams.
+    #[error("peer does not accept datagrams")]
+    NoDatagrams,
+    /// A datagram could not be sent.
+    #[error("datagram: {0}")]
+    Datagram(#[from] quinn::SendDatagramError),
+    /// A task of the link failed (panicked or was cancelled).
+    #[error("internal: {0}")]
+    Internal(String),
+    /// A round index that does not follow the last one sent on this link.
+    /// The peer keeps what it received of a round under its index (and
+    /// has delivered it, or will): a second round under the same or an
+    /// older index would be refused by it as a protocol error, dropped as
+    /// stale, or mixed with what the first attempt sent. Nothing was sent.
+    #[error("round {round} does not follow round {last} (indexes must increase)")]
+    RoundOrder {
+        /// The index asked for.
+        round: u32,
+        /// The last index whose data may have reached the peer.
+        last: u32,
+    },
+}
+
+fn peer_closed_message(round: Option<u32>) -> String {
+    match round {
+        Some(r) => {
+            format!("the peer closed the link before round {r}'s important part was complete")
+        }
+        None => "the peer closed the link".into(),
+    }
+}
+
+impl LinkError {
+    /// Maps a connection error that carries a gradlane close code to
+    /// [`LinkError::PeerClosed`] (an orderly close) or
+    /// [`LinkError::Rejected`] (any other code).
+    pub(crate) fn from_conn(e: ConnectionError) -> Self {
+        match e {
+            ConnectionError::ApplicationClosed(c)
+                if c.error_code.into_inner() == u64::from(codes::CLOSED) =>
+            {
+                LinkError::PeerClosed { round: None }
+            }
+            ConnectionError::ApplicationClosed(c) => LinkError::Rejected {
+                code: c.error_code.into_inner(),
+                reason: String::from_utf8_lossy(&c.reason).into_owned(),
+            },
+            e => LinkError::Connection(e),
+        }
+    }
+}
+
+/// What sending one round did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SendReport {
+    /// Round index.
+    pub round: u32,
+    /// Payload bytes sent reliably.
+    pub important_bytes: u64,
+    /// Streams the important bytes went on ([`RoundTiming::lanes`], fewer
+    /// for a round too small to fill them).
+    pub lanes: usize,
+    /// The lossy levels went on streams, not as datagrams
+    /// ([`LossyCarrier::Adaptive`] on a path without loss).
+    pub lossy_on_stream: bool,
+    /// Per lossy level (index `l - 1`): datagrams queued (on streams:
+    /// packets of up to [`LOSSY_STREAM_PACKET`] bytes written).
+    pub lossy_packets: Vec<u64>,
+    /// Per lossy level: payload bytes in the queued datagrams.
+    pub lossy_bytes: Vec<u64>,
+    /// Per lossy level: datagrams dropped by the sender (deadline passed, or
+    /// the path's datagram size shrank below what can be reframed).
+    pub lossy_dropped: Vec<u64>,
+    /// Per lossy level: datagrams cut into smaller ones because the path's
+    /// datagram size shrank after the round was framed (the pieces are
+    /// counted in `lossy_packets`).
+    pub lossy_reframed: Vec<u64>,
+    /// Datagrams queued (counted in `lossy_packets`) that quinn discarded
+    /// before sending: it drops queued datagrams that a fall of the path
+    /// MTU made too large (a black hole suspected under loss), which only
+    /// datagrams at the path's size can be ([`DatagramSize`]): at most
+    /// [`Tuning::datagram_send_buffer`](crate::tuning::Tuning)
+    /// bytes' worth per fall. 0 when the queue had not drained a second
+    /// after the last datagram (not yet known).
+    pub lossy_dropped_by_quinn: u64,
+    /// Time to score and class the round: until the first important byte
+    /// could be handed to quinn.
+    pub plan: Duration,
+    /// Time until the whole round was framed (framing overlaps sending).
+    pub encode: Duration,
+    /// From the start until the peer confirmed every important chunk.
+    pub important: Duration,
+    /// From the start until the first datagram could be queued (or the
+    /// lossy streams were opened).
+    pub lossy_start: Duration,
+    /// From the start until quinn had sent the last datagram (its queue
+    /// drained, at most a second after the last was queued), or held all
+    /// of the lossy streams (within their flow-control windows of the
+    /// end).
+    pub total: Duration,
+}
+
+/// When a delivered round's parts arrived, for measuring a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundArrival {
+    /// When every important chunk and the round's end were in.
+    pub important: Instant,
+    /// When the round was delivered.
+    pub delivered: Instant,
+}
+
+/// State shared between a link's receive tasks and `recv_round`.
+struct RxShared {
+    reassembler: Mutex<Reassembler>,
+    /// Woken whenever datagrams or stream data are placed.
+    progress: Notify,
+    /// Datagrams the unreliable engine took from quinn and placed.
+    datagrams_read: AtomicU64,
+    /// Rounds whose sender reported every datagram sent, with how many
+    /// datagrams quinn had received by then: once the engine has placed as
+    /// many, every datagram of the round that was not lost is in.
+    lossy_sent: Mutex<HashMap<u32, u64>>,
+}
+
+/// State shared between the control reader and `send_round`.
+struct TxShared {
+    /// Rounds the peer confirmed, and when the confirmation came.
+    acked: Mutex<HashMap<u32, Instant>>,
+    acked_notify: Notify,
+    /// The peer finished its control stream, and this end has read all of
+    /// it: every confirmation it sent is processed.
+    peer_finished: tokio::sync::watch::Sender<bool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic in another task cannot leave the core half-updated in a way
+    // that matters more than losing the link: keep going with its state.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The sending half of a link.
+pub struct LinkSender {
+    conn: Connection,
+    /// The control stream to the peer (shared with the receive side, which
+    /// sends its confirmations on it).
+    control: SharedControl,
+    encoder: Encoder,
+    levels: u8,
+    tx: Arc<TxShared>,
+    timing: RoundTiming,
+    /// The UDP payload the path is known to carry
+    /// ([`Tuning::min_udp_payload`](crate::tuning::Tuning)):
+    /// what [`DatagramSize::MtuFloor`] frames for.
+    floor_mtu: u16,
+    /// The last round whose data may have reached the peer: every round
+    /// from the moment its encoding succeeded, whether or not it finished.
+    last_sent: Option<u32>,
+    /// quinn's count of packets declared lost when the last round started
+    /// ([`LossyCarrier::Adaptive`] uses datagrams once it grows).
+    lost_seen: u64,
+    /// The class this connection's packets are marked with, if the
+    /// endpoint marks them ([`Tuning::dscp`](crate::tuning::Tuning)).
+    mark: Option<ConnectionMark>,
+    linger: Arc<Linger>,
+}
+
+/// The receiving half of a link.
+pub struct LinkReceiver {
+    conn: Connection,
+    rx: Arc<RxShared>,
+    ended: mpsc::UnboundedReceiver<Result<(u32, Instant), String>>,
+    timing: RoundTiming,
+    /// The peer finished its control stream: it is closing the link.
+    peer_finished: tokio::sync::watch::Receiver<bool>,
+    /// Closes the link in order once both halves are gone.
+    _linger: Arc<Linger>,
+}
+
+/// A bidirectional gradient link: both ends can send and receive rounds.
+///
+/// Close it with [`close`](Self::close) when done: that waits until the
+/// peer has read this end's confirmations of the rounds it sent. Dropping
+/// it (both halves, if split) does the same in the background, within
+/// [`CLOSE_WAIT`], as long as the tokio runtime and the process live on;
+/// a process about to exit should `close().await` and then
+/// [`Endpoint::wait_idle`](crate::Endpoint::wait_idle).
+/// Rounds this end confirmed but never took with `recv_round` are lost
+/// with it (their senders were told they arrived).
+pub struct Link {
+    layout: Layout,
+    sender: LinkSender,
+    receiver: LinkReceiver,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("remote", &self.sender.conn.remote_address())
+            .field("tensors", &self.layout.len())
+            .finish()
+    }
+}
+
+/// What a link runs on, once the handshake is done.
+pub(crate) struct Carrier {
+    /// The connection.
+    pub conn: Connection,
+    /// The handshake's stream pair, the control stream from then on.
+    pub control: (SendStream, RecvStream),
+    /// The UDP payload the path is known to carry
+    /// ([`Tuning::min_udp_payload`](crate::tuning::Tuning)).
+    pub floor_mtu: u16,
+    /// Sets the class the connection's packets are marked with, if the
+    /// endpoint marks them.
+    pub mark: Option<ConnectionMark>,
+}
+
+impl Link {
+    /// Builds the link once the handshake is done; starts the receive tasks.
+    pub(crate) fn start(
+        carrier: Carrier,
+        layout: Layout,
+        encoder: EncoderConfig,
+        reassembly: ReassemblyConfig,
+        timing: RoundTiming,
+    ) -> Result<Self, LinkError> {
+        let Carrier {
+            conn,
+            control,
+            floor_mtu,
+            mark,
+        } = carrier;
+        let (control_send, control_recv) = control;
+        let levels = encoder.classify.levels;
+        let encoder = Encoder::new(&layout, encoder)?;
+        let reassembler = Reassembler::new(
+            layout.clone(),
+            ReassemblyConfig {
+                chunking: encoder.plan().options(),
+                ..reassembly
+            },
+        )?;
+        let rx = Arc::new(RxShared {
+            reassembler: Mutex::new(reassembler),
+            progress: Notify::new(),
+            datagrams_read: AtomicU64::new(0),
+            lossy_sent: Mutex::new(HashMap::new()),
+        });
+        let tx = Arc::new(TxShared {
+            acked: Mutex::new(HashMap::new()),
+            acked_notify: Notify::new(),
+            peer_finished: tokio::sync::watch::Sender::new(false),
+        });
+        let (ended_tx, ended) = mpsc::unbounded_channel();
+        let control_send = ControlTx::new(control_send);
+        let tasks = vec![
+            tokio::spawn(control_reader(
+                conn.clone(),
+                control_recv,
+                control_send.clone(),
+                tx.clone(),
+                rx.clone(),
+            )),
+            tokio::spawn(stream_acceptor(
+                conn.clone(),
+                rx.clone(),
+                control_send.clone(),
+                ended_tx,
+            )),
+            tokio::spawn(datagram_reader(conn.clone(), rx.clone())),
+        ];
+        let linger = Arc::new(Linger::new(
+            conn.clone(),
+            control_send.clone(),
+            tx.clone(),
+            tasks,
+        ));
+        let peer_finished = tx.peer_finished.subscribe();
+        Ok(Self {
+            layout,
+            sender: LinkSender {
+                conn: conn.clone(),
+                control: control_send,
+                encoder,
+                levels,
+                tx,
+                timing,
+                floor_mtu,
+                last_sent: None,
+                lost_seen: 0,
+                mark,
+                linger: linger.clone(),
+            },
+            receiver: LinkReceiver {
+                conn,
+                rx,
+                ended,
+                timing,
+                peer_finished,
+                _linger: linger,
+            },
+        })
+    }
+
+    /// The model layout both ends agreed on.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Sends one round; `grads` in layout order. See [`LinkSender::send_round`].
+    pub async fn send_round<G: AsRef<[f32]>>(
+        &mut self,
+        round: u32,
+        grads: &[G],
+    ) -> Result<SendReport, LinkError> {
+        self.sender.send_round(round, grads).await
+    }
+
+    /// Sends one round without copying most of its important part. See
+    /// [`LinkSender::send_round_shared`].
+    pub async fn send_round_shared(
+        &mut self,
+        round: u32,
+        grads: &[Arc<Vec<f32>>],
+    ) -> Result<SendReport, LinkError> {
+        self.sender.send_round_shared(round, grads).await
+    }
+
+    /// Receives the next round. See [`LinkReceiver::recv_round`].
+    pub async fn recv_round(&mut self) -> Result<Round, LinkError> {
+        self.receiver.recv_round().await
+    }
+
+    /// Receives the next round with its arrival times. See
+    /// [`LinkReceiver::recv_round_timed`].
+    pub async fn recv_round_timed(&mut self) -> Result<(Round, RoundArrival), LinkError> {
+        self.receiver.recv_round_timed().await
+    }
+
+    /// Reports the training loss to the classifier (adaptive ratio).
+    pub fn report_loss(&mut self, loss: f64) -> Result<(), LinkError> {
+        Ok(self.sender.encoder.report_loss(loss)?)
+    }
+
+    /// Hands a delivered round's tensors back for reuse (saves mapping fresh
+    /// memory each round). Tensors of the wrong shape are ignored.
+    pub fn recycle(&mut self, tensors: Vec<Vec<f32>>) {
+        let _ = lock(&self.receiver.rx.reassembler).recycle(tensors);
+    }
+
+    /// The receiver's counters (malformed, duplicates, late drops, ...).
+    pub fn counters(&self) -> gradlane_core::reassembly::ReceiverCounters {
+        self.receiver.counters()
+    }
+
+    /// Datagrams quinn received but dropped before the link read them; see
+    /// [`LinkReceiver::datagrams_dropped_by_quinn`].
+    pub fn datagrams_dropped_by_quinn(&self) -> u64 {
+        self.receiver.datagrams_dropped_by_quinn()
+    }
+
+    /// Payload bytes of late segments waiting to be added into the next round.
+    pub fn late_buffered_bytes(&self) -> usize {
+        lock(&self.receiver.rx.reassembler).late_buffered_bytes()
+    }
+
+    /// The underlying QUIC connection (for statistics: rtt, cwnd, losses).
+    pub fn connection(&self) -> &Connection {
+        &self.sender.conn
+    }
+
+    /// Splits into a sending and a receiving half that can be used from two
+    /// tasks at once.
+    pub fn split(self) -> (LinkSender, LinkReceiver) {
+        (self.sender, self.receiver)
+    }
+
+    /// Closes the link in order, waiting at most [`CLOSE_WAIT`]; see
+    /// [`close_within`](Self::close_within).
+    pub async fn close(&self) -> Result<(), LinkError> {
+        self.close_within(CLOSE_WAIT).await
+    }
+
+    /// Closes the link in order: this end stops confirming rounds (one
+    /// that completes now was never taken with `recv_round`; its sender
+    /// gets [`LinkError::PeerClosed`]), finishes its control stream behind
+    /// the confirmations it wrote, waits until the peer's link has read
+    /// them all (it finishes its own control stream in reply), and closes
+    /// the connection. A receiver that closed the connection at once after
+    /// its last `recv_round` could cut off that round's confirmation
+    /// (quinn discards unsent stream data on close); the close frame also
+    /// names the last round confirmed, so even then the peer's
+    /// `send_round` of it succeeds, if the frame arrives.
+    ///
+    /// Returns [`LinkError::CloseUnacknowledged`] if the peer did not
+    /// answer within `wait` (the connection is closed all the same), and
+    /// [`LinkError::PeerClosed`] if the peer closed first without having
+    /// read everything.
+    pub async fn close_within(&self, wait: Duration) -> Result<(), LinkError> {
+        self.sender.linger.close(wait).await
+    }
+
+    /// Closes the connection at once: whatever this end sent that the peer
+    /// has not acknowledged is abandoned, except that the close frame
+    /// still names the last round this end confirmed.
+    pub fn close_now(&self) {
+        self.sender.linger.close_now();
+    }
+}
+
+fn protocol_close(conn: &Connection, why: &str) {
+    tracing::warn!(why, "closing link: protocol error");
+    conn.close(VarInt::from_u32(codes::PROTOCOL), why.as_bytes());
+}
+
+/// Reads one length-prefixed control message; `None` at a clean end.
+pub(crate) async fn read_control(stream: &mut RecvStream) -> Result<Option<Vec<u8>>, LinkError> {
+    let mut len = [0u8; 4];
+    match stream.read_exact(&mut len).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(quinn::ReadExactError::FinishedEarly(_)) => {
+            return Err(HandshakeError::Truncated.into())
+        }
+        Err(quinn::ReadExactError::ReadError(e)) => return Err(read_error(e)),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_MESSAGE {
+        return Err(HandshakeError::TooLarge(len).into());
+    }
+    let mut body = vec![0u8; len];
+    match stream.read_exact(&mut body).await {
+        Ok(()) => Ok(Some(body)),
+        Err(quinn::ReadExactError::FinishedEarly(_)) => Err(HandshakeError::Truncated.into()),
+        Err(quinn::ReadExactError::ReadError(e)) => Err(read_error(e)),
+    }
+}
+
+fn read_error(e: quinn::ReadError) -> LinkError {
+    match e {
+        quinn::ReadError::ConnectionLost(c) => LinkError::from_conn(c),
+        e => LinkError::Read(e),
+    }
+}
+
+/// Writes one length-prefixed control message.
+pub(crate) async fn write_control(stream: &mut SendStream, msg: Control) -> Result<(), LinkError> {
+    stream.write_all(&framed(&msg.encode())).await?;
+    Ok(())
+}

@@ -1,0 +1,323 @@
+//! The receiving half: `recv_round`'s wait for a round's datagrams, and the
+//! background tasks (control reader, round streams, datagrams) that feed
+//! the reassembler.
+
+use super::*;
+
+/// How long a receiver waits, after the sender reported a round's datagrams
+/// all sent and every one received by then is placed, for datagrams still
+/// arriving (each one restarts it): a few packets' worth on any path, far
+/// below the grace period that covers not knowing whether more will come.
+const LOSSY_TAIL: Duration = Duration::from_millis(5);
+
+impl LinkReceiver {
+    /// Receives the next round: waits for its important data, then for its
+    /// datagrams (see [`RoundTiming`]), and delivers the rebuilt tensors.
+    pub async fn recv_round(&mut self) -> Result<Round, LinkError> {
+        Ok(self.recv_round_timed().await?.0)
+    }
+
+    /// [`recv_round`](Self::recv_round), also telling when the round's
+    /// important data was complete and when it was delivered.
+    pub async fn recv_round_timed(&mut self) -> Result<(Round, RoundArrival), LinkError> {
+        let (round, important) = loop {
+            let (round, important) = tokio::select! {
+                // A protocol error is queued before the connection is
+                // closed: look at the queue first so the caller learns why.
+                biased;
+                m = self.ended.recv() => match m {
+                    Some(Ok(r)) => r,
+                    Some(Err(e)) => return Err(LinkError::Protocol(e)),
+                    None => return Err(self.closed_error(self.conn.closed().await)),
+                },
+                e = self.conn.closed() => match self.ended.try_recv() {
+                    Ok(Err(why)) => return Err(LinkError::Protocol(why)),
+                    _ => return Err(self.closed_error(e)),
+                },
+            };
+            // Two rounds can complete at about the same time on their own
+            // streams (a round the sender gave up, whose streams ran on,
+            // and the next one), and their news can come in either order:
+            // one skipped over by a later delivery is counted abandoned
+            // already and has nothing left to deliver.
+            let delivered = lock(&self.rx.reassembler).last_delivered();
+            if delivered.is_none_or(|d| round > d) {
+                break (round, important);
+            }
+            tracing::debug!(round, ?delivered, "skipped a round delivered past");
+        };
+        let span = tracing::info_span!("recv_round", round);
+        let delivered = self.finish_round(round).instrument(span).await?;
+        let arrival = RoundArrival {
+            important,
+            delivered: Instant::now(),
+        };
+        Ok((delivered, arrival))
+    }
+
+    async fn finish_round(&mut self, round: u32) -> Result<Round, LinkError> {
+        let ended = Instant::now();
+        let idle = self.timing.grace + self.conn.rtt() * 2;
+        let cap = Instant::now() + self.timing.max_grace;
+        loop {
+            let progress = self.rx.progress.notified();
+            tokio::pin!(progress);
+            progress.as_mut().enable();
+            let got = match lock(&self.rx.reassembler).lossy_progress(round) {
+                Some((got, Some(sent))) if got < sent => got,
+                _ => break,
+            };
+            // The sender reported them all sent, and every datagram quinn
+            // had received by then is placed: what is missing was lost, or
+            // was overtaken by the report by a packet or two (quinn puts a
+            // small stream frame into the tail of a packet that the next
+            // datagram does not fit) and is about to come. Wait a short
+            // tail for those, not the whole grace period.
+            let placed = self.rx.datagrams_read.load(Ordering::Relaxed);
+            let reported = lock(&self.rx.lossy_sent).get(&round).copied();
+            let drained = reported.is_some_and(|received| placed >= received);
+            let idle = if drained {
+                self.timing.grace.min(LOSSY_TAIL)
+            } else if got == 0 && reported.is_none() {
+                // Not one lossy byte yet and no report: the sender has not
+                // started the datagrams (it waits for this end's
+                // confirmation, which, if lost, quinn resends only after a
+                // probe timeout of tens of milliseconds). The grace counts
+                // from the last datagram, and there is none yet: wait for
+                // the first one or the report, up to `max_grace`. Measured
+                // at 5% loss before: a round delivered with none of its
+                // 20 MB of datagrams, all merged late into the next.
+                self.timing.max_grace
+            } else {
+                idle
+            };
+            let wait = idle.min(cap.saturating_duration_since(Instant::now()));
+            if wait.is_zero() || tokio::time::timeout(wait, progress).await.is_err() {
+                break;
+            }
+        }
+        let waited = ended.elapsed();
+        let progress = lock(&self.rx.reassembler).lossy_progress(round);
+        let reported = lock(&self.rx.lossy_sent).get(&round).copied();
+        lock(&self.rx.lossy_sent).retain(|&r, _| r > round);
+        let delivered = lock(&self.rx.reassembler).deliver(round)?;
+        tracing::debug!(
+            ?waited,
+            ?progress,
+            ?reported,
+            placed = self.rx.datagrams_read.load(Ordering::Relaxed),
+            quinn_dropped = self.datagrams_dropped_by_quinn(),
+            zero_filled = delivered.stats.lossy().zero_filled_bytes,
+            late = delivered.stats.lossy().late_merged_bytes,
+            "delivered"
+        );
+        Ok(delivered)
+    }
+
+    /// Why no round will come: the connection's end, which is the peer's
+    /// closing if it had finished its control stream before (its close
+    /// frame may have been lost, and the connection then ended in a
+    /// stateless reset or an idle timeout).
+    fn closed_error(&self, e: ConnectionError) -> LinkError {
+        match LinkError::from_conn(e) {
+            LinkError::Connection(_) if *self.peer_finished.borrow() => {
+                LinkError::PeerClosed { round: None }
+            }
+            e => e,
+        }
+    }
+
+    /// Hands a delivered round's tensors back for reuse.
+    pub fn recycle(&mut self, tensors: Vec<Vec<f32>>) {
+        let _ = lock(&self.rx.reassembler).recycle(tensors);
+    }
+
+    /// Datagrams quinn received but the link never got: quinn drops the
+    /// oldest received datagrams when its receive buffer
+    /// (`Tuning::datagram_receive_buffer`) fills faster than the link reads
+    /// it. Includes the few that may be waiting in that buffer right now.
+    pub fn datagrams_dropped_by_quinn(&self) -> u64 {
+        let received = self.conn.stats().frame_rx.datagram;
+        received.saturating_sub(self.rx.datagrams_read.load(Ordering::Relaxed))
+    }
+
+    /// The receiver's counters (malformed, duplicates, late drops, ...).
+    pub fn counters(&self) -> gradlane_core::reassembly::ReceiverCounters {
+        lock(&self.rx.reassembler).counters()
+    }
+}
+
+pub(super) async fn control_reader(
+    conn: Connection,
+    mut recv: RecvStream,
+    control: SharedControl,
+    tx: Arc<TxShared>,
+    rx: Arc<RxShared>,
+) {
+    loop {
+        let msg = match read_control(&mut recv).await {
+            Ok(Some(body)) => Control::decode(&body),
+            // The peer is closing (`Link::close`) and all it sent is read:
+            // finish this end's stream in reply, so the peer knows.
+            // (Rounds completing from now on are not confirmed: the
+            // peer no longer reads confirmations.)
+            Ok(None) => {
+                control.finish().await;
+                tx.peer_finished.send_replace(true);
+                return;
+            }
+            Err(
+                LinkError::Connection(_)
+                | LinkError::Rejected { .. }
+                | LinkError::PeerClosed { .. },
+            ) => return,
+            Err(e) => {
+                protocol_close(&conn, &format!("control stream: {e}"));
+                return;
+            }
+        };
+        match msg {
+            Ok(Control::ImportantReceived(r)) => {
+                lock(&tx.acked).insert(r, Instant::now());
+                tx.acked_notify.notify_waiters();
+            }
+            Ok(Control::LossySent(r)) => {
+                // Every datagram sent before this message that was not lost
+                // has reached quinn by now (it sends datagrams ahead of
+                // stream data; reordering on the path aside).
+                let received = conn.stats().frame_rx.datagram;
+                lock(&rx.lossy_sent).insert(r, received);
+                rx.progress.notify_waiters();
+            }
+            Ok(Control::Welcome) | Err(_) => {
+                protocol_close(&conn, "unexpected control message");
+                return;
+            }
+        }
+    }
+}
+
+pub(super) async fn stream_acceptor(
+    conn: Connection,
+    rx: Arc<RxShared>,
+    control: SharedControl,
+    ended: mpsc::UnboundedSender<Result<(u32, Instant), String>>,
+) {
+    while let Ok(stream) = conn.accept_uni().await {
+        tokio::spawn(round_stream_reader(
+            conn.clone(),
+            stream,
+            rx.clone(),
+            control.clone(),
+            ended.clone(),
+        ));
+    }
+}
+
+/// The reliable engine: one round's stream into the reassembler, straight
+/// from quinn's buffers (no copy before the one into the tensor), several
+/// received pieces per lock. Malformed data closes the connection: a
+/// reliable stream cannot have been damaged in transit, so the peer is
+/// broken.
+async fn round_stream_reader(
+    conn: Connection,
+    mut stream: RecvStream,
+    rx: Arc<RxShared>,
+    control: SharedControl,
+    ended: mpsc::UnboundedSender<Result<(u32, Instant), String>>,
+) {
+    let mut decoder = StreamDecoder::new();
+    // quinn hands over one received frame (about a packet) per piece.
+    let mut pieces = vec![Bytes::new(); 64];
+    loop {
+        let n = match stream.read_chunks(&mut pieces).await {
+            Ok(Some(n)) => n,
+            Ok(None) if decoder.at_boundary() => return,
+            Ok(None) => return fail(&conn, &ended, "round stream ends inside a segment".into()),
+            // Reset by the sender (an abandoned round) or the connection is
+            // gone: nothing to deliver.
+            Err(_) => return,
+        };
+        let mut round_end = None;
+        let fed = {
+            let mut reassembler = lock(&rx.reassembler);
+            pieces[..n].iter().try_for_each(|piece| {
+                let out = decoder.feed(&mut reassembler, piece)?;
+                round_end = round_end.or(out.completed);
+                Ok::<_, ReassemblyError>(())
+            })
+        };
+        if let Err(e) = fed {
+            return fail(&conn, &ended, format!("{e}"));
+        }
+        // Let quinn reuse the buffers now, not when the slots are refilled.
+        pieces[..n].fill(Bytes::new());
+        // A round's lossy part may come on a stream too (`LossyCarrier`):
+        // a round waiting for it counts its grace from the last byte.
+        rx.progress.notify_waiters();
+        if let Some(r) = round_end {
+            let arrived = Instant::now();
+            tracing::debug!(round = r, "round end arrived");
+            if control.confirm(r).await.is_err() {
+                return;
+            }
+            let _ = ended.send(Ok((r, arrived)));
+        }
+    }
+}
+
+fn fail(
+    conn: &Connection,
+    ended: &mpsc::UnboundedSender<Result<(u32, Instant), String>>,
+    why: String,
+) {
+    let _ = ended.send(Err(why.clone()));
+    protocol_close(conn, &why);
+}
+
+/// The unreliable engine: datagrams into the reassembler. Malformed ones are
+/// counted (by the reassembler) and dropped; the link goes on.
+///
+/// A ResNet-50 round brings ~15k datagrams: after each wake-up it also takes
+/// those quinn already holds, so one wake-up, one lock of the reassembler
+/// and one notification serve many datagrams.
+pub(super) async fn datagram_reader(conn: Connection, rx: Arc<RxShared>) {
+    const BATCH: usize = 64;
+    let mut batch = Vec::with_capacity(BATCH);
+    while let Ok(d) = conn.read_datagram().await {
+        batch.push(d);
+        while batch.len() < BATCH {
+            match ready_now(conn.read_datagram()) {
+                Some(Ok(d)) => batch.push(d),
+                _ => break,
+            }
+        }
+        {
+            let mut reassembler = lock(&rx.reassembler);
+            for d in &batch {
+                if let Err(e) = reassembler.push(d, Channel::Lossy) {
+                    tracing::debug!(%e, "dropped a malformed datagram");
+                }
+            }
+            // Counted once placed, under the same lock: a round waiting on
+            // this count must find the datagrams in the reassembler, and
+            // whoever saw them placed (a delivered round) sees them
+            // counted, not as dropped by quinn (counted after the lock, a
+            // check right after delivery found up to a batch missing).
+            rx.datagrams_read
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        }
+        batch.clear();
+        rx.progress.notify_waiters();
+    }
+}
+
+/// Polls `f` once: its output if it is ready now, without waiting.
+fn ready_now<F: std::future::Future>(f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(x) => Some(x),
+        std::task::Poll::Pending => None,
+    }
+}

@@ -1,0 +1,539 @@
+//! The server runtime: accepts worker links and serves pulls and pushes
+//! from one [`ParameterServer`] shared by all of them.
+//!
+//! One task per worker, in the style of mini-redis: `run` accepts links until
+//! `shutdown` resolves; each link's task reads requests from the worker's
+//! request stream, takes the gradient (a gradlane round on the link, or a
+//! codec frame in the request), pushes it into the shared server under a
+//! lock, and writes the fresh parameters back. A worker whose connection
+//! drops gives its ticket back ([`ParameterServer::leave`]) and the others
+//! go on.
+
+use super::stream::{read_body, write_bytes, StreamError};
+use crate::{blocking, Endpoint, IncomingError, Link, LinkError};
+use bytes::Bytes;
+use gradlane_core::codec;
+use gradlane_core::control::codes;
+use gradlane_core::ps::messages::{self, Request};
+use gradlane_core::ps::{Disposition, ParameterServer, PullError, PushError};
+use quinn::{SendStream, VarInt};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use thiserror::Error;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+/// Counters of a serving run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ServeStats {
+    /// Links accepted and served.
+    pub workers_joined: u64,
+    /// Links whose worker went away (cleanly or not).
+    pub workers_left: u64,
+    /// Links refused (wrong model size, failed handshake).
+    pub links_refused: u64,
+    /// Parameter copies handed out (pulls and push replies).
+    pub params_sent: u64,
+    /// Gradients that changed the parameters.
+    pub applied: u64,
+    /// Gradients the server judged too stale and discarded.
+    pub dropped: u64,
+    /// Gradients stored for a later step (synchronous rounds).
+    pub buffered: u64,
+    /// Requests refused (unknown index, bad gradient, no slot).
+    pub refused: u64,
+    /// Sum of the staleness of applied gradients.
+    pub applied_staleness_sum: u64,
+    /// Gradients that came as gradlane rounds.
+    pub round_pushes: u64,
+    /// Gradients that came as codec frames.
+    pub codec_pushes: u64,
+    /// Gradient bytes that were lost on the way and zero-filled.
+    pub zero_filled_bytes: u64,
+    /// Gradient bytes of earlier rounds added into later ones.
+    pub late_merged_bytes: u64,
+    /// Rounds that arrived without a request naming them (their push
+    /// failed or was cancelled after the first byte left), dropped.
+    pub orphan_rounds: u64,
+}
+
+impl ServeStats {
+    /// Mean staleness of applied gradients (0 when none).
+    pub fn mean_applied_staleness(&self) -> f64 {
+        if self.applied == 0 {
+            0.0
+        } else {
+            self.applied_staleness_sum as f64 / self.applied as f64
+        }
+    }
+}
+
+/// Why serving stopped with an error.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// The endpoint stopped accepting before shutdown was asked for.
+    #[error("endpoint closed")]
+    EndpointClosed,
+}
+
+/// Why one worker's session ended.
+#[derive(Debug, Error)]
+enum SessionError {
+    #[error("link: {0}")]
+    Link(#[from] LinkError),
+    #[error("request stream: {0}")]
+    Stream(#[from] StreamError),
+    #[error("request: {0}")]
+    Message(#[from] messages::MessageError),
+    #[error("round {got} arrived where round {expected} was announced")]
+    RoundMismatch { expected: u32, got: u32 },
+}
+
+struct Shared<S> {
+    server: Mutex<S>,
+    stats: Mutex<ServeStats>,
+    /// Woken whenever the server's state moves (a push, a worker leaving):
+    /// sessions waiting for a synchronous round to complete try again.
+    changed: Notify,
+    /// Buffers of params replies, reused.
+    pool: Arc<BufferPool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking session must not take every other worker down with it.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A parameter server shared between the serving runtime and its owner, who
+/// can watch it while it runs (evaluate the parameters, read counters).
+pub struct ServerHandle<S> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S> Clone for ServerHandle<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: ParameterServer> ServerHandle<S> {
+    /// Wraps a server.
+    pub fn new(server: S) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                server: Mutex::new(server),
+                stats: Mutex::new(ServeStats::default()),
+                changed: Notify::new(),
+                pool: Arc::default(),
+            }),
+        }
+    }
+
+    /// Runs `f` on the server (briefly: sessions wait for the lock).
+    pub fn with<R>(&self, f: impl FnOnce(&S) -> R) -> R {
+        f(&lock(&self.shared.server))
+    }
+
+    /// A copy of the current parameters and the step count.
+    pub fn snapshot(&self) -> (Vec<f32>, u64) {
+        let s = lock(&self.shared.server);
+        (s.params().to_vec(), s.steps())
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> ServeStats {
+        *lock(&self.shared.stats)
+    }
+}
+
+/// Serves workers on `endpoint` until `shutdown` resolves, then closes every
+/// link and returns the counters.
+///
+/// Every link must carry a layout with as many values as the server has
+/// parameters; others are closed with [`codes::LAYOUT_MISMATCH`]. A failed
+/// handshake or a worker that breaks the protocol ends that link only.
+pub async fn run<S>(
+    endpoint: &Endpoint,
+    handle: ServerHandle<S>,
+    shutdown: impl Future,
+) -> Result<ServeStats, ServeError>
+where
+    S: ParameterServer + Send + 'static,
+{
+    let dim = handle.with(|s| s.params().len());
+    let mut sessions = JoinSet::new();
+    tokio::pin!(shutdown);
+    let result = loop {
+        tokio::select! {
+            _ = &mut shutdown => break Ok(()),
+            // Reap finished sessions as we go so the set does not grow.
+            Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
+            // Each client's handshakes run in its own task: a client that
+            // stalls after the QUIC handshake holds up nobody else (and is
+            // closed after the endpoint's hello timeout).
+            incoming = endpoint.incoming() => match incoming {
+                None => break Err(ServeError::EndpointClosed),
+                Some(incoming) => {
+                    let shared = handle.shared.clone();
+                    sessions.spawn(async move {
+                        if let Some(link) = admit(incoming.finish().await, &shared, dim) {
+                            let span = tracing::info_span!(
+                                "ps_session",
+                                remote = %link.connection().remote_address()
+                            );
+                            session(link, shared, dim).instrument(span).await;
+                        }
+                    });
+                }
+            },
+        }
+    };
+    endpoint.close();
+    while sessions.join_next().await.is_some() {}
+    result.map(|()| handle.stats())
+}
+
+/// Takes a new link into service, or refuses it (failed handshake, wrong
+/// model size).
+fn admit<S: ParameterServer>(
+    finished: Result<Link, IncomingError>,
+    shared: &Shared<S>,
+    dim: usize,
+) -> Option<Link> {
+    let link = match finished {
+        Ok(link) => link,
+        Err(e) => {
+            tracing::info!(%e, "worker link failed");
+            lock(&shared.stats).links_refused += 1;
+            return None;
+        }
+    };
+    let values = link.layout().total_values();
+    if values != dim as u64 {
+        let why = format!("model has {dim} parameters, link layout {values}");
+        tracing::warn!(%why, "refusing worker");
+        link.connection()
+            .close(VarInt::from_u32(codes::LAYOUT_MISMATCH), why.as_bytes());
+        lock(&shared.stats).links_refused += 1;
+        return None;
+    }
+    lock(&shared.stats).workers_joined += 1;
+    Some(link)
+}
+
+/// One worker's session; gives its ticket back however it ends.
+async fn session<S: ParameterServer>(mut link: Link, shared: Arc<Shared<S>>, dim: usize) {
+    let mut held = None;
+    let why = serve_worker(&mut link, &shared, dim, &mut held).await;
+    match &why {
+        Ok(()) => tracing::info!("worker finished"),
+        Err(e) => tracing::info!(%e, "worker gone"),
+    }
+    // A worker that broke the protocol learns why; one whose connection
+    // is already gone needs no close.
+    let broken = match &why {
+        Err(SessionError::Stream(StreamError::Message(e)) | SessionError::Message(e)) => {
+            Some(e.to_string())
+        }
+        Err(SessionError::Stream(StreamError::Truncated)) => Some("request truncated".into()),
+        Err(e @ SessionError::RoundMismatch { .. }) => Some(e.to_string()),
+        _ => None,
+    };
+    if let Some(why) = broken {
+        link.connection()
+            .close(VarInt::from_u32(codes::PROTOCOL), why.as_bytes());
+    }
+    if let Err(e) = lock(&shared.server).leave(held) {
+        tracing::warn!(%e, "could not release the worker's ticket");
+    }
+    lock(&shared.stats).workers_left += 1;
+    shared.changed.notify_waiters();
+}
+
+async fn serve_worker<S: ParameterServer>(
+    link: &mut Link,
+    shared: &Shared<S>,
+    dim: usize,
+    held: &mut Option<u64>,
+) -> Result<(), SessionError> {
+    let conn = link.connection().clone();
+    let (mut send, mut recv) = conn.accept_bi().await.map_err(LinkError::from_conn)?;
+    let cap = messages::request_cap(dim);
+    let mut grad = vec![0f32; dim];
+    loop {
+        let Some(body) = read_body(&mut recv, cap).await? else {
+            return Ok(());
+        };
+        let (index, source) = match Request::decode(&body)? {
+            Request::Pull => {
+                if held.is_some() {
+                    refuse(&mut send, shared, "pull while holding a ticket").await?;
+                    continue;
+                }
+                wait_and_pull(&mut send, &conn, shared, held, None).await?;
+                continue;
+            }
+            Request::PushRound { index, round } => {
+                // The round is on its way whatever we think of the index:
+                // take it off the link first so the link stays in step.
+                // Rounds before it that no request named were sent by
+                // pushes that failed or were cancelled after their first
+                // byte left: counted and dropped.
+                let delivered = loop {
+                    let d = link.recv_round().await?;
+                    if d.index >= round {
+                        break d;
+                    }
+                    tracing::debug!(orphan = d.index, round, "dropped a round no request named");
+                    lock(&shared.stats).orphan_rounds += 1;
+                    link.recycle(d.tensors);
+                };
+                if delivered.index != round {
+                    return Err(SessionError::RoundMismatch {
+                        expected: round,
+                        got: delivered.index,
+                    });
+                }
+                blocking(|| {
+                    let mut at = 0;
+                    for t in &delivered.tensors {
+                        grad[at..at + t.len()].copy_from_slice(t);
+                        at += t.len();
+                    }
+                });
+                let lossy = delivered.stats.lossy();
+                {
+                    let mut st = lock(&shared.stats);
+                    st.round_pushes += 1;
+                    st.zero_filled_bytes += lossy.zero_filled_bytes;
+                    st.late_merged_bytes += lossy.late_merged_bytes;
+                }
+                link.recycle(delivered.tensors);
+                (index, "round")
+            }
+            Request::PushCodec { index, frame } => {
+                let decoded = blocking(|| {
+                    grad.fill(0.0);
+                    codec::decode_into_dense(&frame, &mut grad)
+                });
+                if let Err(e) = decoded {
+                    refuse(&mut send, shared, &format!("codec frame: {e}")).await?;
+                    continue;
+                }
+                lock(&shared.stats).codec_pushes += 1;
+                (index, "codec")
+            }
+        };
+        tracing::trace!(index, source, "push");
+        push(&mut send, &conn, shared, held, &grad, index).await?;
+    }
+}
+
+/// Pushes one gradient and answers with fresh parameters (at once, or once
+/// the synchronous round it was buffered in completes).
+async fn push<S: ParameterServer>(
+    send: &mut SendStream,
+    conn: &quinn::Connection,
+    shared: &Shared<S>,
+    held: &mut Option<u64>,
+    grad: &[f32],
+    index: u64,
+) -> Result<(), SessionError> {
+    let reply = blocking(|| {
+        let mut server = lock(&shared.server);
+        match server.push(grad, index) {
+            Err(e) => Err(e),
+            Ok(outcome) => {
+                *held = None;
+                let mut st = lock(&shared.stats);
+                match outcome.disposition {
+                    Disposition::Applied { staleness } => {
+                        st.applied += 1;
+                        st.applied_staleness_sum += staleness;
+                    }
+                    Disposition::Dropped { .. } => st.dropped += 1,
+                    Disposition::Buffered => st.buffered += 1,
+                }
+                drop(st);
+                let disposition = outcome.disposition;
+                // A reply ticket carries the server's current parameters, so
+                // they can be read again once the borrow ends.
+                let next = outcome.reply.map(|t| t.index);
+                let framed = next.map(|index| {
+                    *held = Some(index);
+                    params_message(
+                        &shared.pool,
+                        index,
+                        server.steps(),
+                        Some(disposition),
+                        server.params(),
+                    )
+                });
+                Ok((disposition, framed, server.steps()))
+            }
+        }
+    });
+    shared.changed.notify_waiters();
+    match reply {
+        Err(e) => refuse(send, shared, &push_refusal(&e)).await,
+        Ok((_, Some(framed), _)) => {
+            lock(&shared.stats).params_sent += 1;
+            Ok(write_bytes(send, framed).await?)
+        }
+        // A buffered gradient's worker goes on with the round after the one
+        // it pushed into; pulling earlier would hand it a second slot of
+        // the round it already filled.
+        Ok((disposition, None, steps)) => {
+            let wait = Some((disposition, steps + 1));
+            wait_and_pull(send, conn, shared, held, wait).await
+        }
+    }
+}
+
+fn push_refusal(e: &PushError) -> String {
+    format!("push refused: {e}")
+}
+
+/// Pulls, waiting while the server says "not now" (a full synchronous
+/// round), and writes the parameters. After a buffered push, `after` holds
+/// its disposition and the step count to wait for before pulling.
+async fn wait_and_pull<S: ParameterServer>(
+    send: &mut SendStream,
+    conn: &quinn::Connection,
+    shared: &Shared<S>,
+    held: &mut Option<u64>,
+    after: Option<(Disposition, u64)>,
+) -> Result<(), SessionError> {
+    let (disposition, min_steps) = match after {
+        Some((d, s)) => (Some(d), s),
+        None => (None, 0),
+    };
+    loop {
+        let changed = shared.changed.notified();
+        tokio::pin!(changed);
+        // Register before looking, so a push between the look and the wait
+        // still wakes us.
+        changed.as_mut().enable();
+        let pulled = blocking(|| {
+            let mut server = lock(&shared.server);
+            let steps = server.steps();
+            let pulled = if steps < min_steps {
+                Ok(None)
+            } else {
+                server.pull()
+            };
+            match pulled {
+                Ok(Some(t)) => {
+                    *held = Some(t.index);
+                    Ok(Some(params_message(
+                        &shared.pool,
+                        t.index,
+                        steps,
+                        disposition,
+                        t.params,
+                    )))
+                }
+                Ok(None) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        match pulled {
+            Ok(Some(framed)) => {
+                lock(&shared.stats).params_sent += 1;
+                return Ok(write_bytes(send, framed).await?);
+            }
+            Err(PullError::TicketsExhausted { workers }) => {
+                let why = format!("pull refused: all {workers} worker slots are taken");
+                return refuse(send, shared, &why).await;
+            }
+            Ok(None) => {}
+        }
+        tokio::select! {
+            _ = changed => {}
+            e = conn.closed() => return Err(LinkError::from_conn(e).into()),
+        }
+    }
+}
+
+async fn refuse<S>(
+    send: &mut SendStream,
+    shared: &Shared<S>,
+    why: &str,
+) -> Result<(), SessionError> {
+    tracing::debug!(why, "refused");
+    lock(&shared.stats).refused += 1;
+    let mut why = why.to_owned();
+    why.truncate(messages::MAX_REASON);
+    Ok(write_bytes(send, Bytes::from(messages::encode_refused(&why))).await?)
+}
+
+/// Header and values of a params reply in one buffer (one copy of the
+/// parameters, made while the server is locked). The buffer comes from
+/// `pool` and goes back there once quinn has sent it: a fresh buffer the
+/// size of the model would cost a page fault per 4 KiB on every reply.
+fn params_message(
+    pool: &Arc<BufferPool>,
+    index: u64,
+    steps: u64,
+    disposition: Option<Disposition>,
+    params: &[f32],
+) -> Bytes {
+    let header = messages::ParamsHeader {
+        index,
+        steps,
+        disposition,
+    };
+    let mut out = pool.take();
+    out.extend_from_slice(&header.encode(params.len()));
+    out.reserve_exact(params.len() * 4);
+    if cfg!(target_endian = "little") {
+        out.extend_from_slice(bytemuck::cast_slice(params));
+    } else {
+        for v in params {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    Bytes::from_owner(Pooled {
+        buf: out,
+        pool: pool.clone(),
+    })
+}
+
+/// Reply buffers waiting for reuse.
+#[derive(Default)]
+struct BufferPool(Mutex<Vec<Vec<u8>>>);
+
+/// Buffers kept for reuse; more only when more replies are in flight.
+const POOLED_BUFFERS: usize = 8;
+
+impl BufferPool {
+    fn take(&self) -> Vec<u8> {
+        let mut b = lock(&self.0).pop().unwrap_or_default();
+        b.clear();
+        b
+    }
+}
+
+/// A reply buffer that returns to its pool when quinn drops it.
+struct Pooled {
+    buf: Vec<u8>,
+    pool: Arc<BufferPool>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let mut pool = lock(&self.pool.0);
+        if pool.len() < POOLED_BUFFERS {
+            pool.push(std::mem::take(&mut self.buf));
+        }
+    }
+}

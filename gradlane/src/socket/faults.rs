@@ -1,0 +1,1105 @@
+//! Seeded fault injection under quinn: a wrapper of [`AsyncUdpSocket`].
+//!
+//! [`FaultySocket`] sits between quinn and the real UDP socket (hand it to
+//! [`quinn::Endpoint::new_with_abstract_socket`]). It drops outgoing and
+//! incoming datagrams with a seeded probability and delays outgoing ones, and
+//! counts what it did. This host has no `netem`, so this is where delay lives.
+//!
+//! Loss decisions are a pure function of `(seed, direction, datagram index)`:
+//! the n-th datagram that leaves (or arrives at) the socket is dropped or not
+//! regardless of timing, so two runs that see the same packet sequence drop
+//! the same packets. The index only advances when a datagram is actually
+//! handed on (a send that returns `WouldBlock` is retried by quinn with the
+//! same packet and must get the same verdict).
+//!
+//! Granularity: one QUIC datagram. Outgoing [`Transmit`]s may carry several
+//! GSO segments (`segment_size`), incoming buffers several GRO datagrams
+//! (`stride`); each segment is judged on its own, as a lossy link would.
+//!
+//! The wrapper forwards `max_transmit_segments`, `max_receive_segments`,
+//! `may_fragment` and `local_addr` of the inner socket: the trait's defaults
+//! (1, 1, true) would silently turn off GSO, GRO and MTU discovery.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::fmt;
+use std::io::{self, IoSliceMut};
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{ready, Context, Poll, Waker};
+use std::time::Duration;
+
+use quinn::udp::{EcnCodepoint, RecvMeta, Transmit};
+use quinn::{AsyncUdpSocket, UdpPoller};
+use tokio::time::Instant;
+
+/// What to do to the packets passing through an endpoint's socket
+/// ([`Config::faults`](crate::Config::faults)).
+///
+/// The default injects nothing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Faults {
+    /// Probability in `[0, 1]` that an outgoing datagram (GSO segment) is dropped.
+    pub loss_out: f64,
+    /// Probability in `[0, 1]` that an incoming datagram (GRO segment) is dropped.
+    pub loss_in: f64,
+    /// Fixed delay added to every outgoing datagram.
+    pub delay: Duration,
+    /// Extra outgoing delay drawn uniformly from `[0, jitter]` per transmit;
+    /// packets may be reordered by at most this much.
+    pub jitter: Duration,
+    /// Seed of the loss and jitter decisions.
+    pub seed: u64,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self {
+            loss_out: 0.0,
+            loss_in: 0.0,
+            delay: Duration::ZERO,
+            jitter: Duration::ZERO,
+            seed: 0,
+        }
+    }
+}
+
+impl Faults {
+    /// The same loss probability `p` in both directions, no delay.
+    pub fn symmetric_loss(p: f64, seed: u64) -> Self {
+        Self {
+            loss_out: p,
+            loss_in: p,
+            seed,
+            ..Self::default()
+        }
+    }
+
+    /// Whether outgoing packets are held back (delay or jitter set).
+    pub fn delays(&self) -> bool {
+        !self.delay.is_zero() || !self.jitter.is_zero()
+    }
+}
+
+/// Why a [`FaultySocket`] could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum FaultySocketError {
+    /// A loss probability was NaN or outside `[0, 1]`.
+    #[error("loss probability {0} is not in [0, 1]")]
+    BadLoss(f64),
+    /// Delay needs a background task and there is no tokio runtime to run it.
+    #[error("delay or jitter needs a tokio runtime")]
+    NoRuntime,
+}
+
+/// What the fault injector under an endpoint did so far
+/// ([`Endpoint::fault_stats`](crate::Endpoint::fault_stats)).
+///
+/// "Segments" are single datagrams on the wire; "transmits" are the
+/// (possibly GSO-batched) sends handed to the inner socket or delay queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultStats {
+    /// Transmits handed on (to the inner socket or the delay queue).
+    pub transmits_sent: u64,
+    /// Datagrams handed on.
+    pub segments_sent: u64,
+    /// Outgoing datagrams dropped.
+    pub segments_dropped_out: u64,
+    /// Incoming datagrams delivered to quinn.
+    pub datagrams_received: u64,
+    /// Incoming datagrams dropped.
+    pub datagrams_dropped_in: u64,
+    /// Outgoing datagrams that went through the delay queue.
+    pub segments_delayed: u64,
+    /// Delayed datagrams the inner socket refused with an error other than
+    /// `WouldBlock`: lost, as on a real network, and counted here. quinn's
+    /// own UDP socket logs such errors (`ENOBUFS` from a full shaped
+    /// queue) and reports success, so behind it these losses show only in
+    /// quinn's lost-packet count and the kernel's `SndbufErrors`.
+    pub segments_send_failed: u64,
+}
+
+/// Shared live counters of a [`FaultySocket`]; clone it to keep reading
+/// after the socket has been handed to quinn.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FaultCounters(Arc<CounterCells>);
+
+#[derive(Debug, Default)]
+struct CounterCells {
+    transmits_sent: AtomicU64,
+    segments_sent: AtomicU64,
+    segments_dropped_out: AtomicU64,
+    datagrams_received: AtomicU64,
+    datagrams_dropped_in: AtomicU64,
+    segments_delayed: AtomicU64,
+    segments_send_failed: AtomicU64,
+}
+
+impl FaultCounters {
+    /// Read all counters (each read is atomic; the set is not a transaction).
+    pub(crate) fn snapshot(&self) -> FaultStats {
+        let c = &self.0;
+        FaultStats {
+            transmits_sent: c.transmits_sent.load(Ordering::Relaxed),
+            segments_sent: c.segments_sent.load(Ordering::Relaxed),
+            segments_dropped_out: c.segments_dropped_out.load(Ordering::Relaxed),
+            datagrams_received: c.datagrams_received.load(Ordering::Relaxed),
+            datagrams_dropped_in: c.datagrams_dropped_in.load(Ordering::Relaxed),
+            segments_delayed: c.segments_delayed.load(Ordering::Relaxed),
+            segments_send_failed: c.segments_send_failed.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn add(cell: &AtomicU64, n: u64) {
+    cell.fetch_add(n, Ordering::Relaxed);
+}
+
+// Stream tags keep the out, in and jitter decision sequences independent.
+const STREAM_OUT: u64 = 0x6f75_7467_6f69_6e67;
+const STREAM_IN: u64 = 0x696e_636f_6d69_6e67;
+const STREAM_JITTER: u64 = 0x6a69_7474_6572_2121;
+
+/// The `index`-th output of splitmix64 seeded with `seed`: random access, so a
+/// decision never depends on how many other decisions were made before it.
+fn splitmix_at(seed: u64, index: u64) -> u64 {
+    let mut z = seed.wrapping_add(index.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Uniform in `[0, 1)` with 53 bits.
+fn unit_at(seed: u64, index: u64) -> f64 {
+    (splitmix_at(seed, index) >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+fn drops(seed: u64, stream: u64, index: u64, p: f64) -> bool {
+    p > 0.0 && unit_at(seed ^ stream, index) < p
+}
+
+/// Number of datagrams in a buffer of `len` bytes cut every `stride` bytes.
+fn segment_count(len: usize, stride: usize) -> usize {
+    if stride == 0 || len <= stride {
+        1
+    } else {
+        len.div_ceil(stride)
+    }
+}
+
+/// Lock without panicking on poison: the guarded state stays consistent
+/// because every critical section here is panic-free.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An [`AsyncUdpSocket`] that injects seeded loss and delay around another one.
+pub(crate) struct FaultySocket {
+    inner: Arc<dyn AsyncUdpSocket>,
+    faults: Faults,
+    counters: FaultCounters,
+    /// Index of the next outgoing datagram's loss decision. A mutex, not an
+    /// atomic, because the decision is only committed once the send went
+    /// through, and concurrent senders must not interleave their indices.
+    out_index: Mutex<u64>,
+    in_index: AtomicU64,
+    queue: Option<Arc<DelayQueue>>,
+}
+
+impl fmt::Debug for FaultySocket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultySocket")
+            .field("inner", &self.inner)
+            .field("faults", &self.faults)
+            .field("stats", &self.counters.snapshot())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Bytes the delay queue may hold before `try_send` pushes back with
+/// `WouldBlock`. Generous (a 10 Gbit/s x 50 ms bandwidth-delay product is
+/// 62 MB) so that delay alone does not become a bottleneck.
+const DELAY_QUEUE_BYTES: usize = 64 << 20;
+
+impl FaultySocket {
+    /// Wrap `inner`. Needs a tokio runtime when `faults` delays packets: a
+    /// background task sends them when they are due.
+    pub(crate) fn new(
+        inner: Arc<dyn AsyncUdpSocket>,
+        faults: Faults,
+    ) -> Result<Arc<Self>, FaultySocketError> {
+        Self::with_queue_capacity(inner, faults, DELAY_QUEUE_BYTES)
+    }
+
+    fn with_queue_capacity(
+        inner: Arc<dyn AsyncUdpSocket>,
+        faults: Faults,
+        capacity: usize,
+    ) -> Result<Arc<Self>, FaultySocketError> {
+        for p in [faults.loss_out, faults.loss_in] {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(FaultySocketError::BadLoss(p));
+            }
+        }
+        let counters = FaultCounters::default();
+        let queue = if faults.delays() {
+            let handle =
+                tokio::runtime::Handle::try_current().map_err(|_| FaultySocketError::NoRuntime)?;
+            let queue = Arc::new(DelayQueue::new(faults, capacity));
+            handle.spawn(run_delay_queue(
+                queue.clone(),
+                inner.clone(),
+                counters.clone(),
+            ));
+            Some(queue)
+        } else {
+            None
+        };
+        Ok(Arc::new(Self {
+            inner,
+            faults,
+            counters,
+            out_index: Mutex::new(0),
+            in_index: AtomicU64::new(0),
+            queue,
+        }))
+    }
+
+    /// Current counter values.
+    pub(crate) fn stats(&self) -> FaultStats {
+        self.counters.snapshot()
+    }
+
+    /// Hand a transmit to the delay queue or straight to the inner socket.
+    fn forward(&self, transmit: &Transmit<'_>, segments: u64) -> io::Result<()> {
+        match &self.queue {
+            Some(queue) => {
+                queue.push(transmit)?;
+                add(&self.counters.0.segments_delayed, segments);
+            }
+            None => self.inner.try_send(transmit)?,
+        }
+        add(&self.counters.0.transmits_sent, 1);
+        add(&self.counters.0.segments_sent, segments);
+        Ok(())
+    }
+
+    /// Drop incoming datagrams in place: survivors are moved to the front of
+    /// their buffer (keeping `stride`, so a short last datagram stays last)
+    /// and buffers that became empty are squeezed out. Returns the number of
+    /// buffers still holding data.
+    fn filter_incoming(
+        &self,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+        n: usize,
+    ) -> usize {
+        let n = n.min(bufs.len()).min(meta.len());
+        let mut out = 0;
+        for i in 0..n {
+            let m = meta[i];
+            let len = m.len.min(bufs[i].len());
+            let stride = if m.stride == 0 { len.max(1) } else { m.stride };
+            let count = segment_count(len, stride) as u64;
+            let base = self.in_index.fetch_add(count, Ordering::Relaxed);
+            let buf = &mut bufs[i][..len];
+            let mut write = 0;
+            let mut kept = 0u64;
+            for (k, start) in (0..len).step_by(stride).enumerate() {
+                let end = (start + stride).min(len);
+                if drops(
+                    self.faults.seed,
+                    STREAM_IN,
+                    base + k as u64,
+                    self.faults.loss_in,
+                ) {
+                    continue;
+                }
+                buf.copy_within(start..end, write);
+                write += end - start;
+                kept += 1;
+            }
+            add(&self.counters.0.datagrams_received, kept);
+            add(&self.counters.0.datagrams_dropped_in, count - kept);
+            meta[i].len = write;
+            if write == 0 {
+                continue;
+            }
+            if out != i {
+                if bufs[out].len() >= write {
+                    let (head, tail) = bufs.split_at_mut(i);
+                    head[out][..write].copy_from_slice(&tail[0][..write]);
+                    meta[out] = meta[i];
+                } else {
+                    // Cannot move it (buffers of unequal size; quinn never does
+                    // this): leave empty entries, which quinn skips.
+                    for m in &mut meta[out..i] {
+                        m.len = 0;
+                    }
+                    out = i;
+                }
+            }
+            out += 1;
+        }
+        out
+    }
+}
+
+impl Drop for FaultySocket {
+    fn drop(&mut self) {
+        if let Some(queue) = &self.queue {
+            queue.close();
+        }
+    }
+}
+
+impl AsyncUdpSocket for FaultySocket {
+    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
+        let poller = match &self.queue {
+            // With delay, try_send only ever waits for room in the queue.
+            Some(queue) => FaultyPoller::Queue(queue.clone()),
+            None => FaultyPoller::Inner(self.inner.clone().create_io_poller()),
+        };
+        Box::pin(poller)
+    }
+
+    fn try_send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
+        let len = transmit.contents.len();
+        let stride = transmit.segment_size.unwrap_or(len);
+        let count = segment_count(len, stride);
+        if self.faults.loss_out <= 0.0 {
+            return self.forward(transmit, count as u64);
+        }
+        let mut index = lock(&self.out_index);
+        let base = *index;
+        let seed = self.faults.seed;
+        let p = self.faults.loss_out;
+        let dropped = (0..count as u64)
+            .filter(|k| drops(seed, STREAM_OUT, base + k, p))
+            .count();
+        if dropped == 0 {
+            self.forward(transmit, count as u64)?;
+        } else if dropped < count {
+            // Re-pack the survivors into one GSO batch: every segment but the
+            // last is `stride` long and order is kept, so a short last segment
+            // is still last and `segment_size` stays valid.
+            let mut contents = Vec::with_capacity(len);
+            for (k, start) in (0..len).step_by(stride.max(1)).enumerate() {
+                if !drops(seed, STREAM_OUT, base + k as u64, p) {
+                    contents
+                        .extend_from_slice(&transmit.contents[start..(start + stride).min(len)]);
+                }
+            }
+            let survivors = count - dropped;
+            let repacked = Transmit {
+                destination: transmit.destination,
+                ecn: transmit.ecn,
+                contents: &contents,
+                segment_size: if survivors > 1 {
+                    transmit.segment_size
+                } else {
+                    None
+                },
+                src_ip: transmit.src_ip,
+            };
+            self.forward(&repacked, survivors as u64)?;
+        }
+        // Commit the decisions only now: a WouldBlock above returned early and
+        // quinn will offer the same packets again.
+        *index = base + count as u64;
+        add(&self.counters.0.segments_dropped_out, dropped as u64);
+        Ok(())
+    }
+
+    fn poll_recv(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            let n = ready!(self.inner.poll_recv(cx, bufs, meta))?;
+            if self.faults.loss_in <= 0.0 {
+                let count: usize = meta[..n]
+                    .iter()
+                    .map(|m| segment_count(m.len, m.stride))
+                    .sum();
+                add(&self.counters.0.datagrams_received, count as u64);
+                return Poll::Ready(Ok(n));
+            }
+            let kept = self.filter_incoming(bufs, meta, n);
+            if kept > 0 {
+                return Poll::Ready(Ok(kept));
+            }
+            // Everything was dropped: poll again, so that we either return
+            // data or the inner socket registers the waker with Pending.
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    fn max_transmit_segments(&self) -> usize {
+        self.inner.max_transmit_segments()
+    }
+
+    fn max_receive_segments(&self) -> usize {
+        self.inner.max_receive_segments()
+    }
+
+    fn may_fragment(&self) -> bool {
+        self.inner.may_fragment()
+    }
+}
+
+/// Write-readiness for a [`FaultySocket`]: the inner socket's, or room in the
+/// delay queue when packets are delayed.
+#[derive(Debug)]
+enum FaultyPoller {
+    Inner(Pin<Box<dyn UdpPoller>>),
+    Queue(Arc<DelayQueue>),
+}
+
+impl UdpPoller for FaultyPoller {
+    fn poll_writable(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            FaultyPoller::Inner(inner) => inner.as_mut().poll_writable(cx),
+            FaultyPoller::Queue(queue) => queue.poll_room(cx),
+        }
+    }
+}
+
+/// One held-back transmit.
+#[derive(Debug)]
+struct Delayed {
+    due: Instant,
+    seq: u64,
+    destination: SocketAddr,
+    ecn: Option<EcnCodepoint>,
+    src_ip: Option<IpAddr>,
+    segment_size: Option<usize>,
+    contents: Vec<u8>,
+}
+
+impl PartialEq for Delayed {
+    fn eq(&self, other: &Self) -> bool {
+        (self.due, self.seq) == (other.due, other.seq)
+    }
+}
+impl Eq for Delayed {}
+impl PartialOrd for Delayed {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Delayed {
+    /// Due time first, then arrival order: without jitter, due times are
+    /// non-decreasing in arrival order, so the queue is FIFO and never
+    /// reorders; with jitter, reordering is bounded by the jitter.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.due, self.seq).cmp(&(other.due, other.seq))
+    }
+}
+
+#[derive(Debug, Default)]
+struct DelayState {
+    heap: BinaryHeap<Reverse<Delayed>>,
+    bytes: usize,
+    next_seq: u64,
+    writers: Vec<Waker>,
+    closed: bool,
+}
+
+#[derive(Debug)]
+struct DelayQueue {
+    state: Mutex<DelayState>,
+    wake_sender: tokio::sync::Notify,
+    capacity: usize,
+    faults: Faults,
+}
+
+impl DelayQueue {
+    fn new(faults: Faults, capacity: usize) -> Self {
+        Self {
+            state: Mutex::new(DelayState::default()),
+            wake_sender: tokio::sync::Notify::new(),
+            capacity,
+            faults,
+        }
+    }
+
+    fn push(&self, transmit: &Transmit<'_>) -> io::Result<()> {
+        let mut state = lock(&self.state);
+        // Full means "at or over capacity", the same test poll_room uses, so
+        // a ready poller is never followed by a WouldBlock (no busy loop).
+        if state.bytes >= self.capacity {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let seq = state.next_seq;
+        state.next_seq += 1;
+        let jitter = self
+            .faults
+            .jitter
+            .mul_f64(unit_at(self.faults.seed ^ STREAM_JITTER, seq));
+        state.bytes += transmit.contents.len();
+        state.heap.push(Reverse(Delayed {
+            due: Instant::now() + self.faults.delay + jitter,
+            seq,
+            destination: transmit.destination,
+            ecn: transmit.ecn,
+            src_ip: transmit.src_ip,
+            segment_size: transmit.segment_size,
+            contents: transmit.contents.to_vec(),
+        }));
+        drop(state);
+        self.wake_sender.notify_one();
+        Ok(())
+    }
+
+    fn poll_room(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut state = lock(&self.state);
+        if state.bytes < self.capacity || state.closed {
+            return Poll::Ready(Ok(()));
+        }
+        if !state.writers.iter().any(|w| w.will_wake(cx.waker())) {
+            state.writers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    fn close(&self) {
+        let writers = {
+            let mut state = lock(&self.state);
+            state.closed = true;
+            state.heap.clear();
+            state.bytes = 0;
+            std::mem::take(&mut state.writers)
+        };
+        writers.into_iter().for_each(Waker::wake);
+        self.wake_sender.notify_one();
+    }
+
+    /// The next transmit if it is due, else when the next one will be due.
+    fn pop_due(&self, now: Instant) -> Result<Delayed, Option<Instant>> {
+        let mut state = lock(&self.state);
+        match state.heap.peek() {
+            Some(Reverse(next)) if next.due <= now => {}
+            Some(Reverse(next)) => return Err(Some(next.due)),
+            None => return Err(None),
+        }
+        let Some(Reverse(item)) = state.heap.pop() else {
+            return Err(None);
+        };
+        state.bytes -= item.contents.len();
+        let writers = std::mem::take(&mut state.writers);
+        drop(state);
+        writers.into_iter().for_each(Waker::wake);
+        Ok(item)
+    }
+
+    fn is_closed(&self) -> bool {
+        lock(&self.state).closed
+    }
+}
+
+/// Background sender: sends held-back transmits when they are due.
+async fn run_delay_queue(
+    queue: Arc<DelayQueue>,
+    inner: Arc<dyn AsyncUdpSocket>,
+    counters: FaultCounters,
+) {
+    let mut poller = inner.clone().create_io_poller();
+    while !queue.is_closed() {
+        match queue.pop_due(Instant::now()) {
+            Ok(item) => {
+                let transmit = Transmit {
+                    destination: item.destination,
+                    ecn: item.ecn,
+                    contents: &item.contents,
+                    segment_size: item.segment_size,
+                    src_ip: item.src_ip,
+                };
+                loop {
+                    match inner.try_send(&transmit) {
+                        Ok(()) => break,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            let ready =
+                                std::future::poll_fn(|cx| poller.as_mut().poll_writable(cx)).await;
+                            if let Err(e) = ready {
+                                tracing::warn!("delayed send: socket not writable: {e}");
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            // Like a real network: a failed send is a lost
+                            // packet (every segment of a GSO batch).
+                            tracing::debug!("delayed send failed: {e}");
+                            let stride = item.segment_size.unwrap_or(item.contents.len());
+                            let lost = segment_count(item.contents.len(), stride) as u64;
+                            add(&counters.0.segments_send_failed, lost);
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(None) => queue.wake_sender.notified().await,
+            Err(Some(due)) => {
+                // A later push may be due earlier (jitter), so wake on pushes too.
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due) => {}
+                    _ = queue.wake_sender.notified() => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, SocketAddrV4};
+
+    /// Records what is sent; serves queued receive buffers.
+    #[derive(Debug, Default)]
+    struct MockSocket {
+        sent: Mutex<Vec<(Vec<u8>, Option<usize>)>>,
+        inbox: Mutex<Vec<(Vec<u8>, usize)>>,
+        would_block: AtomicU64,
+        /// Sends to refuse with another error (a full shaped queue).
+        refuse: AtomicU64,
+        sent_notify: tokio::sync::Notify,
+    }
+
+    fn addr() -> SocketAddr {
+        SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4433))
+    }
+
+    #[derive(Debug)]
+    struct ReadyPoller;
+    impl UdpPoller for ReadyPoller {
+        fn poll_writable(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncUdpSocket for MockSocket {
+        fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
+            Box::pin(ReadyPoller)
+        }
+        fn try_send(&self, t: &Transmit<'_>) -> io::Result<()> {
+            if self.would_block.load(Ordering::Relaxed) > 0 {
+                self.would_block.fetch_sub(1, Ordering::Relaxed);
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            if self.refuse.load(Ordering::Relaxed) > 0 {
+                self.refuse.fetch_sub(1, Ordering::Relaxed);
+                self.sent_notify.notify_one();
+                return Err(io::Error::other("no buffer space available"));
+            }
+            lock(&self.sent).push((t.contents.to_vec(), t.segment_size));
+            self.sent_notify.notify_one();
+            Ok(())
+        }
+        fn poll_recv(
+            &self,
+            _: &mut Context<'_>,
+            bufs: &mut [IoSliceMut<'_>],
+            meta: &mut [RecvMeta],
+        ) -> Poll<io::Result<usize>> {
+            let mut inbox = lock(&self.inbox);
+            if inbox.is_empty() {
+                return Poll::Pending;
+            }
+            let n = inbox.len().min(bufs.len());
+            for (i, (data, stride)) in inbox.drain(..n).enumerate() {
+                bufs[i][..data.len()].copy_from_slice(&data);
+                meta[i] = RecvMeta {
+                    addr: addr(),
+                    len: data.len(),
+                    stride,
+                    ecn: None,
+                    dst_ip: None,
+                };
+            }
+            Poll::Ready(Ok(n))
+        }
+        fn local_addr(&self) -> io::Result<SocketAddr> {
+            Ok(addr())
+        }
+        fn max_transmit_segments(&self) -> usize {
+            7
+        }
+        fn max_receive_segments(&self) -> usize {
+            5
+        }
+        fn may_fragment(&self) -> bool {
+            false
+        }
+    }
+
+    fn transmit(contents: &[u8], segment_size: Option<usize>) -> Transmit<'_> {
+        Transmit {
+            destination: addr(),
+            ecn: None,
+            contents,
+            segment_size,
+            src_ip: None,
+        }
+    }
+
+    /// Send `n` one-datagram transmits carrying their index; return the
+    /// indices that got through.
+    fn survivors(faults: Faults, n: u32) -> (Vec<u32>, FaultStats) {
+        let mock = Arc::new(MockSocket::default());
+        let socket = FaultySocket::new(mock.clone(), faults).expect("valid faults");
+        for i in 0..n {
+            let bytes = i.to_le_bytes();
+            socket.try_send(&transmit(&bytes, None)).expect("mock send");
+        }
+        (sent_tags(&mock), socket.stats())
+    }
+
+    #[test]
+    fn forwards_socket_capabilities() {
+        let socket = FaultySocket::new(Arc::new(MockSocket::default()), Faults::default())
+            .expect("valid faults");
+        assert_eq!(socket.max_transmit_segments(), 7);
+        assert_eq!(socket.max_receive_segments(), 5);
+        assert!(!socket.may_fragment());
+        assert_eq!(socket.local_addr().expect("addr"), addr());
+    }
+
+    #[test]
+    fn rejects_bad_probability() {
+        for p in [-0.1, 1.5, f64::NAN] {
+            let r = FaultySocket::new(
+                Arc::new(MockSocket::default()),
+                Faults::symmetric_loss(p, 1),
+            );
+            assert!(matches!(r, Err(FaultySocketError::BadLoss(_))), "{p}");
+        }
+    }
+
+    #[test]
+    fn drop_fraction_is_close_to_p_and_reproducible() {
+        let n = 100_000;
+        for p in [0.01, 0.2, 0.5] {
+            let faults = Faults::symmetric_loss(p, 42);
+            let (a, stats) = survivors(faults, n);
+            let (b, _) = survivors(faults, n);
+            assert_eq!(a, b, "same seed, same packets, same drops");
+            let dropped = f64::from(n - a.len() as u32) / f64::from(n);
+            assert!((dropped - p).abs() < 0.01, "p {p}: dropped {dropped}");
+            assert_eq!(
+                stats.segments_dropped_out + stats.segments_sent,
+                u64::from(n)
+            );
+            assert_eq!(stats.segments_sent, a.len() as u64);
+            // Order is kept.
+            assert!(a.windows(2).all(|w| w[0] < w[1]));
+        }
+        let (c, _) = survivors(Faults::symmetric_loss(0.2, 43), n);
+        let (d, _) = survivors(Faults::symmetric_loss(0.2, 42), n);
+        assert_ne!(c, d, "another seed drops other packets");
+    }
+
+    #[test]
+    fn no_loss_passes_everything() {
+        let (sent, stats) = survivors(Faults::default(), 1000);
+        assert_eq!(sent, (0..1000).collect::<Vec<_>>());
+        assert_eq!(stats.segments_dropped_out, 0);
+        assert_eq!(stats.transmits_sent, 1000);
+    }
+
+    #[test]
+    fn full_loss_drops_everything_and_reports_success() {
+        let (sent, stats) = survivors(Faults::symmetric_loss(1.0, 7), 100);
+        assert!(sent.is_empty());
+        assert_eq!(stats.segments_dropped_out, 100);
+    }
+
+    /// A GSO transmit of 10 segments of 100 bytes plus a short 37-byte one:
+    /// survivors are re-packed in order with the same segment size.
+    #[test]
+    fn drops_per_gso_segment() {
+        let seg = 100;
+        let mut contents = Vec::new();
+        for k in 0..11u8 {
+            let len = if k == 10 { 37 } else { seg };
+            contents.extend(std::iter::repeat_n(k, len));
+        }
+        let mut partial_seen = false;
+        for seed in 0..20 {
+            let mock = Arc::new(MockSocket::default());
+            let socket = FaultySocket::new(
+                mock.clone(),
+                Faults {
+                    loss_out: 0.4,
+                    seed,
+                    ..Faults::default()
+                },
+            )
+            .expect("valid faults");
+            socket
+                .try_send(&transmit(&contents, Some(seg)))
+                .expect("mock send");
+            let stats = socket.stats();
+            assert_eq!(stats.segments_sent + stats.segments_dropped_out, 11);
+            let sent = lock(&mock.sent).clone();
+            if stats.segments_sent == 0 {
+                assert!(sent.is_empty());
+                continue;
+            }
+            assert_eq!(sent.len(), 1, "survivors go out as one transmit");
+            let (bytes, size) = &sent[0];
+            // Each surviving segment is intact and in order.
+            let tags: Vec<u8> = bytes.chunks(seg).map(|c| c[0]).collect();
+            for (chunk, tag) in bytes.chunks(seg).zip(&tags) {
+                assert!(chunk.iter().all(|b| b == tag));
+                assert_eq!(chunk.len(), if *tag == 10 { 37 } else { seg });
+            }
+            assert!(tags.windows(2).all(|w| w[0] < w[1]));
+            assert_eq!(tags.len() as u64, stats.segments_sent);
+            if tags.len() > 1 {
+                assert_eq!(*size, Some(seg));
+            } else {
+                assert_eq!(*size, None);
+            }
+            partial_seen |= stats.segments_dropped_out > 0 && stats.segments_sent > 1;
+        }
+        assert!(partial_seen, "some seed dropped part of a batch");
+    }
+
+    /// A send that returns WouldBlock does not consume loss decisions: quinn
+    /// retries the same packet and it gets the same verdict.
+    #[test]
+    fn would_block_does_not_advance_decisions() {
+        let faults = Faults::symmetric_loss(0.3, 9);
+        let (plain, _) = survivors(faults, 200);
+        let mock = Arc::new(MockSocket::default());
+        let socket = FaultySocket::new(mock.clone(), faults).expect("valid faults");
+        for i in 0..200u32 {
+            let bytes = i.to_le_bytes();
+            mock.would_block.store(1, Ordering::Relaxed);
+            loop {
+                match socket.try_send(&transmit(&bytes, None)) {
+                    Ok(()) => break,
+                    Err(e) => assert_eq!(e.kind(), io::ErrorKind::WouldBlock),
+                }
+            }
+        }
+        assert_eq!(plain, sent_tags(&mock));
+    }
+
+    /// Feed 4 GRO buffers of 6 datagrams (the last one short) through a
+    /// lossy socket; return the tags of the datagrams that came through.
+    fn gro_survivors(seed: u64) -> (Vec<u8>, FaultStats) {
+        let stride = 10;
+        let mut inbox = Vec::new();
+        for b in 0..4u8 {
+            let mut data = Vec::new();
+            for k in 0..6u8 {
+                let len = if k == 5 { 4 } else { stride };
+                data.extend(std::iter::repeat_n(b * 16 + k, len));
+            }
+            inbox.push((data, stride));
+        }
+        let mock = Arc::new(MockSocket::default());
+        *lock(&mock.inbox) = inbox;
+        let faults = Faults {
+            loss_in: 0.5,
+            seed,
+            ..Faults::default()
+        };
+        let socket = FaultySocket::new(mock, faults).expect("valid faults");
+        let mut storage = vec![[0u8; 64]; 4];
+        let mut bufs: Vec<IoSliceMut<'_>> = storage
+            .iter_mut()
+            .map(|b| IoSliceMut::new(&mut b[..]))
+            .collect();
+        let mut meta = [RecvMeta::default(); 4];
+        let n = match socket.poll_recv(
+            &mut Context::from_waker(Waker::noop()),
+            &mut bufs,
+            &mut meta,
+        ) {
+            Poll::Ready(Ok(n)) => n,
+            Poll::Ready(Err(e)) => panic!("mock recv failed: {e}"),
+            // Everything dropped, and the mock has nothing more.
+            Poll::Pending => 0,
+        };
+        let mut seen = Vec::new();
+        for (buf, m) in bufs.iter().zip(&meta).take(n) {
+            assert!(m.len > 0, "empty buffers are squeezed out");
+            assert_eq!(m.stride, stride);
+            for d in buf[..m.len].chunks(stride) {
+                let tag = d[0];
+                assert!(d.iter().all(|&x| x == tag), "datagram intact");
+                assert_eq!(d.len(), if tag % 16 == 5 { 4 } else { stride });
+                seen.push(tag);
+            }
+        }
+        (seen, socket.stats())
+    }
+
+    /// GRO buffers: dropped datagrams are squeezed out of each buffer and
+    /// empty buffers out of the batch.
+    #[test]
+    fn drops_per_gro_datagram() {
+        let mut partial = false;
+        for seed in 0..10 {
+            let (seen, stats) = gro_survivors(seed);
+            assert_eq!(stats.datagrams_received + stats.datagrams_dropped_in, 24);
+            assert_eq!(seen.len() as u64, stats.datagrams_received);
+            assert!(seen.windows(2).all(|w| w[0] < w[1]), "order kept: {seen:?}");
+            assert_eq!(gro_survivors(seed).0, seen, "reproducible");
+            partial |= stats.datagrams_dropped_in > 0 && stats.datagrams_received > 0;
+        }
+        assert!(partial);
+    }
+
+    #[tokio::test]
+    async fn delay_holds_packets_and_keeps_order() {
+        let mock = Arc::new(MockSocket::default());
+        let delay = Duration::from_millis(30);
+        let socket = FaultySocket::new(
+            mock.clone(),
+            Faults {
+                delay,
+                ..Faults::default()
+            },
+        )
+        .expect("valid faults");
+        let start = std::time::Instant::now();
+        for i in 0..50u32 {
+            let bytes = i.to_le_bytes();
+            socket.try_send(&transmit(&bytes, None)).expect("queued");
+        }
+        assert!(
+            lock(&mock.sent).is_empty(),
+            "nothing leaves before the delay"
+        );
+        assert_eq!(socket.stats().segments_delayed, 50);
+        wait_sent(&mock, 50).await;
+        assert!(start.elapsed() >= delay);
+        assert_eq!(sent_tags(&mock), (0..50).collect::<Vec<_>>());
+    }
+
+    fn sent_tags(mock: &MockSocket) -> Vec<u32> {
+        lock(&mock.sent)
+            .iter()
+            .map(|(b, _)| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+
+    async fn wait_sent(mock: &MockSocket, n: usize) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while lock(&mock.sent).len() < n {
+                mock.sent_notify.notified().await;
+            }
+        })
+        .await
+        .expect("delayed packets are sent");
+    }
+
+    #[tokio::test]
+    async fn jitter_reorders_but_delivers_everything() {
+        let mock = Arc::new(MockSocket::default());
+        let faults = Faults {
+            delay: Duration::from_millis(2),
+            jitter: Duration::from_millis(20),
+            seed: 5,
+            ..Faults::default()
+        };
+        let socket = FaultySocket::new(mock.clone(), faults).expect("valid faults");
+        for i in 0..100u32 {
+            socket
+                .try_send(&transmit(&i.to_le_bytes(), None))
+                .expect("queued");
+        }
+        wait_sent(&mock, 100).await;
+        let order = sent_tags(&mock);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..100).collect::<Vec<_>>());
+        assert_ne!(order, sorted, "20 ms of jitter reorders a burst");
+    }
+
+    /// A full delay queue pushes back with WouldBlock, and the poller wakes
+    /// the sender once the queue drains.
+    #[tokio::test]
+    async fn full_delay_queue_pushes_back() {
+        let mock = Arc::new(MockSocket::default());
+        let faults = Faults {
+            delay: Duration::from_millis(20),
+            ..Faults::default()
+        };
+        let socket =
+            FaultySocket::with_queue_capacity(mock.clone(), faults, 1000).expect("valid faults");
+        let packet = [7u8; 100];
+        for _ in 0..10 {
+            socket.try_send(&transmit(&packet, None)).expect("room");
+        }
+        let err = socket
+            .try_send(&transmit(&packet, None))
+            .expect_err("queue is full");
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        let mut poller = socket.clone().create_io_poller();
+        assert!(poller
+            .as_mut()
+            .poll_writable(&mut Context::from_waker(Waker::noop()))
+            .is_pending());
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            std::future::poll_fn(|cx| poller.as_mut().poll_writable(cx)),
+        )
+        .await
+        .expect("woken when the queue drains")
+        .expect("writable");
+        socket
+            .try_send(&transmit(&packet, None))
+            .expect("room again");
+        wait_sent(&mock, 11).await;
+        assert_eq!(socket.stats().segments_delayed, 11);
+    }
+
+    /// A delayed send the system refuses is a lost packet, counted with
+    /// every segment of its GSO batch; the queue goes on with the next.
+    #[tokio::test]
+    async fn a_refused_delayed_send_is_counted() {
+        let mock = Arc::new(MockSocket::default());
+        mock.refuse.store(1, Ordering::Relaxed);
+        let faults = Faults {
+            delay: Duration::from_millis(1),
+            ..Faults::default()
+        };
+        let socket = FaultySocket::new(mock.clone(), faults).expect("valid faults");
+        let batch = [1u8; 250];
+        socket
+            .try_send(&transmit(&batch, Some(100)))
+            .expect("queued");
+        socket
+            .try_send(&transmit(&[2u8; 80], None))
+            .expect("queued");
+        wait_sent(&mock, 1).await;
+        let stats = socket.stats();
+        assert_eq!(stats.segments_send_failed, 3);
+        assert_eq!(stats.segments_sent, 4);
+        assert_eq!(lock(&mock.sent)[0].0, vec![2u8; 80]);
+    }
+
+    #[test]
+    fn delay_without_runtime_is_an_error() {
+        let r = FaultySocket::new(
+            Arc::new(MockSocket::default()),
+            Faults {
+                delay: Duration::from_millis(1),
+                ..Faults::default()
+            },
+        );
+        assert!(matches!(r, Err(FaultySocketError::NoRuntime)));
+    }
+}

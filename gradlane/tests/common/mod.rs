@@ -1,0 +1,83 @@
+//! Helpers shared by the link tests: certificates, a quick configuration,
+//! and a connected pair of links.
+#![allow(dead_code)]
+
+use gradlane::{generate_certs, Config, Endpoint, Faults, Layout, Link};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A fresh certificate directory for one test (a CA, and a server
+/// certificate for localhost and 127.0.0.1).
+pub fn cert_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gradlane-test-{tag}-{}", std::process::id()));
+    generate_certs(&dir, &["localhost", "127.0.0.1"]).unwrap();
+    dir
+}
+
+/// The default configuration with a short idle timeout, so that tests of a
+/// vanished peer end quickly.
+pub fn quick() -> Config {
+    let mut c = Config::default();
+    c.tuning.max_idle_timeout = Some(Duration::from_secs(3));
+    c.tuning.keep_alive = Some(Duration::from_millis(500));
+    c
+}
+
+/// A server and a connected client link, with certificates of their own;
+/// the client's socket carries `faults`.
+pub async fn pair(
+    tag: &str,
+    layout: &Layout,
+    faults: Option<Faults>,
+    config: Config,
+) -> (Endpoint, Link, Endpoint, Link) {
+    pair_in(&cert_dir(tag), layout, faults, config).await
+}
+
+/// [`pair`] with the certificates in `dir`.
+///
+/// At high loss a QUIC handshake can time out (quinn's idle timeout runs
+/// during the handshake too) and the server then waits on for the next
+/// client: the pair is tried up to five times. What these tests test
+/// comes after the handshake.
+pub async fn pair_in(
+    dir: &Path,
+    layout: &Layout,
+    faults: Option<Faults>,
+    config: Config,
+) -> (Endpoint, Link, Endpoint, Link) {
+    let server = Endpoint::server(
+        "127.0.0.1:0".parse().unwrap(),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+        config.clone(),
+    )
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    let client = Endpoint::client(dir.join("ca.pem"), Config { faults, ..config }).unwrap();
+    for _ in 0..5 {
+        let failed = tokio::sync::Notify::new();
+        let accept = async {
+            tokio::select! {
+                s = server.accept() => s.and_then(Result::ok),
+                _ = failed.notified() => None,
+            }
+        };
+        let connect = async {
+            let c = client.connect(addr, "localhost", layout).await;
+            if c.is_err() {
+                failed.notify_one();
+            }
+            c.ok()
+        };
+        if let (Some(s), Some(c)) = tokio::join!(accept, connect) {
+            return (server, s, client, c);
+        }
+    }
+    panic!("no link in five attempts");
+}
+
+/// Whether two slices hold the same values bit for bit.
+pub fn bit_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}

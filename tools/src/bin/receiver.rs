@@ -1,0 +1,222 @@
+//! Receive gradient rounds over one gradlane link and print what arrived.
+//!
+//! ```text
+//! cargo run --release --example receiver -- --listen 127.0.0.1:4433 --rounds 5
+//! ```
+//!
+//! Accepts one link (the sender's layout travels in the handshake), receives
+//! `--rounds` rounds and prints one markdown table row per round: the time
+//! since the previous delivery (since the link came up, for the first), the
+//! important megabytes, per lossy level the received/sent megabytes, and the
+//! zero-filled and late-merged megabytes. `--loss`, `--delay-ms` and
+//! `--jitter-ms` inject faults on this end's socket (both directions).
+//! The sender's options decide chunking and classification.
+
+use gradlane_tools::cli as common;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use common::{chain, mb, resolve, BoxError, Cc};
+use gradlane::ClassifyConfig;
+use gradlane::Tuning;
+use gradlane::{Config, Endpoint, Faults};
+use gradlane_core::reassembly::RoundStats;
+
+/// Receive gradlane rounds and print a table of what arrived.
+#[derive(Debug, Parser)]
+#[command(name = "receiver")]
+struct Args {
+    /// Address to listen on (host:port).
+    #[arg(long, default_value = "127.0.0.1:4433")]
+    listen: String,
+    /// Server certificate chain (PEM).
+    #[arg(long, default_value = "certs/server.pem")]
+    cert: PathBuf,
+    /// Server private key (PEM).
+    #[arg(long, default_value = "certs/server.key")]
+    key: PathBuf,
+    /// Rounds to receive before closing the link.
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
+    /// Injected loss probability on this end's socket, in both directions.
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    /// Injected delay of outgoing packets, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    delay_ms: u64,
+    /// Injected extra random delay of outgoing packets, up to this many ms.
+    #[arg(long, default_value_t = 0)]
+    jitter_ms: u64,
+    /// Seed of the injected loss and jitter.
+    #[arg(long, default_value_t = 2)]
+    seed: u64,
+    /// Congestion controller of this end.
+    #[arg(long, value_enum, default_value_t = Cc::CappedBbr)]
+    congestion: Cc,
+    /// Every packet 8952 bytes from the first (`Tuning::jumbo`): only on a
+    /// network that carries 9000-byte frames end to end (and loopback).
+    /// Set it on both ends: with one end only, packets stay within the
+    /// other's 1452 bytes. On a path with a smaller MTU the handshake
+    /// fails.
+    #[arg(long)]
+    jumbo: bool,
+    /// Mark every packet with the DSCP of its class, as the authors did:
+    /// TOS 224 for the important class, acknowledgements and control, TOS
+    /// `(levels - c) * 32` for lossy level `c`. For networks that queue by
+    /// DSCP; the lossy part then goes as datagrams once the peer confirmed
+    /// the important part. Linux only.
+    #[arg(long)]
+    dscp: bool,
+}
+
+fn main() -> ExitCode {
+    common::main("receiver", run)
+}
+
+async fn run(args: Args) -> Result<(), BoxError> {
+    if !(0.0..=1.0).contains(&args.loss) {
+        return Err(format!("--loss {} is not in [0, 1]", args.loss).into());
+    }
+    let addr = resolve(&args.listen).await?;
+    let faults = (args.loss > 0.0 || args.delay_ms > 0 || args.jitter_ms > 0).then(|| Faults {
+        loss_out: args.loss,
+        loss_in: args.loss,
+        delay: Duration::from_millis(args.delay_ms),
+        jitter: Duration::from_millis(args.jitter_ms),
+        seed: args.seed,
+    });
+    let config = Config {
+        tuning: Tuning {
+            // This end's rounds go back in the sender's layout with the
+            // default classes.
+            dscp: common::dscp(args.dscp, ClassifyConfig::default().levels),
+            ..common::tuning(args.congestion, args.jumbo)
+        },
+        faults,
+        ..Config::default()
+    };
+    let endpoint = Endpoint::server(addr, &args.cert, &args.key, config).map_err(|e| {
+        format!(
+            "cannot listen on {addr} with {} and {}: {}",
+            args.cert.display(),
+            args.key.display(),
+            chain(&e)
+        )
+    })?;
+    eprintln!("receiver: listening on {}", endpoint.local_addr()?);
+    let mut link = match endpoint.accept().await {
+        Some(link) => link.map_err(|e| format!("accepting the link: {}", chain(&e)))?,
+        None => return Err("the endpoint closed before a link came".into()),
+    };
+    let remote = link.connection().remote_address();
+    let tensors = link.layout().len();
+    let model_mb = mb(link.layout().total_bytes());
+    println!("receiver: link from {remote}: {tensors} tensors, {model_mb:.1} MB per round");
+    println!();
+
+    let mut last = Instant::now();
+    let first = last;
+    let mut totals = RoundStats::default();
+    let mut header = false;
+    let mut received = 0u32;
+    for _ in 0..args.rounds {
+        let round = link
+            .recv_round()
+            .await
+            .map_err(|e| format!("after {received} rounds: {}", chain(&e)))?;
+        let now = Instant::now();
+        let ms = now.duration_since(last).as_secs_f64() * 1e3;
+        last = now;
+        let s = &round.stats;
+        let levels = s.levels as usize;
+        if !header {
+            let mut h = String::from("| round | ms | important MB |");
+            let mut sep = String::from("|---:|---:|---:|");
+            for l in 1..=levels {
+                h.push_str(&format!(" L{l} recv/sent MB |"));
+                sep.push_str("---:|");
+            }
+            h.push_str(" zero-filled MB | late-merged MB |");
+            sep.push_str("---:|---:|");
+            println!("{h}\n{sep}");
+            header = true;
+        }
+        let mut row = format!(
+            "| {} | {ms:.1} | {:.2} |",
+            round.index,
+            mb(s.classes[0].received_bytes)
+        );
+        for c in &s.classes[1..=levels.min(s.classes.len() - 1)] {
+            row.push_str(&format!(
+                " {:.2}/{:.2} |",
+                mb(c.received_bytes),
+                mb(c.sent_bytes)
+            ));
+        }
+        let lossy = s.lossy();
+        row.push_str(&format!(
+            " {:.3} | {:.3} |",
+            mb(lossy.zero_filled_bytes),
+            mb(lossy.late_merged_bytes)
+        ));
+        println!("{row}");
+        for (t, c) in totals.classes.iter_mut().zip(&s.classes) {
+            t.sent_bytes += c.sent_bytes;
+            t.received_bytes += c.received_bytes;
+            t.zero_filled_bytes += c.zero_filled_bytes;
+            t.late_merged_bytes += c.late_merged_bytes;
+        }
+        totals.counters = s.counters;
+        received += 1;
+        link.recycle(round.tensors);
+    }
+    let secs = last.duration_since(first).as_secs_f64();
+    let lossy = totals.lossy();
+    let sent = totals.classes[0].sent_bytes + lossy.sent_bytes;
+    let got = totals.classes[0].received_bytes + lossy.received_bytes;
+    println!();
+    println!(
+        "summary: {received} rounds in {:.0} ms ({:.2} Gbit/s of model data), \
+         {:.1} of {:.1} MB received ({:.3}%), zero-filled {:.3} MB, late-merged {:.3} MB, \
+         duplicates {}, malformed {}, late buffered/dropped/too old {}/{}/{}",
+        secs * 1e3,
+        if secs > 0.0 {
+            (received as f64 * model_mb * 8e6) / secs / 1e9
+        } else {
+            0.0
+        },
+        mb(got),
+        mb(sent),
+        if sent > 0 {
+            got as f64 * 100.0 / sent as f64
+        } else {
+            100.0
+        },
+        mb(lossy.zero_filled_bytes),
+        mb(lossy.late_merged_bytes),
+        totals.counters.duplicates,
+        totals.counters.malformed,
+        totals.counters.late_buffered,
+        totals.counters.late_dropped_full,
+        totals.counters.too_old,
+    );
+    if let Some(f) = endpoint.fault_stats() {
+        println!(
+            "faults (this end): dropped {} of {} outgoing, {} of {} incoming datagrams",
+            f.segments_dropped_out,
+            f.segments_sent + f.segments_dropped_out,
+            f.datagrams_dropped_in,
+            f.datagrams_received + f.datagrams_dropped_in
+        );
+    }
+    common::print_marked(&endpoint);
+    // Not before the sender holds the confirmation of the last round.
+    if let Err(e) = link.close().await {
+        eprintln!("receiver: {e}");
+    }
+    endpoint.wait_idle().await;
+    Ok(())
+}

@@ -1,0 +1,13 @@
+//! What gradlane's command-line programs share, and the research code
+//! they run: not part of the gradlane library.
+//!
+//! - [`cli`]: start-up, error printing, address resolution, flags.
+//! - [`gradients`]: synthetic gradients of chosen distributions (codec).
+//! - [`mlp`]: a small MLP and datasets for the parameter-server experiments.
+//! - [`sim`]: an event-driven simulation of a parameter server and K
+//!   workers, and the least-squares problem it trains.
+
+pub mod cli;
+pub mod gradients;
+pub mod mlp;
+pub mod sim;

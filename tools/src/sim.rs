@@ -1,0 +1,556 @@
+//! Deterministic event-driven simulation of a parameter server and K workers.
+//!
+//! No real time and no threads: a virtual clock in integer ticks and a heap of
+//! "worker k finishes its gradient at time T" events. A worker pulls, computes
+//! a minibatch gradient *on the parameters it pulled* (right away, so the
+//! gradient is exactly as stale as the parameters), and pushes it when its
+//! compute time has elapsed. Worker k takes `base * speed_k` ticks, with speeds
+//! spread evenly from 1x to `slowest`x, times a seeded jitter. Everything
+//! random comes from one [`SplitMix64`] stream consumed in event order, so a
+//! run is a pure function of its inputs.
+//!
+//! The problem is least squares on seeded synthetic data with column scales
+//! spread over a chosen condition number, so momentum has something to win.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use thiserror::Error;
+
+use gradlane::ps::baselines::{Asgd, NaiveMomentumAsgd, SyncMomentum};
+use gradlane::ps::{
+    ConfigError, Disposition, OrderedMomentum, OrderedMomentumConfig, ParameterServer, PullError,
+    PushError, StragglerConfig, StragglerFilter,
+};
+
+use gradlane_core::rng::SplitMix64;
+
+/// Least squares `f(w) = 1/(2n) * sum_i (x_i . w - y_i)^2` on synthetic data.
+#[derive(Debug, Clone)]
+pub struct LeastSquares {
+    dim: usize,
+    x: Vec<f64>,
+    y: Vec<f64>,
+    /// X^T X, X^T y and y^T y: the loss is a quadratic in w, so evaluating it
+    /// costs O(dim^2) instead of O(samples * dim) — the simulation evaluates
+    /// it after every server step.
+    xtx: Vec<f64>,
+    xty: Vec<f64>,
+    yty: f64,
+    optimum: f64,
+}
+
+impl LeastSquares {
+    /// `samples` rows of `dim` Gaussian features, column j scaled by
+    /// `condition^(-j / (2 (dim-1)))` so the Hessian's spread is about
+    /// `condition`; targets from a random true model plus Gaussian noise.
+    /// Returns `None` for zero sizes or a singular design.
+    pub fn synthetic(
+        seed: u64,
+        samples: usize,
+        dim: usize,
+        condition: f64,
+        noise: f64,
+    ) -> Option<Self> {
+        if samples == 0 || dim == 0 {
+            return None;
+        }
+        let mut rng = SplitMix64::new(seed);
+        let scales: Vec<f64> = (0..dim)
+            .map(|j| {
+                let frac = if dim > 1 {
+                    j as f64 / (dim - 1) as f64
+                } else {
+                    0.0
+                };
+                condition.powf(-0.5 * frac)
+            })
+            .collect();
+        let truth: Vec<f64> = (0..dim).map(|_| rng.normal()).collect();
+        let mut x = Vec::with_capacity(samples * dim);
+        let mut y = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            let row: Vec<f64> = scales.iter().map(|s| s * rng.normal()).collect();
+            let clean: f64 = row.iter().zip(&truth).map(|(a, b)| a * b).sum();
+            y.push(clean + noise * rng.normal());
+            x.extend(row);
+        }
+        let mut xtx = vec![0.0f64; dim * dim];
+        let mut xty = vec![0.0f64; dim];
+        for (row, yi) in x.chunks_exact(dim).zip(&y) {
+            for i in 0..dim {
+                for j in 0..dim {
+                    xtx[i * dim + j] += row[i] * row[j];
+                }
+                xty[i] += row[i] * yi;
+            }
+        }
+        let yty = y.iter().map(|v| v * v).sum();
+        let mut p = Self {
+            dim,
+            x,
+            y,
+            xtx,
+            xty,
+            yty,
+            optimum: 0.0,
+        };
+        let w_star = p.solve_normal_equations()?;
+        p.optimum = p.loss_f64(&w_star);
+        Some(p)
+    }
+
+    /// Parameter dimension.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Number of samples.
+    pub fn samples(&self) -> usize {
+        self.y.len()
+    }
+
+    /// The minimum of the loss (from the normal equations).
+    pub fn optimum(&self) -> f64 {
+        self.optimum
+    }
+
+    /// Full-data loss at `w`.
+    pub fn loss(&self, w: &[f32]) -> f64 {
+        let w: Vec<f64> = w.iter().map(|&v| f64::from(v)).collect();
+        self.loss_f64(&w)
+    }
+
+    /// `(w^T X^T X w - 2 w^T X^T y + y^T y) / 2n`, clamped at 0 against
+    /// cancellation.
+    fn loss_f64(&self, w: &[f64]) -> f64 {
+        let d = self.dim;
+        let mut quad = 0.0;
+        for i in 0..d {
+            let row = &self.xtx[i * d..(i + 1) * d];
+            quad += w[i] * row.iter().zip(w).map(|(a, b)| a * b).sum::<f64>();
+        }
+        let lin: f64 = self.xty.iter().zip(w).map(|(a, b)| a * b).sum();
+        ((quad - 2.0 * lin + self.yty) / (2.0 * self.samples() as f64)).max(0.0)
+    }
+
+    /// Mean gradient over the rows in `batch`, written into `out`.
+    pub fn gradient(&self, w: &[f32], batch: &[usize], out: &mut Vec<f32>) {
+        let mut g = vec![0.0f64; self.dim];
+        for &i in batch {
+            let row = &self.x[i * self.dim..(i + 1) * self.dim];
+            let r: f64 = row
+                .iter()
+                .zip(w)
+                .map(|(a, &b)| a * f64::from(b))
+                .sum::<f64>()
+                - self.y[i];
+            for (gj, a) in g.iter_mut().zip(row) {
+                *gj += r * a;
+            }
+        }
+        let inv = 1.0 / batch.len().max(1) as f64;
+        out.clear();
+        out.extend(g.iter().map(|v| (v * inv) as f32));
+    }
+
+    /// Solve `X^T X w = X^T y` by Gaussian elimination with partial pivoting.
+    fn solve_normal_equations(&self) -> Option<Vec<f64>> {
+        let d = self.dim;
+        let mut a = vec![0.0f64; d * (d + 1)]; // augmented [X^T X | X^T y]
+        for i in 0..d {
+            a[i * (d + 1)..i * (d + 1) + d].copy_from_slice(&self.xtx[i * d..(i + 1) * d]);
+            a[i * (d + 1) + d] = self.xty[i];
+        }
+        for col in 0..d {
+            let pivot = (col..d).max_by(|&p, &q| {
+                a[p * (d + 1) + col]
+                    .abs()
+                    .total_cmp(&a[q * (d + 1) + col].abs())
+            })?;
+            if a[pivot * (d + 1) + col].abs() < 1e-300 {
+                return None;
+            }
+            for j in 0..=d {
+                a.swap(col * (d + 1) + j, pivot * (d + 1) + j);
+            }
+            for r in 0..d {
+                if r != col {
+                    let f = a[r * (d + 1) + col] / a[col * (d + 1) + col];
+                    for j in col..=d {
+                        a[r * (d + 1) + j] -= f * a[col * (d + 1) + j];
+                    }
+                }
+            }
+        }
+        Some(
+            (0..d)
+                .map(|i| a[i * (d + 1) + d] / a[i * (d + 1) + i])
+                .collect(),
+        )
+    }
+}
+
+/// How the workers behave and when the run stops.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimConfig {
+    /// Number of workers K.
+    pub workers: usize,
+    /// Seed for batches and jitter.
+    pub seed: u64,
+    /// Minibatch size.
+    pub batch: usize,
+    /// Compute time of the fastest worker, in ticks.
+    pub base_compute: u64,
+    /// Slowest worker's compute time relative to the fastest (e.g. 4.0).
+    pub slowest: f64,
+    /// Relative jitter on every compute time, in `[0, 1)`.
+    pub jitter: f64,
+    /// Stop after this many pushes.
+    pub max_pushes: u64,
+    /// Stop early once the loss is at or below this (`f64::NEG_INFINITY`: never).
+    pub stop_loss: f64,
+}
+
+/// One change of the parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Step {
+    /// Virtual time of the push that caused it.
+    pub time: u64,
+    /// Pushes received so far, this one included.
+    pub pushes: u64,
+    /// Full-data loss after the step.
+    pub loss: f64,
+}
+
+/// What a run recorded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Trace {
+    /// Loss before any update.
+    pub initial_loss: f64,
+    /// One entry per server step (parameter change), in order.
+    pub steps: Vec<Step>,
+    /// Staleness of every applied gradient, in application order (for
+    /// synchronous SGD, one 0 per step).
+    pub applied_staleness: Vec<u64>,
+    /// Pushes received.
+    pub pushes: u64,
+    /// Pushes the server dropped.
+    pub dropped: u64,
+    /// The loss blew up (non-finite or 1e6 times the initial loss).
+    pub diverged: bool,
+}
+
+impl Trace {
+    /// Server steps until the loss first reached `target` (1-based), if ever.
+    pub fn steps_to(&self, target: f64) -> Option<usize> {
+        self.steps
+            .iter()
+            .position(|s| s.loss <= target)
+            .map(|i| i + 1)
+    }
+
+    /// Pushes (gradients computed) until the loss first reached `target`.
+    pub fn pushes_to(&self, target: f64) -> Option<u64> {
+        self.steps
+            .iter()
+            .find(|s| s.loss <= target)
+            .map(|s| s.pushes)
+    }
+
+    /// Virtual time until the loss first reached `target`.
+    pub fn time_to(&self, target: f64) -> Option<u64> {
+        self.steps.iter().find(|s| s.loss <= target).map(|s| s.time)
+    }
+
+    /// Mean staleness of applied gradients; 0 when none.
+    pub fn mean_staleness(&self) -> f64 {
+        if self.applied_staleness.is_empty() {
+            0.0
+        } else {
+            self.applied_staleness.iter().sum::<u64>() as f64 / self.applied_staleness.len() as f64
+        }
+    }
+
+    /// Loss after the last step (initial loss if none).
+    pub fn final_loss(&self) -> f64 {
+        self.steps.last().map_or(self.initial_loss, |s| s.loss)
+    }
+}
+
+/// Why a simulation could not run.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum SimError {
+    /// The server refused to build.
+    #[error("config: {0}")]
+    Config(#[from] ConfigError),
+    /// The server refused a pull.
+    #[error("pull: {0}")]
+    Pull(#[from] PullError),
+    /// The server refused a push (other than a non-finite gradient, which is
+    /// recorded as divergence).
+    #[error("push: {0}")]
+    Push(#[from] PushError),
+    /// Workers or batch size zero, or jitter outside `[0, 1)`.
+    #[error("bad simulation config")]
+    BadConfig,
+}
+
+/// Which server to simulate, with its hyper-parameters. K comes from
+/// [`SimConfig::workers`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Algorithm {
+    /// [`OrderedMomentum`].
+    OrderedMomentum {
+        /// eta.
+        learning_rate: f64,
+        /// beta.
+        momentum: f64,
+    },
+    /// [`Asgd`].
+    Asgd {
+        /// eta.
+        learning_rate: f64,
+    },
+    /// [`NaiveMomentumAsgd`].
+    NaiveMomentum {
+        /// eta.
+        learning_rate: f64,
+        /// beta.
+        momentum: f64,
+    },
+    /// [`SyncMomentum`].
+    SyncMomentum {
+        /// eta.
+        learning_rate: f64,
+        /// beta.
+        momentum: f64,
+    },
+    /// [`StragglerFilter`].
+    Straggler {
+        /// lambda.
+        learning_rate: f64,
+        /// Sample size.
+        sample_size: usize,
+        /// Rank threshold.
+        rank_threshold: f64,
+    },
+}
+
+/// Build the server for `alg` from zero parameters and run it.
+pub fn run_algorithm(
+    alg: Algorithm,
+    problem: &LeastSquares,
+    cfg: &SimConfig,
+) -> Result<Trace, SimError> {
+    let w0 = vec![0.0f32; problem.dim()];
+    match alg {
+        Algorithm::OrderedMomentum {
+            learning_rate,
+            momentum,
+        } => {
+            let c = OrderedMomentumConfig {
+                workers: cfg.workers,
+                momentum,
+                learning_rate,
+            };
+            run(&mut OrderedMomentum::new(c, w0)?, problem, cfg)
+        }
+        Algorithm::Asgd { learning_rate } => run(&mut Asgd::new(learning_rate, w0)?, problem, cfg),
+        Algorithm::NaiveMomentum {
+            learning_rate,
+            momentum,
+        } => run(
+            &mut NaiveMomentumAsgd::new(learning_rate, momentum, w0)?,
+            problem,
+            cfg,
+        ),
+        Algorithm::SyncMomentum {
+            learning_rate,
+            momentum,
+        } => run(
+            &mut SyncMomentum::new(cfg.workers, learning_rate, momentum, w0)?,
+            problem,
+            cfg,
+        ),
+        Algorithm::Straggler {
+            learning_rate,
+            sample_size,
+            rank_threshold,
+        } => {
+            let c = StragglerConfig {
+                learning_rate,
+                sample_size,
+                rank_threshold,
+            };
+            run(&mut StragglerFilter::new(c, w0)?, problem, cfg)
+        }
+    }
+}
+
+/// A worker's gradient in flight.
+struct Job {
+    index: u64,
+    grad: Vec<f32>,
+}
+
+/// Drive `server` with `cfg.workers` simulated workers on `problem`.
+pub fn run<S: ParameterServer + ?Sized>(
+    server: &mut S,
+    problem: &LeastSquares,
+    cfg: &SimConfig,
+) -> Result<Trace, SimError> {
+    if cfg.workers == 0 || cfg.batch == 0 || !(0.0..1.0).contains(&cfg.jitter) {
+        return Err(SimError::BadConfig);
+    }
+    let mut rng = SplitMix64::new(cfg.seed);
+    let k = cfg.workers;
+    let speeds: Vec<f64> = (0..k)
+        .map(|i| {
+            if k > 1 {
+                1.0 + (cfg.slowest - 1.0) * i as f64 / (k - 1) as f64
+            } else {
+                1.0
+            }
+        })
+        .collect();
+    let mut trace = Trace {
+        initial_loss: problem.loss(server.params()),
+        ..Trace::default()
+    };
+    let blowup = 1e6 * trace.initial_loss.max(1e-12);
+
+    // Start a job for `worker` at `now` on the ticket's parameters.
+    let mut jobs: Vec<Option<Job>> = (0..k).map(|_| None).collect();
+    let mut heap: BinaryHeap<Reverse<(u64, u64, usize)>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut batch = vec![0usize; cfg.batch];
+    let mut start = |worker: usize,
+                     index: u64,
+                     params: &[f32],
+                     now: u64,
+                     rng: &mut SplitMix64,
+                     jobs: &mut Vec<Option<Job>>,
+                     heap: &mut BinaryHeap<Reverse<(u64, u64, usize)>>| {
+        for b in batch.iter_mut() {
+            *b = rng.below(problem.samples());
+        }
+        let mut grad = Vec::with_capacity(problem.dim());
+        problem.gradient(params, &batch, &mut grad);
+        let factor = speeds[worker] * (1.0 + cfg.jitter * (2.0 * rng.next_f64() - 1.0));
+        let dt = ((cfg.base_compute as f64 * factor).round() as u64).max(1);
+        jobs[worker] = Some(Job { index, grad });
+        heap.push(Reverse((now + dt, seq, worker)));
+        seq += 1;
+    };
+
+    // Everyone pulls at time 0; with a synchronous server everyone fits.
+    let mut idle: Vec<usize> = Vec::new();
+    for worker in 0..k {
+        match server.pull()? {
+            Some(t) => start(worker, t.index, t.params, 0, &mut rng, &mut jobs, &mut heap),
+            None => idle.push(worker),
+        }
+    }
+
+    while let Some(Reverse((now, _, worker))) = heap.pop() {
+        if trace.pushes >= cfg.max_pushes {
+            break;
+        }
+        let Some(job) = jobs[worker].take() else {
+            continue;
+        };
+        let outcome = match server.push(&job.grad, job.index) {
+            Ok(o) => o,
+            Err(PushError::NonFinite { .. }) => {
+                trace.diverged = true;
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        trace.pushes += 1;
+        let changed = match outcome.disposition {
+            Disposition::Applied { staleness } => {
+                trace.applied_staleness.push(staleness);
+                true
+            }
+            Disposition::Dropped { .. } => {
+                trace.dropped += 1;
+                false
+            }
+            Disposition::Buffered => false,
+        };
+        match outcome.reply {
+            Some(t) => start(
+                worker, t.index, t.params, now, &mut rng, &mut jobs, &mut heap,
+            ),
+            None => idle.push(worker),
+        }
+        // A completed synchronous round frees tickets for the waiting workers.
+        if changed && !idle.is_empty() {
+            let waiting = std::mem::take(&mut idle);
+            for w in waiting {
+                match server.pull()? {
+                    Some(t) => start(w, t.index, t.params, now, &mut rng, &mut jobs, &mut heap),
+                    None => idle.push(w),
+                }
+            }
+        }
+        if changed {
+            let loss = problem.loss(server.params());
+            trace.steps.push(Step {
+                time: now,
+                pushes: trace.pushes,
+                loss,
+            });
+            if !loss.is_finite() || loss > blowup {
+                trace.diverged = true;
+                break;
+            }
+            if loss <= cfg.stop_loss {
+                break;
+            }
+        }
+    }
+    Ok(trace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quadratic_loss_matches_residuals() {
+        let p = LeastSquares::synthetic(3, 50, 4, 10.0, 0.1).unwrap();
+        let w = [0.3f32, -1.0, 2.0, 0.5];
+        let mut direct = 0.0;
+        for (row, y) in p.x.chunks_exact(4).zip(&p.y) {
+            let r: f64 = row
+                .iter()
+                .zip(&w)
+                .map(|(a, &b)| a * f64::from(b))
+                .sum::<f64>()
+                - y;
+            direct += r * r;
+        }
+        direct /= 100.0;
+        assert!((p.loss(&w) - direct).abs() < 1e-9 * direct.max(1.0));
+        // The optimum is a minimum: nudging any coordinate of w* raises it.
+        let mut g = Vec::new();
+        let all: Vec<usize> = (0..50).collect();
+        p.gradient(&w, &all, &mut g);
+        assert!(g.iter().any(|v| v.abs() > 1e-3));
+        assert!(p.optimum() < p.loss(&w));
+    }
+
+    #[test]
+    fn splitmix_is_deterministic() {
+        let a: Vec<u64> = {
+            let mut r = SplitMix64::new(9);
+            (0..4).map(|_| r.next_u64()).collect()
+        };
+        let mut r = SplitMix64::new(9);
+        assert_eq!(a, (0..4).map(|_| r.next_u64()).collect::<Vec<_>>());
+        assert_ne!(a[0], a[1]);
+    }
+}
