@@ -7,59 +7,21 @@
 //! options travel to the server, which accepts them, or refuses them when it
 //! was told which layout to expect.
 
-use crate::link::{read_control, write_control, Carrier, Link, LinkError, RoundTiming};
-use crate::socket::faults::{FaultStats, Faults, FaultySocket};
+use crate::config::{Config, ConfigError};
+use crate::link::{read_control, write_control, Carrier, Link, LinkError};
+use crate::socket::faults::{FaultStats, FaultySocket};
 use crate::socket::marking::{ConnectionMark, MarkRegistry};
 #[cfg(target_os = "linux")]
 use crate::socket::marking::{MarkedCounts, MarkingSocket};
+use crate::socket::{self, EndpointError, EndpointParts};
 use crate::tls::{self, ClientConfigError, ServerConfigError};
-use crate::tuning::{self, EndpointError, EndpointParts, Tuning, TuningError};
 use gradlane_core::control::{codes, framed, Control, HandshakeError, Hello};
-use gradlane_core::encode::EncoderConfig;
 use gradlane_core::layout::Layout;
-use gradlane_core::reassembly::ReassemblyConfig;
 use quinn::VarInt;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 use thiserror::Error;
-
-/// Everything a link end can be configured with.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Chunking, scoring and classification of the rounds this end sends.
-    /// The client's chunking is used in both directions.
-    pub encoder: EncoderConfig,
-    /// Limits of the receiver.
-    pub reassembly: ReassemblyConfig,
-    /// Grace period and lossy deadline.
-    pub timing: RoundTiming,
-    /// Socket and QUIC tuning.
-    pub tuning: Tuning,
-    /// Injected loss, delay and jitter (tests, examples, benchmarks).
-    pub faults: Option<Faults>,
-    /// On a server: refuse clients whose layout differs from this one.
-    pub expect_layout: Option<Layout>,
-    /// On a server: how long a client that completed the QUIC handshake may
-    /// take to send its hello before it is closed with
-    /// [`codes::BAD_HELLO`].
-    pub hello_timeout: Duration,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            encoder: EncoderConfig::default(),
-            reassembly: ReassemblyConfig::default(),
-            timing: RoundTiming::default(),
-            tuning: Tuning::default(),
-            faults: None,
-            expect_layout: None,
-            hello_timeout: Duration::from_secs(10),
-        }
-    }
-}
 
 /// Why an endpoint could not be made.
 #[derive(Debug, Error)]
@@ -73,9 +35,9 @@ pub enum SetupError {
     /// The socket or quinn endpoint.
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
-    /// The transport configuration.
+    /// A setting is out of its range.
     #[error(transparent)]
-    Tuning(#[from] TuningError),
+    Config(#[from] ConfigError),
 }
 
 /// A QUIC endpoint that makes gradlane links.
@@ -97,8 +59,9 @@ impl Endpoint {
         key: impl AsRef<Path>,
         config: Config,
     ) -> Result<Self, SetupError> {
+        config.validate()?;
         let server = tls::server_config(cert.as_ref(), key.as_ref())?;
-        let parts = tuning::endpoint_parts(addr, Some(server), &config.tuning, config.faults)?;
+        let parts = socket::endpoint_parts(addr, Some(server), &config.tuning(), config.faults)?;
         Ok(Self::from_parts(parts, config))
     }
 
@@ -113,9 +76,11 @@ impl Endpoint {
         ca: impl AsRef<Path>,
         config: Config,
     ) -> Result<Self, SetupError> {
+        config.validate()?;
+        let tuning = config.tuning();
         let client = tls::client_config(ca.as_ref())?;
-        let client = tuning::tuned_client(client, &config.tuning)?;
-        let mut parts = tuning::endpoint_parts(local, None, &config.tuning, config.faults)?;
+        let client = socket::tuned_client(client, &tuning)?;
+        let mut parts = socket::endpoint_parts(local, None, &tuning, config.faults)?;
         parts.endpoint.set_default_client_config(client);
         Ok(Self::from_parts(parts, config))
     }
@@ -141,7 +106,7 @@ impl Endpoint {
         self.faults.as_ref().map(|f| f.stats())
     }
 
-    /// Packets sent so far by DSCP, if [`Tuning::dscp`] is set.
+    /// Packets sent so far by DSCP, if [`Config::dscp`] is set.
     #[cfg(target_os = "linux")]
     pub fn marked_counts(&self) -> Option<MarkedCounts> {
         self.marking.as_ref().map(|m| m.counts())
@@ -162,7 +127,7 @@ impl Endpoint {
         let (mut send, mut recv) = conn.open_bi().await.map_err(LinkError::from_conn)?;
         let hello = Hello {
             layout: layout.clone(),
-            chunking: self.config.encoder.chunking,
+            chunking: self.config.scoring.chunking,
         };
         send.write_all(&framed(&hello.encode())).await?;
         match read_control(&mut recv).await? {
@@ -175,16 +140,10 @@ impl Endpoint {
         let carrier = Carrier {
             conn,
             control: (send, recv),
-            floor_mtu: self.config.tuning.min_udp_payload,
+            floor_mtu: self.config.packets.bounds().0,
             mark,
         };
-        Link::start(
-            carrier,
-            layout.clone(),
-            self.config.encoder,
-            self.config.reassembly,
-            self.config.timing,
-        )
+        Link::start(carrier, layout.clone(), hello.chunking, &self.config)
     }
 
     /// Accepts the next link. Returns `None` once the endpoint is closed.
@@ -295,7 +254,7 @@ fn connection_mark(
     config: &Config,
     conn: &quinn::Connection,
 ) -> Option<ConnectionMark> {
-    let (registry, dscp) = (marks.as_ref()?, config.tuning.dscp?);
+    let (registry, dscp) = (marks.as_ref()?, config.dscp?);
     Some(registry.register(conn.remote_address(), dscp))
 }
 
@@ -331,22 +290,12 @@ async fn welcome(
     }
     write_control(&mut send, Control::Welcome).await?;
     tracing::info!(remote = %conn.remote_address(), tensors = hello.layout.len(), "link up");
-    let encoder = EncoderConfig {
-        chunking: hello.chunking,
-        ..config.encoder
-    };
     let mark = connection_mark(marks, config, &conn);
     let carrier = Carrier {
         conn,
         control: (send, recv),
-        floor_mtu: config.tuning.min_udp_payload,
+        floor_mtu: config.packets.bounds().0,
         mark,
     };
-    Link::start(
-        carrier,
-        hello.layout,
-        encoder,
-        config.reassembly,
-        config.timing,
-    )
+    Link::start(carrier, hello.layout, hello.chunking, config)
 }

@@ -89,6 +89,7 @@
 
 #![warn(unreachable_pub)]
 
+mod config;
 mod congestion;
 mod endpoint;
 mod link;
@@ -101,33 +102,32 @@ mod tuning;
 #[cfg(test)]
 mod tests;
 
-pub use endpoint::{Config, Endpoint, Incoming, IncomingError, SetupError};
-pub use gradlane_core::classify::{AdaptiveRatio, ClassifyConfig, Ranking};
+pub use config::{
+    Config, ConfigError, Packets, QuicSettings, ReceiverLimits, Scoring, ETHERNET_UDP_PAYLOAD,
+    JUMBO_UDP_PAYLOAD, MAX_UDP_PAYLOAD, MIN_UDP_PAYLOAD,
+};
+pub use congestion::Congestion;
+pub use endpoint::{Endpoint, Incoming, IncomingError, SetupError};
+pub use gradlane_core::classify::{AdaptiveRatio, Ranking};
 pub use gradlane_core::codec;
 pub use gradlane_core::control::codes;
-pub use gradlane_core::encode::EncoderConfig;
 pub use gradlane_core::layout::{
     ChunkOptions, ConvChunking, Layout, LayoutError, TensorKind, TensorSpec,
 };
 pub use gradlane_core::presets;
 pub use gradlane_core::ps;
-pub use gradlane_core::reassembly::{
-    ClassStats, ReassemblyConfig, ReceiverCounters, Round, RoundStats,
-};
+pub use gradlane_core::reassembly::{ClassStats, ReceiverCounters, Round, RoundStats};
 pub use link::{
     DatagramSize, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,
-    RoundArrival, RoundTiming, SendReport, CLOSE_WAIT, LOSSY_STREAM_PACKET,
+    RoundArrival, RoundTiming, SendReport, CLOSE_WAIT,
 };
 pub use socket::faults::{FaultStats, Faults};
 pub use socket::marking::DscpMarks;
 #[cfg(target_os = "linux")]
 pub use socket::marking::MarkedCounts;
+pub use socket::EndpointError;
 pub use tls::{
     generate_certs, CertFiles, ClientConfigError, GenerateCertsError, PemError, ServerConfigError,
-};
-pub use tuning::{
-    Congestion, EndpointError, Tuning, TuningError, ETHERNET_UDP_PAYLOAD, JUMBO_UDP_PAYLOAD,
-    MIN_UDP_PAYLOAD,
 };
 
 /// Runs CPU-heavy work (scoring and framing a round, applying a gradient to

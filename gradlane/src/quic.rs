@@ -1,13 +1,14 @@
 //! Plain quinn endpoints built the way gradlane builds its own: the same
 //! TLS (certificate files, gradlane's ALPN, no way to skip verification),
-//! the same socket stack (large kernel buffers, the GSO cap, optional
-//! faults) and the same [`Tuning`]. For measuring gradlane against raw
-//! quinn on equal terms, and for carrying other traffic beside it.
+//! the same socket stack (large kernel buffers, the GSO cap, the faults
+//! and marks of the [`Config`]) and the same transport settings. For
+//! measuring gradlane against raw quinn on equal terms, and for carrying
+//! other traffic beside it.
 
+use crate::config::Config;
 use crate::endpoint::SetupError;
-use crate::socket::faults::Faults;
+use crate::socket;
 use crate::tls;
-use crate::tuning::{self, Tuning};
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -23,32 +24,28 @@ pub fn client_config(ca: &Path) -> Result<quinn::ClientConfig, SetupError> {
     Ok(tls::client_config(ca)?)
 }
 
-/// A quinn server endpoint on gradlane's socket stack with `tuning`'s
-/// transport settings; `faults` injects loss and delay under it. Must run
-/// inside a tokio runtime.
+/// A quinn server endpoint on gradlane's socket stack with `config`'s
+/// transport settings. Must run inside a tokio runtime.
 pub fn server(
     addr: SocketAddr,
     cert: &Path,
     key: &Path,
-    tuning: &Tuning,
-    faults: Option<Faults>,
+    config: &Config,
 ) -> Result<quinn::Endpoint, SetupError> {
-    let config = tls::server_config(cert, key)?;
-    let (endpoint, _) = tuning::endpoint(addr, Some(config), tuning, faults)?;
+    config.validate()?;
+    let tls = tls::server_config(cert, key)?;
+    let (endpoint, _) = socket::endpoint(addr, Some(tls), &config.tuning(), config.faults)?;
     Ok(endpoint)
 }
 
 /// A quinn client endpoint on gradlane's socket stack, trusting only the CA
-/// in `ca`, with `tuning`'s transport settings as its default client
+/// in `ca`, with `config`'s transport settings in its default client
 /// configuration. Must run inside a tokio runtime.
-pub fn client(
-    addr: SocketAddr,
-    ca: &Path,
-    tuning: &Tuning,
-    faults: Option<Faults>,
-) -> Result<quinn::Endpoint, SetupError> {
-    let config = tuning::tuned_client(tls::client_config(ca)?, tuning)?;
-    let (mut endpoint, _) = tuning::endpoint(addr, None, tuning, faults)?;
-    endpoint.set_default_client_config(config);
+pub fn client(addr: SocketAddr, ca: &Path, config: &Config) -> Result<quinn::Endpoint, SetupError> {
+    config.validate()?;
+    let tuning = config.tuning();
+    let tls = socket::tuned_client(tls::client_config(ca)?, &tuning)?;
+    let (mut endpoint, _) = socket::endpoint(addr, None, &tuning, config.faults)?;
+    endpoint.set_default_client_config(tls);
     Ok(endpoint)
 }

@@ -5,8 +5,8 @@
 mod common;
 
 use gradlane::generate_certs;
+use gradlane::ConfigError;
 use gradlane::DscpMarks;
-use gradlane::TuningError;
 use gradlane::{Config, Endpoint, SetupError};
 use gradlane::{Layout, TensorSpec};
 use nix::sys::socket::{
@@ -136,8 +136,10 @@ fn layout() -> Layout {
 async fn every_class_leaves_with_its_own_mark() {
     let dir = std::env::temp_dir().join(format!("gradlane-dscp-{}", std::process::id()));
     generate_certs(&dir, &["localhost"]).unwrap();
-    let mut config = Config::default();
-    config.tuning.dscp = Some(MARKS);
+    let config = Config {
+        dscp: Some(MARKS),
+        ..Config::default()
+    };
     let server = Endpoint::server(
         "127.0.0.1:0".parse().unwrap(),
         dir.join("server.pem"),
@@ -224,19 +226,18 @@ async fn every_class_leaves_with_its_own_mark() {
 
 #[tokio::test]
 async fn a_mark_above_six_bits_is_refused() {
-    let mut config = Config::default();
-    config.tuning.dscp = Some(DscpMarks {
-        important: 64,
-        ..MARKS
-    });
+    let config = Config {
+        dscp: Some(DscpMarks {
+            important: 64,
+            ..MARKS
+        }),
+        ..Config::default()
+    };
     let dir = std::env::temp_dir().join(format!("gradlane-dscp-bad-{}", std::process::id()));
     generate_certs(&dir, &["localhost"]).unwrap();
     let err = Endpoint::client(dir.join("ca.pem"), config).unwrap_err();
     assert!(
-        matches!(
-            err,
-            SetupError::Endpoint(_) | SetupError::Tuning(TuningError::Dscp(64))
-        ),
+        matches!(err, SetupError::Config(ConfigError::Dscp(64))),
         "{err}"
     );
     assert!(err.to_string().contains("dscp 64"), "{err}");

@@ -14,7 +14,7 @@ use std::time::Duration;
 fn config_for(seed: u64) -> Config {
     let mut config = quick();
     if seed % 2 == 0 {
-        config.encoder.classify.ratio = 1.0;
+        config.loss_tolerance = 0.0;
     }
     config
 }

@@ -2,7 +2,7 @@
 //! address resolution, the congestion flag, and synthetic gradients.
 
 use clap::ValueEnum;
-use gradlane::{Congestion, DscpMarks, Endpoint, Layout, Tuning};
+use gradlane::{Config, Congestion, DscpMarks, Endpoint, Layout, Packets};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -40,18 +40,17 @@ impl From<Cc> for Congestion {
     }
 }
 
-/// The transport tuning of an example's end: the congestion flag, and with
-/// `jumbo` (the `--jumbo` flag) 8952-byte packets from the first
-/// ([`Tuning::jumbo`]).
-pub fn tuning(congestion: Cc, jumbo: bool) -> Tuning {
-    let base = if jumbo {
-        Tuning::jumbo()
-    } else {
-        Tuning::default()
-    };
-    Tuning {
+/// `config` with a program's transport flags: `--congestion`, and with
+/// `--jumbo` 8952-byte packets from the first ([`Packets::Jumbo`]).
+pub fn transport(config: Config, congestion: Cc, jumbo: bool) -> Config {
+    Config {
         congestion: congestion.into(),
-        ..base
+        packets: if jumbo {
+            Packets::Jumbo
+        } else {
+            Packets::Ethernet
+        },
+        ..config
     }
 }
 

@@ -27,14 +27,13 @@
 //! This file holds the types and the link itself; `send` the sending half,
 //! `receive` the receiving half and the background tasks.
 
+use crate::config::Config;
 use crate::socket::marking::ConnectionMark;
 use bytes::Bytes;
 use gradlane_core::control::{codes, framed, CloseNote, Control, HandshakeError, MAX_MESSAGE};
 use gradlane_core::encode::{EncodeError, EncodedRound, Encoder, EncoderConfig, RoundFramer};
-use gradlane_core::layout::Layout;
-use gradlane_core::reassembly::{
-    Channel, Reassembler, ReassemblyConfig, ReassemblyError, Round, StreamDecoder,
-};
+use gradlane_core::layout::{ChunkOptions, Layout};
+use gradlane_core::reassembly::{Channel, Reassembler, ReassemblyError, Round, StreamDecoder};
 use gradlane_core::wire::{self, DATA_HEADER_LEN};
 use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
 use std::collections::HashMap;
@@ -49,182 +48,23 @@ use tracing::Instrument;
 mod close;
 mod receive;
 mod send;
+mod timing;
 
 pub use close::CLOSE_WAIT;
 use close::{ControlTx, Linger, SharedControl};
+pub use timing::{DatagramSize, LossyCarrier, LossyRelease, RoundTiming};
 
 use receive::{control_reader, datagram_reader, stream_acceptor};
-
-/// When a round's lossy datagrams may start.
-///
-/// Measured with round_bench (ResNet-50, interleaved runs, README): with
-/// [`LossyRelease::Sent`] under the default controller
-/// ([`Congestion::CappedBbr`](crate::tuning::Congestion)) the
-/// important data was complete 0.98-1.08x as late as with
-/// [`LossyRelease::Acknowledged`] behind a 1 Gbit/s bottleneck (two runs)
-/// and 0.99-1.08x on loopback (0.81-1.16x in a noisier run), and rounds
-/// took as long within the noise: the path does not idle for the
-/// confirmation's round trip, which counts more on a longer path. Two
-/// things made that so. The release now
-/// counts QUIC's per-packet overhead (counting raw UDP bytes released the
-/// datagrams with 2 MB of the stream unsent, which then trickled out
-/// behind them). And the window is capped: under quinn's unbounded BBR the
-/// datagrams filled every queue on the way (the receiver's socket buffer,
-/// a bottleneck's queue), and the stream's retransmissions waited behind
-/// them, up to 1.30x (loopback) and 1.17x (bottleneck).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LossyRelease {
-    /// Once every important byte is in quinn's hands and quinn has sent at
-    /// least as many stream bytes (less those lost; estimated from its
-    /// packet counters) as the important lanes hold. The path does not
-    /// idle while the peer's confirmation travels back; the datagrams may
-    /// overtake only retransmissions of the stream's last packets. The
-    /// peer's confirmation, if it comes first, also releases them.
-    #[default]
-    Sent,
-    /// Once the peer confirmed every important chunk: the path idles for
-    /// about a round trip, but no datagram competes with important data, on
-    /// the path or for the receiver's CPU.
-    Acknowledged,
-}
-
-/// How large the lossy datagrams are framed.
-///
-/// quinn 0.11 takes a lost packet larger than QUIC's 1200-byte floor for a
-/// sign of an MTU black hole unless a later packet of the largest size it
-/// has seen delivered was acknowledged. quinn frames a datagram for the
-/// worst-case packet overhead, so a packet holding one full-size datagram
-/// is 6-9 bytes short of the MTU, and the datagrams are sent after the
-/// full-size stream packets: random loss among them soon reads as a black
-/// hole. The MTU then falls to the floor, quinn discards the queued
-/// datagrams that no longer fit, and every later packet, the stream's
-/// too, is sent at the floor until `MtuDiscoveryConfig`'s cooldown ends.
-/// Measured at 5% injected loss on loopback (`round_bench --per-round`):
-/// every connection with datagrams at the path's size fell, and each lost
-/// 600-750 queued datagrams a fall; at the floor none fell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DatagramSize {
-    /// Packets of at most the MTU floor quinn never falls below
-    /// ([`Tuning::min_udp_payload`](crate::tuning::Tuning):
-    /// QUIC's 1200 bytes by default, 1162-byte datagrams with quinn's
-    /// 8-byte connection IDs; 8952 with
-    /// [`Tuning::jumbo`](crate::tuning::Tuning::jumbo)): their
-    /// loss never reads as a black hole, and a fall of the path MTU
-    /// discards none of them. (A
-    /// packet that also carries the important stream's tail is full-size;
-    /// now and then losses of those still add up to a fall, which costs
-    /// the stream its packet size until quinn probes the MTU again.)
-    #[default]
-    MtuFloor,
-    /// The path's size at framing time (1414 bytes on loopback, whose MTU
-    /// discovery reaches 1452): about 18% fewer datagrams, for paths
-    /// without random loss. Datagrams a fall discards are counted in
-    /// [`SendReport::lossy_dropped_by_quinn`]; those not yet queued are
-    /// reframed for the new size.
-    Path,
-}
-
-/// What carries a round's lossy levels.
-///
-/// Datagrams are what lets a round go on without waiting for a lost
-/// unimportant packet, but on a path that loses nothing they only cost:
-/// quinn takes 1.07-1.23x the time to carry the same 20 MB as datagrams
-/// as on a stream on loopback (`examples/datagram_cost`), and the link
-/// pays a wake-up, a lock and a parse per datagram at both ends. On
-/// loopback without loss a ResNet-50 round took 0.78-0.87x raw quinn's
-/// throughput with datagrams (median 0.80x) and 0.81-0.88x (median 0.87x)
-/// with the lossy levels on streams, 5 alternating runs each (round_bench,
-/// README).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LossyCarrier {
-    /// Always datagrams.
-    Datagrams,
-    /// Streams below the important lanes and the control stream (as many
-    /// as the lanes, level 1 first) while the path loses nothing;
-    /// datagrams from the first round after quinn declared a packet lost,
-    /// until a round starts with no loss declared since the last one.
-    /// They are released like datagrams ([`LossyRelease`]), and quinn
-    /// sends them only when no lane has anything to send. The receiver
-    /// still never waits for a retransmission longer than
-    /// [`RoundTiming::grace`] (plus two round-trip times) from the last
-    /// lossy byte: what comes later on a stream is merged into the next
-    /// round, like a late datagram. A round with a
-    /// [`RoundTiming::lossy_deadline`] uses datagrams (the deadline drops
-    /// what quinn has not queued, which a stream cannot take back).
-    #[default]
-    Adaptive,
-}
 
 /// The largest packet of a round's lossy part when it goes on streams
 /// ([`LossyCarrier::Adaptive`]): no datagram limit applies there, and
 /// fewer, longer segments cost less to frame and to place.
-pub const LOSSY_STREAM_PACKET: usize = 64 << 10;
+pub(crate) const LOSSY_STREAM_PACKET: usize = 64 << 10;
 
 /// The lossy streams' priority: below the important lanes (`i32::MAX`)
 /// and the control stream (0), so confirmations and reports never wait
 /// behind them.
 const LOSSY_STREAM_PRIORITY: i32 = -1;
-
-/// How a link sends rounds: over how many streams, when the datagrams
-/// start, how long the receiver waits for them, and what is dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RoundTiming {
-    /// Streams the important part of each round is spread over (0 counts
-    /// as 1), piece by piece in turn. Each QUIC stream has its own
-    /// flow-control window, and a lost packet holds up the rest of its
-    /// stream's window until it is retransmitted, over an RTT later: on a
-    /// long lossy path one window stalls. quinn also closes a connection
-    /// whose stream has more than 1024 gaps, which forbids simply raising
-    /// the window (`Tuning::stream_receive_window`) at high loss; lanes
-    /// multiply the window instead. The receiver needs no setting: the
-    /// round's end may arrive on any lane before the last important chunk.
-    pub lanes: u8,
-    /// When the lossy datagrams start.
-    pub release: LossyRelease,
-    /// After a round's important data is in, how long to wait after the last
-    /// datagram of the round before delivering without the rest (plus two
-    /// round-trip times, for datagrams released on the peer's confirmation
-    /// and still in flight). Once the sender reports every datagram of the
-    /// round sent (`Control::LossySent`), the wait shrinks to a few
-    /// milliseconds: under loss a round no longer waits out the grace period
-    /// for datagrams that were lost. The default, 30 ms, is above quinn's 25 ms
-    /// maximum ACK delay: a sender whose congestion window is full of
-    /// datagrams can stall that long waiting for an ACK, and a shorter grace
-    /// then turns a lossless round's datagrams into late ones (measured on
-    /// loopback: with 5 ms, 94% of the first round's datagrams came late).
-    /// Until the round's first lossy byte or the sender's report arrives,
-    /// there is no last datagram to count from: the wait is then bounded
-    /// by `max_grace` alone (the sender starts the datagrams only once it
-    /// has this end's confirmation, which loss can delay by a probe
-    /// timeout).
-    pub grace: Duration,
-    /// Upper bound on that wait, whatever arrives.
-    pub max_grace: Duration,
-    /// Drop lossy datagrams not yet queued this long after `send_round`
-    /// started (lowest levels are sent last, so they are dropped first).
-    pub lossy_deadline: Option<Duration>,
-    /// How large the lossy datagrams are.
-    pub datagram_size: DatagramSize,
-    /// What carries the lossy levels.
-    pub lossy_carrier: LossyCarrier,
-}
-
-impl Default for RoundTiming {
-    fn default() -> Self {
-        Self {
-            // Measured (README): on a 1 Gbit/s, 20 ms path at 5% loss, one
-            // lane took 2.0 s per ResNet-50 round and four 0.97 s (0.86 s
-            // lossless); on loopback, where the CPU binds, no difference.
-            lanes: 4,
-            release: LossyRelease::default(),
-            grace: Duration::from_millis(30),
-            max_grace: Duration::from_secs(2),
-            lossy_deadline: None,
-            datagram_size: DatagramSize::default(),
-            lossy_carrier: LossyCarrier::default(),
-        }
-    }
-}
 
 /// Why a link operation failed.
 #[derive(Debug, Error)]
@@ -334,14 +174,14 @@ pub struct SendReport {
     pub round: u32,
     /// Payload bytes sent reliably.
     pub important_bytes: u64,
-    /// Streams the important bytes went on ([`RoundTiming::lanes`], fewer
+    /// Streams the important bytes went on ([`Config::lanes`](crate::Config::lanes), fewer
     /// for a round too small to fill them).
     pub lanes: usize,
     /// The lossy levels went on streams, not as datagrams
     /// ([`LossyCarrier::Adaptive`] on a path without loss).
     pub lossy_on_stream: bool,
     /// Per lossy level (index `l - 1`): datagrams queued (on streams:
-    /// packets of up to [`LOSSY_STREAM_PACKET`] bytes written).
+    /// packets of up to 64 KiB written).
     pub lossy_packets: Vec<u64>,
     /// Per lossy level: payload bytes in the queued datagrams.
     pub lossy_bytes: Vec<u64>,
@@ -356,7 +196,7 @@ pub struct SendReport {
     /// before sending: it drops queued datagrams that a fall of the path
     /// MTU made too large (a black hole suspected under loss), which only
     /// datagrams at the path's size can be ([`DatagramSize`]): at most
-    /// [`Tuning::datagram_send_buffer`](crate::tuning::Tuning)
+    /// [`QuicSettings::datagram_send_buffer`](crate::QuicSettings)
     /// bytes' worth per fall. 0 when the queue had not drained a second
     /// after the last datagram (not yet known).
     pub lossy_dropped_by_quinn: u64,
@@ -423,6 +263,9 @@ pub struct LinkSender {
     control: SharedControl,
     encoder: Encoder,
     levels: u8,
+    /// Streams a round's important part is spread over
+    /// ([`Config::lanes`](crate::Config::lanes)).
+    lanes: u8,
     tx: Arc<TxShared>,
     timing: RoundTiming,
     /// The UDP payload the path is known to carry
@@ -494,12 +337,12 @@ pub(crate) struct Carrier {
 
 impl Link {
     /// Builds the link once the handshake is done; starts the receive tasks.
+    /// `chunking` is the handshake's: the client's, for both directions.
     pub(crate) fn start(
         carrier: Carrier,
         layout: Layout,
-        encoder: EncoderConfig,
-        reassembly: ReassemblyConfig,
-        timing: RoundTiming,
+        chunking: ChunkOptions,
+        config: &Config,
     ) -> Result<Self, LinkError> {
         let Carrier {
             conn,
@@ -508,15 +351,16 @@ impl Link {
             mark,
         } = carrier;
         let (control_send, control_recv) = control;
-        let levels = encoder.classify.levels;
-        let encoder = Encoder::new(&layout, encoder)?;
-        let reassembler = Reassembler::new(
-            layout.clone(),
-            ReassemblyConfig {
-                chunking: encoder.plan().options(),
-                ..reassembly
+        let levels = config.levels;
+        let timing = config.timing;
+        let encoder = Encoder::new(
+            &layout,
+            EncoderConfig {
+                chunking,
+                ..config.encoder()
             },
         )?;
+        let reassembler = Reassembler::new(layout.clone(), config.reassembly(chunking))?;
         let rx = Arc::new(RxShared {
             reassembler: Mutex::new(reassembler),
             progress: Notify::new(),
@@ -560,6 +404,7 @@ impl Link {
                 control: control_send,
                 encoder,
                 levels,
+                lanes: config.lanes,
                 tx,
                 timing,
                 floor_mtu,

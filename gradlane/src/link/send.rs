@@ -164,7 +164,7 @@ impl LinkSender {
         // Framing ~100 MB takes tens of milliseconds: the important pieces go
         // to quinn from one writer task per lane as soon as each is framed,
         // while this thread frames the next ones and then the datagrams.
-        let lanes = lane_count(self.timing.lanes, framer.reliable_len());
+        let lanes = lane_count(self.lanes, framer.reliable_len());
         let mut queues = Vec::with_capacity(lanes);
         let mut writers = Vec::with_capacity(lanes);
         for _ in 0..lanes {
@@ -280,7 +280,7 @@ impl LinkSender {
         if total == 0 {
             return Ok(Vec::new());
         }
-        let count = lane_count(self.timing.lanes, total as usize);
+        let count = lane_count(self.lanes, total as usize);
         let mut queues = Vec::with_capacity(count);
         let mut writers = Vec::with_capacity(count);
         for _ in 0..count {

@@ -4,7 +4,8 @@
 mod capped_window;
 mod transport_shell;
 
-use crate::endpoint::{Config, Endpoint};
+use crate::config::Config;
+use crate::endpoint::Endpoint;
 use crate::link::Link;
 use crate::socket::faults::Faults;
 use crate::tls::generate_certs;

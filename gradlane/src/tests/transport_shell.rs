@@ -6,9 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::{Config, Packets, JUMBO_UDP_PAYLOAD};
+use crate::socket;
 use crate::socket::faults::{Faults, FaultySocket};
 use crate::tls::{self, generate_certs, CertFiles};
-use crate::tuning::{self, Tuning};
+use crate::tuning::Tuning;
 use tokio::time::timeout;
 
 /// A directory under the system temp dir, removed on drop.
@@ -76,10 +78,10 @@ fn pair_tuned(
     let server_config =
         tls::server_config(&files.server_cert, &files.server_key).expect("server config");
     let (server, server_faults) =
-        tuning::endpoint(local, Some(server_config), tuning, server_faults).expect("server");
+        socket::endpoint(local, Some(server_config), tuning, server_faults).expect("server");
     let (client, client_faults) =
-        tuning::endpoint(local, None, tuning, client_faults).expect("client");
-    let client_config = tuning::tuned_client(
+        socket::endpoint(local, None, tuning, client_faults).expect("client");
+    let client_config = socket::tuned_client(
         tls::client_config(trusted_ca).expect("client config"),
         tuning,
     )
@@ -356,10 +358,10 @@ async fn jumbo_packets_cross_loopback_without_loss() {
     let dir = TempDir::new("jumbo");
     let files = certs(&dir.0);
     let discovered = Tuning {
-        max_udp_payload: tuning::JUMBO_UDP_PAYLOAD,
+        max_udp_payload: JUMBO_UDP_PAYLOAD,
         ..Tuning::default()
     };
-    for tuning in [discovered, Tuning::jumbo()] {
+    for tuning in [discovered, jumbo()] {
         // No faults injected: the wrappers are there for their counters.
         let pair = pair_tuned(
             &files,
@@ -380,7 +382,7 @@ async fn jumbo_packets_cross_loopback_without_loss() {
         eprintln!("{tuning:?}: {:?} {:?}", stats.path, stats.udp_tx);
         assert_eq!(stats.path.black_holes_detected, 0, "{:?}", stats.path);
         assert_eq!(stats.path.lost_packets, 0, "{:?}", stats.path);
-        assert_eq!(stats.path.current_mtu, tuning::JUMBO_UDP_PAYLOAD);
+        assert_eq!(stats.path.current_mtu, JUMBO_UDP_PAYLOAD);
         let mean = stats.udp_tx.bytes / stats.udp_tx.datagrams.max(1);
         assert!(mean > 4000, "mean packet {mean} bytes: {:?}", stats.udp_tx);
         // And the packets still leave in GSO batches, where the kernel
@@ -391,4 +393,12 @@ async fn jumbo_packets_cross_loopback_without_loss() {
             assert!(stats.segments_sent > stats.transmits_sent, "{stats:?}");
         }
     }
+}
+
+fn jumbo() -> Tuning {
+    Config {
+        packets: Packets::Jumbo,
+        ..Config::default()
+    }
+    .tuning()
 }

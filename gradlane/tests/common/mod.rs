@@ -18,8 +18,8 @@ pub fn cert_dir(tag: &str) -> PathBuf {
 /// vanished peer end quickly.
 pub fn quick() -> Config {
     let mut c = Config::default();
-    c.tuning.max_idle_timeout = Some(Duration::from_secs(3));
-    c.tuning.keep_alive = Some(Duration::from_millis(500));
+    c.quic.max_idle_timeout = Some(Duration::from_secs(3));
+    c.quic.keep_alive = Some(Duration::from_millis(500));
     c
 }
 

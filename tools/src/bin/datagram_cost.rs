@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Parser;
 use common::BoxError;
-use gradlane::Tuning;
+use gradlane::Config;
 use gradlane::{generate_certs, quic};
 use tokio::sync::mpsc;
 
@@ -64,10 +64,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
     let size = args.size_mb * 1_000_000;
     let dir = std::env::temp_dir().join(format!("gradlane-dgram-{}", std::process::id()));
     let files = generate_certs(&dir, &["localhost"])?;
-    let tuning = Tuning::default();
+    let config = Config::default();
     let local = "127.0.0.1:0".parse()?;
-    let server = quic::server(local, &files.server_cert, &files.server_key, &tuning, None)?;
-    let client = quic::client(local, &files.ca_cert, &tuning, None)?;
+    let server = quic::server(local, &files.server_cert, &files.server_key, &config)?;
+    let client = quic::client(local, &files.ca_cert, &config)?;
     let addr = server.local_addr()?;
     let accept = tokio::spawn(async move {
         let incoming = server.accept().await.ok_or("closed")?;

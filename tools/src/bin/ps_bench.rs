@@ -26,8 +26,6 @@ use gradlane::codec::{Selection, DEFAULT_BASE};
 use gradlane::presets;
 use gradlane::ps::{OrderedMomentum, OrderedMomentumConfig};
 use gradlane::ps_net::{self, Compression, ServerHandle, Worker};
-use gradlane::ClassifyConfig;
-use gradlane::EncoderConfig;
 use gradlane::Layout;
 use gradlane::{generate_certs, CertFiles};
 use gradlane::{Config, Endpoint, Faults};
@@ -166,15 +164,8 @@ async fn variant(
     let mut tasks = Vec::new();
     for w in 0..a.workers {
         let (layout, grad, ca) = (layout.clone(), grad.clone(), certs.ca_cert.clone());
-        let encoder = EncoderConfig {
-            classify: ClassifyConfig {
-                ratio,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
         let config = Config {
-            encoder,
+            loss_tolerance: 1.0 - ratio,
             faults: (a.loss > 0.0).then(|| Faults::symmetric_loss(a.loss, 100 + w as u64)),
             ..Config::default()
         };

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use gradlane::Faults;
 use gradlane::{generate_certs, quic, CertFiles};
-use gradlane::{Congestion, Tuning};
+use gradlane::{Config, Congestion};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Loopback throughput of TCP and quinn configurations.
@@ -66,28 +66,28 @@ async fn main() -> Result<(), BoxError> {
         args.loss * 100.0,
         args.delay_ms
     );
-    let tuned = |congestion| Tuning {
+    let tuned = |congestion| Config {
         congestion,
-        ..Tuning::default()
+        ..Config::default()
     };
     let rows: Vec<(String, Kind)> = vec![
         ("tokio TCP".into(), Kind::Tcp),
         ("quinn default config".into(), Kind::QuinnDefault),
         (
             "quinn tuned, Cubic".into(),
-            Kind::Tuned(tuned(Congestion::Cubic), None),
+            Kind::Tuned(Box::new(tuned(Congestion::Cubic)), None),
         ),
         (
             "quinn tuned, BBR".into(),
-            Kind::Tuned(tuned(Congestion::Bbr), None),
+            Kind::Tuned(Box::new(tuned(Congestion::Bbr)), None),
         ),
         (
             format!("quinn tuned, Cubic, {lossy_name}"),
-            Kind::Tuned(tuned(Congestion::Cubic), Some(lossy)),
+            Kind::Tuned(Box::new(tuned(Congestion::Cubic)), Some(lossy)),
         ),
         (
             format!("quinn tuned, BBR, {lossy_name}"),
-            Kind::Tuned(tuned(Congestion::Bbr), Some(lossy)),
+            Kind::Tuned(Box::new(tuned(Congestion::Bbr)), Some(lossy)),
         ),
     ];
 
@@ -155,7 +155,7 @@ async fn main() -> Result<(), BoxError> {
 enum Kind {
     Tcp,
     QuinnDefault,
-    Tuned(Tuning, Option<Faults>),
+    Tuned(Box<Config>, Option<Faults>),
 }
 
 /// Long-lived pieces of one configuration (certs, tuned configs). Endpoints
@@ -189,7 +189,7 @@ impl<'a> Setup<'a> {
                 client.set_default_client_config(quic::client_config(&self.files.ca_cert)?);
                 quic(&server, &client, size, data).await
             }
-            Kind::Tuned(tuning, _) => {
+            Kind::Tuned(config, _) => {
                 // Only the client drops (each outgoing and each incoming
                 // packet with probability `loss`), so each direction loses
                 // `loss`, as in round_bench; dropping on both ends would lose
@@ -201,14 +201,17 @@ impl<'a> Setup<'a> {
                     ..f
                 });
                 let files = &self.files;
-                let server = quic::server(
-                    local,
-                    &files.server_cert,
-                    &files.server_key,
-                    tuning,
-                    server_faults,
-                )?;
-                let client = quic::client(local, &files.ca_cert, tuning, faults)?;
+                let server_config = Config {
+                    faults: server_faults,
+                    ..(**config).clone()
+                };
+                let client_config = Config {
+                    faults,
+                    ..(**config).clone()
+                };
+                let server =
+                    quic::server(local, &files.server_cert, &files.server_key, &server_config)?;
+                let client = quic::client(local, &files.ca_cert, &client_config)?;
                 quic(&server, &client, size, data).await
             }
         }

@@ -20,10 +20,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use common::{chain, mb, resolve, BoxError, Cc};
-use gradlane::ClassifyConfig;
-use gradlane::Tuning;
-use gradlane::{Config, Endpoint, Faults};
-use gradlane_core::reassembly::RoundStats;
+use gradlane::{Config, Endpoint, Faults, RoundStats};
 
 /// Receive gradlane rounds and print a table of what arrived.
 #[derive(Debug, Parser)]
@@ -89,14 +86,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
         seed: args.seed,
     });
     let config = Config {
-        tuning: Tuning {
-            // This end's rounds go back in the sender's layout with the
-            // default classes.
-            dscp: common::dscp(args.dscp, ClassifyConfig::default().levels),
-            ..common::tuning(args.congestion, args.jumbo)
-        },
+        // This end's rounds would go back with the default classes.
+        dscp: common::dscp(args.dscp, Config::default().levels),
         faults,
-        ..Config::default()
+        ..common::transport(Config::default(), args.congestion, args.jumbo)
     };
     let endpoint = Endpoint::server(addr, &args.cert, &args.key, config).map_err(|e| {
         format!(

@@ -48,16 +48,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use common::{grads, BoxError, Cc};
-use gradlane::presets;
-use gradlane::ClassifyConfig;
-use gradlane::EncoderConfig;
-use gradlane::Layout;
-use gradlane::{generate_certs, quic, CertFiles};
+use gradlane::{generate_certs, presets, quic, CertFiles, Congestion, Layout, Packets};
 use gradlane::{
     Config, DatagramSize, Endpoint, FaultStats, Faults, Link, LossyCarrier, LossyRelease,
     RoundTiming,
 };
-use gradlane::{Congestion, Tuning};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -237,14 +232,17 @@ impl Bench {
         (client, server)
     }
 
-    /// The transport tuning of every QUIC variant (`--jumbo`).
-    fn tuning(&self, congestion: Congestion) -> Tuning {
-        let base = if self.args.jumbo {
-            Tuning::jumbo()
-        } else {
-            Tuning::default()
-        };
-        Tuning { congestion, ..base }
+    /// The transport settings of every QUIC variant (`--jumbo`).
+    fn transport(&self, congestion: Congestion) -> Config {
+        Config {
+            congestion,
+            packets: if self.args.jumbo {
+                Packets::Jumbo
+            } else {
+                Packets::Ethernet
+            },
+            ..Config::default()
+        }
     }
 
     fn skipped(&self, name: &str) -> bool {
@@ -281,26 +279,20 @@ impl Bench {
         seed: u64,
     ) -> Result<GradlaneRun, BoxError> {
         let (client_faults, server_faults) = self.faults(loss, seed);
+        let transport = self.transport(congestion);
         let base = Config {
-            encoder: EncoderConfig {
-                classify: ClassifyConfig {
-                    ratio,
-                    ..ClassifyConfig::default()
-                },
-                ..EncoderConfig::default()
-            },
-            tuning: self.tuning(congestion),
+            loss_tolerance: 1.0 - ratio,
+            lanes: self.args.lanes.unwrap_or(transport.lanes),
             timing: RoundTiming {
                 release,
                 lossy_carrier: carrier,
-                lanes: self.args.lanes.unwrap_or(RoundTiming::default().lanes),
                 datagram_size: match self.args.datagram_size {
                     Datagrams::Floor => DatagramSize::MtuFloor,
                     Datagrams::Path => DatagramSize::Path,
                 },
                 ..RoundTiming::default()
             },
-            ..Config::default()
+            ..transport
         };
         let server = Endpoint::server(
             "127.0.0.1:0".parse()?,
@@ -345,17 +337,19 @@ impl Bench {
         seed: u64,
     ) -> Result<QuinnRun, BoxError> {
         let (client_faults, server_faults) = self.faults(loss, seed);
-        let tuning = self.tuning(congestion);
+        let transport = self.transport(congestion);
         let local: SocketAddr = "127.0.0.1:0".parse()?;
         let files = &self.files;
-        let server = quic::server(
-            local,
-            &files.server_cert,
-            &files.server_key,
-            &tuning,
-            Some(server_faults),
-        )?;
-        let client = quic::client(local, &files.ca_cert, &tuning, Some(client_faults))?;
+        let server_config = Config {
+            faults: Some(server_faults),
+            ..transport.clone()
+        };
+        let client_config = Config {
+            faults: Some(client_faults),
+            ..transport
+        };
+        let server = quic::server(local, &files.server_cert, &files.server_key, &server_config)?;
+        let client = quic::client(local, &files.ca_cert, &client_config)?;
         let addr = server.local_addr()?;
         let accept = {
             let server = server.clone();

@@ -24,11 +24,7 @@ use std::time::Duration;
 use clap::Parser;
 use common::{chain, mb, resolve, BoxError, Cc};
 use common::{grads, ms};
-use gradlane::presets;
-use gradlane::ClassifyConfig;
-use gradlane::EncoderConfig;
-use gradlane::Tuning;
-use gradlane::{Config, Endpoint, Faults, LossyCarrier, LossyRelease, RoundTiming};
+use gradlane::{presets, Config, Endpoint, Faults, LossyCarrier, LossyRelease, RoundTiming};
 
 /// `--lossy-release` on the command line (`LossyRelease`).
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -79,11 +75,12 @@ struct Args {
     /// Seed of the injected loss and jitter, and of the gradients.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Fraction of chunks sent reliably, in [0, 1].
-    #[arg(long, default_value_t = ClassifyConfig::default().ratio)]
-    ratio: f64,
+    /// Share of each tensor's chunks (the least important) sent lossy, in
+    /// [0, 1].
+    #[arg(long, default_value_t = Config::default().loss_tolerance)]
+    loss_tolerance: f64,
     /// Lossy levels, 1..=7.
-    #[arg(long, default_value_t = ClassifyConfig::default().levels)]
+    #[arg(long, default_value_t = Config::default().levels)]
     levels: u8,
     /// Congestion controller of this end.
     #[arg(long, value_enum, default_value_t = Cc::CappedBbr)]
@@ -103,7 +100,7 @@ struct Args {
     #[arg(long)]
     dscp: bool,
     /// Streams each round's important part is spread over.
-    #[arg(long, default_value_t = RoundTiming::default().lanes)]
+    #[arg(long, default_value_t = Config::default().lanes)]
     lanes: u8,
     /// When each round's lossy datagrams start: once the important stream
     /// is sent (the default), or once the receiver confirmed it.
@@ -133,20 +130,11 @@ async fn run(args: Args) -> Result<(), BoxError> {
         seed: args.seed,
     });
     let config = Config {
-        encoder: EncoderConfig {
-            classify: ClassifyConfig {
-                ratio: args.ratio,
-                levels: args.levels,
-                ..ClassifyConfig::default()
-            },
-            ..EncoderConfig::default()
-        },
-        tuning: Tuning {
-            dscp: common::dscp(args.dscp, args.levels),
-            ..common::tuning(args.congestion, args.jumbo)
-        },
+        loss_tolerance: args.loss_tolerance,
+        levels: args.levels,
+        lanes: args.lanes,
+        dscp: common::dscp(args.dscp, args.levels),
         timing: RoundTiming {
-            lanes: args.lanes,
             release: match args.lossy_release {
                 Release::Sent => LossyRelease::Sent,
                 Release::Confirmed => LossyRelease::Acknowledged,
@@ -158,7 +146,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
             ..RoundTiming::default()
         },
         faults,
-        ..Config::default()
+        ..common::transport(Config::default(), args.congestion, args.jumbo)
     };
     let endpoint = Endpoint::client(&args.ca, config)
         .map_err(|e| format!("cannot set up with CA {}: {}", args.ca.display(), chain(&e)))?;
@@ -173,11 +161,11 @@ async fn run(args: Args) -> Result<(), BoxError> {
             )
         })?;
     println!(
-        "sender: {} ({} tensors, {:.1} MB) to {addr}, ratio {}, {} levels, {:?}, loss {}, delay {} ms, jitter {} ms",
+        "sender: {} ({} tensors, {:.1} MB) to {addr}, loss tolerance {}, {} levels, {:?}, loss {}, delay {} ms, jitter {} ms",
         args.model,
         layout.len(),
         mb(layout.total_bytes()),
-        args.ratio,
+        args.loss_tolerance,
         args.levels,
         args.congestion,
         args.loss,
