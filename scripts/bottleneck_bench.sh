@@ -25,7 +25,7 @@ if ! command -v tc >/dev/null || ! command -v ip >/dev/null; then
     apt-get install -y iproute2 >/dev/null
 fi
 
-cargo build --release --quiet --bin round_bench
+cargo build --release --bin round_bench
 trap 'ip netns del "$NS" 2>/dev/null || true' EXIT
 ip netns del "$NS" 2>/dev/null || true
 ip netns add "$NS"

@@ -13,13 +13,13 @@ cd "$(dirname "$0")/.."
 
 ADDR=127.0.0.1:4433
 
-echo "== building the examples (release)" >&2
-cargo build --release --quiet --bin certs --bin receiver --bin sender
+echo "== building certs, receiver and sender (release; the first build takes a few minutes)" >&2
+cargo build --release --bin certs --bin receiver --bin sender
 
 BIN=target/release
 if [[ ! -f certs/ca.pem || ! -f certs/server.pem || ! -f certs/server.key ]]; then
     echo "== making certificates in certs/" >&2
-    "$BIN/certs" --out-dir certs --san localhost --san 127.0.0.1 >&2
+    "$BIN/certs" --out-dir certs --san localhost --san 127.0.0.1 --force >&2
 fi
 
 # Rounds for the receiver: the sender's --rounds if given, else the default.

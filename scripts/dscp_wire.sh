@@ -23,11 +23,11 @@ if ! command -v tshark >/dev/null; then
 fi
 
 echo "== building the examples (release)" >&2
-cargo build --release --quiet --bin certs --bin receiver --bin sender
+cargo build --release --bin certs --bin receiver --bin sender
 BIN=target/release
 if [[ ! -f certs/ca.pem || ! -f certs/server.pem || ! -f certs/server.key ]]; then
     echo "== making certificates in certs/" >&2
-    "$BIN/certs" --out-dir certs --san localhost --san 127.0.0.1 >&2
+    "$BIN/certs" --out-dir certs --san localhost --san 127.0.0.1 --force >&2
 fi
 
 ROUNDS=3

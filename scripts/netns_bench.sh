@@ -28,7 +28,7 @@ if ! command -v tc >/dev/null || ! command -v ip >/dev/null; then
     apt-get install -y iproute2 >/dev/null
 fi
 
-cargo build --release --quiet --bin certs --bin receiver --bin sender
+cargo build --release --bin certs --bin receiver --bin sender
 BIN=$PWD/target/release
 CERTS=$(mktemp -d)
 "$BIN/certs" --out-dir "$CERTS" --san localhost >/dev/null
@@ -84,7 +84,7 @@ for loss in 0 0.05; do
     for lanes in 1 4; do
         printf '%-34s %s\n' "loss $loss, gradlane, $lanes lane(s):" "$(pair "$loss" --lanes "$lanes")"
     done
-    printf '%-34s %s\n' "loss $loss, all reliable, 4 lanes:" "$(pair "$loss" --lanes 4 --ratio 1)"
+    printf '%-34s %s\n' "loss $loss, all reliable, 4 lanes:" "$(pair "$loss" --lanes 4 --loss-tolerance 0)"
     # quinn's own BBR (the default caps its window): the sender's controller
     # is the one that moves the round.
     printf '%-34s %s\n' "loss $loss, gradlane, 4 lanes, BBR:" "$(pair "$loss" --lanes 4 --congestion bbr)"

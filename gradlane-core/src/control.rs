@@ -13,6 +13,7 @@
 //! Every message is length-prefixed (u32, little-endian) and bounded by
 //! [`MAX_MESSAGE`]; decoding never panics.
 
+use crate::bytes::{Reader, Short};
 use crate::layout::{ChunkOptions, ConvChunking, Layout, LayoutError, TensorKind, TensorSpec};
 use thiserror::Error;
 
@@ -93,28 +94,12 @@ pub enum Control {
     LossySent(u32),
 }
 
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], HandshakeError> {
-        if self.0.len() < n {
-            return Err(HandshakeError::Truncated);
+impl From<Short> for HandshakeError {
+    fn from(s: Short) -> Self {
+        match s {
+            Short::Truncated => HandshakeError::Truncated,
+            Short::Trailing => HandshakeError::Trailing,
         }
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Ok(a)
-    }
-    fn u8(&mut self) -> Result<u8, HandshakeError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32, HandshakeError> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self) -> Result<u64, HandshakeError> {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(a))
     }
 }
 
@@ -146,7 +131,7 @@ impl Hello {
 
     /// Decodes and validates a hello body.
     pub fn decode(buf: &[u8]) -> Result<Self, HandshakeError> {
-        let mut r = Reader(buf);
+        let mut r = Reader::new(buf);
         if r.take(4)? != HELLO_MAGIC {
             return Err(HandshakeError::BadMagic);
         }
@@ -158,7 +143,7 @@ impl Hello {
         };
         let n = r.u32()? as usize;
         // Each tensor takes at least 6 bytes: bound the allocation by the input.
-        if n > r.0.len() / 6 {
+        if n > r.remaining() / 6 {
             return Err(HandshakeError::Truncated);
         }
         let mut tensors = Vec::with_capacity(n);
@@ -181,9 +166,7 @@ impl Hello {
                 kind,
             });
         }
-        if !r.0.is_empty() {
-            return Err(HandshakeError::Trailing);
-        }
+        r.finish()?;
         let layout = Layout::new(tensors)?;
         let chunking = ChunkOptions { block_values, conv };
         // Refuse options the plan cannot be made with before anyone relies on them.
@@ -212,16 +195,14 @@ impl Control {
 
     /// Decodes a control body.
     pub fn decode(buf: &[u8]) -> Result<Self, HandshakeError> {
-        let mut r = Reader(buf);
+        let mut r = Reader::new(buf);
         let msg = match r.u8()? {
             TAG_WELCOME => Control::Welcome,
             TAG_IMPORTANT => Control::ImportantReceived(r.u32()?),
             TAG_LOSSY_SENT => Control::LossySent(r.u32()?),
             x => return Err(HandshakeError::UnknownControl(x)),
         };
-        if !r.0.is_empty() {
-            return Err(HandshakeError::Trailing);
-        }
+        r.finish()?;
         Ok(msg)
     }
 }
@@ -283,12 +264,9 @@ impl CloseNote {
     }
 }
 
-/// Prefixes a body with its length.
+/// Prefixes a body with its length ([`bytes::frame`](crate::bytes::frame)).
 pub fn framed(body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + body.len());
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    out.extend_from_slice(body);
-    out
+    crate::bytes::frame(body)
 }
 
 #[cfg(test)]

@@ -304,82 +304,11 @@ impl RoundFramer {
         max_datagram: usize,
         spare: Option<BytesMut>,
     ) -> Self {
-        let mut end = RoundEnd {
-            round,
-            levels,
-            ..Default::default()
-        };
-        // Runs per class: adjacent chunks of one tensor with the same class.
-        let mut runs: Vec<Vec<Piece>> = vec![Vec::new(); CLASS_SLOTS];
-        for (id, (chunk, &class)) in plan.chunks().iter().zip(&classes).enumerate() {
-            let c = class as usize;
-            end.chunks[c] += 1;
-            end.bytes[c] += chunk.byte_len() as u64;
-            if class == IMPORTANT {
-                end.important_digest = end.important_digest.wrapping_add(id_digest(id as u32));
-            }
-            match runs[c].last_mut() {
-                Some(r) if r.tensor == chunk.tensor && r.offset + r.len == chunk.byte_start() => {
-                    r.len += chunk.byte_len();
-                }
-                _ => runs[c].push(Piece {
-                    tensor: chunk.tensor,
-                    offset: chunk.byte_start(),
-                    len: chunk.byte_len(),
-                }),
-            }
-        }
-
-        // Cut runs into segments: on the stream only at the segment limit, in
-        // datagrams to fill each one up.
-        let mut segments: Vec<Vec<Piece>> = vec![Vec::new(); CLASS_SLOTS];
-        let mut packet_ends: Vec<Vec<usize>> = vec![Vec::new(); CLASS_SLOTS];
-        for r in &runs[IMPORTANT as usize] {
-            let (mut off, mut rem) = (r.offset, r.len);
-            while rem > 0 {
-                let n = rem.min(MAX_SEGMENT_PAYLOAD);
-                segments[0].push(Piece {
-                    tensor: r.tensor,
-                    offset: off,
-                    len: n,
-                });
-                off += n;
-                rem -= n;
-            }
-        }
-        end.packets[0] = segments[0].len() as u32;
-        let max = max_datagram.min(DATA_HEADER_LEN + MAX_SEGMENT_PAYLOAD as usize);
-        for c in 1..CLASS_SLOTS {
-            let (segs, ends) = (&mut segments[c], &mut packet_ends[c]);
-            let mut used = 0usize;
-            for r in &runs[c] {
-                let (mut off, mut rem) = (r.offset as usize, r.len as usize);
-                while rem > 0 {
-                    let avail = max.saturating_sub(used + DATA_HEADER_LEN) & !3;
-                    let take = if rem <= avail {
-                        rem
-                    } else if avail >= MIN_FRAGMENT || (used == 0 && avail >= 4) {
-                        avail
-                    } else {
-                        ends.push(segs.len());
-                        used = 0;
-                        continue;
-                    };
-                    segs.push(Piece {
-                        tensor: r.tensor,
-                        offset: off as u32,
-                        len: take as u32,
-                    });
-                    used += DATA_HEADER_LEN + take;
-                    off += take;
-                    rem -= take;
-                }
-            }
-            if used > 0 {
-                ends.push(segs.len());
-            }
-            end.packets[c] = ends.len() as u32;
-        }
+        let SegmentPlan {
+            end,
+            segments,
+            packet_ends,
+        } = plan_segments(&plan, round, &classes, levels, max_datagram);
 
         let total: usize = segments
             .iter()
@@ -649,6 +578,110 @@ impl RoundFramer {
     }
 }
 
+/// A round cut into segments: per class, the segments in order and
+/// (for the lossy classes) where each datagram ends, and the round end
+/// that describes them.
+struct SegmentPlan {
+    end: RoundEnd,
+    segments: Vec<Vec<Piece>>,
+    /// `packet_ends[c]` lists where each packet of class `c` ends, as a
+    /// count of segments.
+    packet_ends: Vec<Vec<usize>>,
+}
+
+/// Cuts a classed round into segments: adjacent chunks of one tensor with
+/// the same class form runs; runs are cut on the stream only at the
+/// segment limit, in datagrams so as to fill each one up.
+fn plan_segments(
+    plan: &ChunkPlan,
+    round: u32,
+    classes: &[Class],
+    levels: u8,
+    max_datagram: usize,
+) -> SegmentPlan {
+    let mut end = RoundEnd {
+        round,
+        levels,
+        ..Default::default()
+    };
+    // Runs per class: adjacent chunks of one tensor with the same class.
+    let mut runs: Vec<Vec<Piece>> = vec![Vec::new(); CLASS_SLOTS];
+    for (id, (chunk, &class)) in plan.chunks().iter().zip(classes).enumerate() {
+        let c = class as usize;
+        end.chunks[c] += 1;
+        end.bytes[c] += chunk.byte_len() as u64;
+        if class == IMPORTANT {
+            end.important_digest = end.important_digest.wrapping_add(id_digest(id as u32));
+        }
+        match runs[c].last_mut() {
+            Some(r) if r.tensor == chunk.tensor && r.offset + r.len == chunk.byte_start() => {
+                r.len += chunk.byte_len();
+            }
+            _ => runs[c].push(Piece {
+                tensor: chunk.tensor,
+                offset: chunk.byte_start(),
+                len: chunk.byte_len(),
+            }),
+        }
+    }
+
+    // Cut runs into segments: on the stream only at the segment limit, in
+    // datagrams to fill each one up.
+    let mut segments: Vec<Vec<Piece>> = vec![Vec::new(); CLASS_SLOTS];
+    let mut packet_ends: Vec<Vec<usize>> = vec![Vec::new(); CLASS_SLOTS];
+    for r in &runs[IMPORTANT as usize] {
+        let (mut off, mut rem) = (r.offset, r.len);
+        while rem > 0 {
+            let n = rem.min(MAX_SEGMENT_PAYLOAD);
+            segments[0].push(Piece {
+                tensor: r.tensor,
+                offset: off,
+                len: n,
+            });
+            off += n;
+            rem -= n;
+        }
+    }
+    end.packets[0] = segments[0].len() as u32;
+    let max = max_datagram.min(DATA_HEADER_LEN + MAX_SEGMENT_PAYLOAD as usize);
+    for c in 1..CLASS_SLOTS {
+        let (segs, ends) = (&mut segments[c], &mut packet_ends[c]);
+        let mut used = 0usize;
+        for r in &runs[c] {
+            let (mut off, mut rem) = (r.offset as usize, r.len as usize);
+            while rem > 0 {
+                let avail = max.saturating_sub(used + DATA_HEADER_LEN) & !3;
+                let take = if rem <= avail {
+                    rem
+                } else if avail >= MIN_FRAGMENT || (used == 0 && avail >= 4) {
+                    avail
+                } else {
+                    ends.push(segs.len());
+                    used = 0;
+                    continue;
+                };
+                segs.push(Piece {
+                    tensor: r.tensor,
+                    offset: off as u32,
+                    len: take as u32,
+                });
+                used += DATA_HEADER_LEN + take;
+                off += take;
+                rem -= take;
+            }
+        }
+        if used > 0 {
+            ends.push(segs.len());
+        }
+        end.packets[c] = ends.len() as u32;
+    }
+    SegmentPlan {
+        end,
+        segments,
+        packet_ends,
+    }
+}
+
 /// Segments at least this long are handed to the transport as views of the
 /// caller's tensors by [`RoundFramer::next_reliable_shared`] instead of
 /// being copied. Each costs the QUIC send buffer two pieces (header and
@@ -767,83 +800,12 @@ mod tests {
         max_datagram: usize,
         mut buf: Vec<u8>,
     ) -> EncodedRound {
-        let mut end = RoundEnd {
-            round,
-            levels,
-            ..Default::default()
-        };
-        // Runs per class: adjacent chunks of one tensor with the same class.
-        let mut runs: Vec<Vec<Piece>> = vec![Vec::new(); CLASS_SLOTS];
-        for (id, (chunk, &class)) in plan.chunks().iter().zip(classes).enumerate() {
-            let c = class as usize;
-            end.chunks[c] += 1;
-            end.bytes[c] += chunk.byte_len() as u64;
-            if class == IMPORTANT {
-                end.important_digest = end.important_digest.wrapping_add(id_digest(id as u32));
-            }
-            match runs[c].last_mut() {
-                Some(r) if r.tensor == chunk.tensor && r.offset + r.len == chunk.byte_start() => {
-                    r.len += chunk.byte_len();
-                }
-                _ => runs[c].push(Piece {
-                    tensor: chunk.tensor,
-                    offset: chunk.byte_start(),
-                    len: chunk.byte_len(),
-                }),
-            }
-        }
-
-        // Cut runs into segments: on the stream only at the segment limit, in
-        // datagrams to fill each one up. `packets[c]` lists where each packet of
-        // class c ends, as a count of segments.
-        let mut segments: Vec<Vec<Piece>> = vec![Vec::new(); CLASS_SLOTS];
-        let mut packet_ends: Vec<Vec<usize>> = vec![Vec::new(); CLASS_SLOTS];
-        for r in &runs[IMPORTANT as usize] {
-            let (mut off, mut rem) = (r.offset, r.len);
-            while rem > 0 {
-                let n = rem.min(MAX_SEGMENT_PAYLOAD);
-                segments[0].push(Piece {
-                    tensor: r.tensor,
-                    offset: off,
-                    len: n,
-                });
-                off += n;
-                rem -= n;
-            }
-        }
-        end.packets[0] = segments[0].len() as u32;
-        let max = max_datagram.min(DATA_HEADER_LEN + MAX_SEGMENT_PAYLOAD as usize);
-        for c in 1..CLASS_SLOTS {
-            let (segs, ends) = (&mut segments[c], &mut packet_ends[c]);
-            let mut used = 0usize;
-            for r in &runs[c] {
-                let (mut off, mut rem) = (r.offset as usize, r.len as usize);
-                while rem > 0 {
-                    let avail = max.saturating_sub(used + DATA_HEADER_LEN) & !3;
-                    let take = if rem <= avail {
-                        rem
-                    } else if avail >= MIN_FRAGMENT || (used == 0 && avail >= 4) {
-                        avail
-                    } else {
-                        ends.push(segs.len());
-                        used = 0;
-                        continue;
-                    };
-                    segs.push(Piece {
-                        tensor: r.tensor,
-                        offset: off as u32,
-                        len: take as u32,
-                    });
-                    used += DATA_HEADER_LEN + take;
-                    off += take;
-                    rem -= take;
-                }
-            }
-            if used > 0 {
-                ends.push(segs.len());
-            }
-            end.packets[c] = ends.len() as u32;
-        }
+        // The planning is shared: what the oracle checks is the writing.
+        let SegmentPlan {
+            end,
+            segments,
+            packet_ends,
+        } = plan_segments(plan, round, classes, levels, max_datagram);
 
         // Write everything into one buffer.
         let total: usize = segments

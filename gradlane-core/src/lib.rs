@@ -11,6 +11,7 @@
 //! - [`encode`]: a round scored, classed and framed for sending.
 //! - [`reassembly`]: the receiver: placement, zero fill, late merge.
 //! - [`control`]: the messages of a link's control stream.
+//! - [`bytes`]: the one byte reader and length-prefixed framing they use.
 //! - [`codec`]: the sparse log-quantized gradient codec.
 //! - [`ps`]: the parameter-server algorithms and their request messages.
 //! - [`presets`]: layouts of well-known models.
@@ -18,6 +19,7 @@
 
 #![warn(unreachable_pub)]
 
+pub mod bytes;
 pub mod classify;
 /// Sparse log-quantized gradient codec: choose the entries worth sending,
 /// pack each into a couple of bytes, and let the master sum workers' frames

@@ -92,6 +92,7 @@
 mod config;
 mod congestion;
 mod endpoint;
+mod framing;
 mod link;
 pub mod ps_net;
 pub mod quic;

@@ -140,13 +140,7 @@ async fn every_class_leaves_with_its_own_mark() {
         dscp: Some(MARKS),
         ..Config::default()
     };
-    let server = Endpoint::server(
-        "127.0.0.1:0".parse().unwrap(),
-        dir.join("server.pem"),
-        dir.join("server.key"),
-        config.clone(),
-    )
-    .unwrap();
+    let server = common::server(&dir, config.clone());
     let relay = Relay::start(server.local_addr().unwrap());
     let client = Endpoint::client(dir.join("ca.pem"), config).unwrap();
     let layout = layout();

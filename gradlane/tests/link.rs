@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{bit_equal, cert_dir, pair, quick};
+use common::{bit_equal, cert_dir, pair, quick, server};
 use gradlane::{codes, presets, Congestion, Layout, Packets, TensorSpec, JUMBO_UDP_PAYLOAD};
 use gradlane::{
     Config, DatagramSize, Endpoint, Faults, Link, LinkError, LossyCarrier, LossyRelease,
@@ -319,16 +319,13 @@ async fn rounds_under_uncapped_bbr() {
 async fn a_layout_mismatch_is_refused_clearly() {
     let dir = cert_dir("mismatch");
     let expected = Layout::new(vec![TensorSpec::dense("w", [10])]).unwrap();
-    let server = Endpoint::server(
-        "127.0.0.1:0".parse().unwrap(),
-        dir.join("server.pem"),
-        dir.join("server.key"),
+    let server = server(
+        &dir,
         Config {
             expect_layout: Some(expected),
             ..quick()
         },
-    )
-    .unwrap();
+    );
     let addr = server.local_addr().unwrap();
     let client = Endpoint::client(dir.join("ca.pem"), quick()).unwrap();
     let other = Layout::new(vec![TensorSpec::dense("w", [11])]).unwrap();
@@ -347,13 +344,7 @@ async fn a_layout_mismatch_is_refused_clearly() {
 async fn a_vanished_peer_is_an_error_not_a_hang() {
     let layout = presets::tiny();
     let dir = cert_dir("vanish");
-    let server_ep = Endpoint::server(
-        "127.0.0.1:0".parse().unwrap(),
-        dir.join("server.pem"),
-        dir.join("server.key"),
-        quick(),
-    )
-    .unwrap();
+    let server_ep = server(&dir, quick());
     let addr = server_ep.local_addr().unwrap();
     // The client lives in its own runtime, so that it can disappear without
     // saying goodbye: shutting the runtime down stops its packets at once.
@@ -650,13 +641,7 @@ async fn raw_client(
 async fn malformed_peers_are_counted_or_cut_off_and_others_keep_working() {
     let layout = presets::tiny();
     let dir = cert_dir("malformed");
-    let server = Endpoint::server(
-        "127.0.0.1:0".parse().unwrap(),
-        dir.join("server.pem"),
-        dir.join("server.key"),
-        quick(),
-    )
-    .unwrap();
+    let server = server(&dir, quick());
     let addr = server.local_addr().unwrap();
 
     // 1. Garbage datagrams: counted and dropped; the link still delivers.
@@ -717,13 +702,7 @@ async fn a_client_trusting_another_ca_fails_clearly() {
     let layout = presets::tiny();
     let dir = cert_dir("ca-a");
     let other = cert_dir("ca-b");
-    let server = Endpoint::server(
-        "127.0.0.1:0".parse().unwrap(),
-        dir.join("server.pem"),
-        dir.join("server.key"),
-        quick(),
-    )
-    .unwrap();
+    let server = server(&dir, quick());
     let addr = server.local_addr().unwrap();
     let client = Endpoint::client(other.join("ca.pem"), quick()).unwrap();
     let accept = tokio::time::timeout(Duration::from_secs(3), server.accept());

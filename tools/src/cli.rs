@@ -2,9 +2,12 @@
 //! address resolution, the congestion flag, and synthetic gradients.
 
 use clap::ValueEnum;
-use gradlane::{Config, Congestion, DscpMarks, Endpoint, Layout, Packets};
+use gradlane::{
+    Config, Congestion, DscpMarks, Endpoint, Faults, Layout, Link, Packets, SetupError,
+};
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -172,4 +175,147 @@ pub fn mb(bytes: u64) -> f64 {
 /// A duration in milliseconds.
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// A probability on the command line: a number in [0, 1].
+pub fn probability(s: &str) -> Result<f64, String> {
+    let p: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=1.0).contains(&p) {
+        Ok(p)
+    } else {
+        Err(format!("{p} is not in [0, 1]"))
+    }
+}
+
+/// How a program's end meets the path: injected faults and the transport.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PathFlags {
+    /// Injected loss probability on this end's socket, in both directions,
+    /// in [0, 1].
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = probability)]
+    pub loss: f64,
+    /// Injected delay of outgoing packets, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub delay_ms: u64,
+    /// Injected extra random delay of outgoing packets, up to this many ms.
+    #[arg(long, default_value_t = 0)]
+    pub jitter_ms: u64,
+    /// Congestion controller of this end.
+    #[arg(long, value_enum, default_value_t = Cc::CappedBbr)]
+    pub congestion: Cc,
+    /// Every packet 8952 bytes from the first: only on a network that
+    /// carries 9000-byte frames end to end (and loopback). Set it on both
+    /// ends: with one end only, packets stay within the other's 1452
+    /// bytes. On a path with a smaller MTU the handshake fails.
+    #[arg(long)]
+    pub jumbo: bool,
+    /// Mark every packet with the DSCP of its class, as the authors did:
+    /// TOS 224 for the important class, acknowledgements and control, TOS
+    /// `(levels - c) * 32` for lossy level `c`. For networks that queue by
+    /// DSCP; the lossy part then goes as datagrams once the peer confirmed
+    /// the important part. Linux only.
+    #[arg(long)]
+    pub dscp: bool,
+}
+
+impl PathFlags {
+    /// The injected faults, seeded with `seed`, if any are asked for.
+    pub fn faults(&self, seed: u64) -> Option<Faults> {
+        (self.loss > 0.0 || self.delay_ms > 0 || self.jitter_ms > 0).then(|| Faults {
+            loss_out: self.loss,
+            loss_in: self.loss,
+            delay: Duration::from_millis(self.delay_ms),
+            jitter: Duration::from_millis(self.jitter_ms),
+            seed,
+        })
+    }
+
+    /// `config` with these flags' transport and faults.
+    pub fn apply(&self, config: Config, seed: u64) -> Config {
+        Config {
+            dscp: dscp(self.dscp, config.levels),
+            faults: self.faults(seed),
+            ..transport(config, self.congestion, self.jumbo)
+        }
+    }
+}
+
+/// Where a server end listens and what it proves itself with.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServerFlags {
+    /// Address to listen on (host:port).
+    #[arg(long, default_value = "127.0.0.1:4433")]
+    pub listen: String,
+    /// Server certificate chain (PEM; `certs` makes one).
+    #[arg(long, default_value = "certs/server.pem")]
+    pub cert: PathBuf,
+    /// Server private key (PEM).
+    #[arg(long, default_value = "certs/server.key")]
+    pub key: PathBuf,
+}
+
+impl ServerFlags {
+    /// A server endpoint with `config`, listening where the flags say.
+    pub async fn endpoint(&self, config: Config) -> Result<Endpoint, BoxError> {
+        let addr = resolve(&self.listen).await?;
+        Endpoint::server(addr, &self.cert, &self.key, config).map_err(|e| match e {
+            SetupError::Config(e) => format!("invalid setting: {e}").into(),
+            e => format!(
+                "cannot listen on {addr} with {} and {}: {}",
+                self.cert.display(),
+                self.key.display(),
+                chain(&e)
+            )
+            .into(),
+        })
+    }
+}
+
+/// Whom a client end connects to and how it checks the server.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientFlags {
+    /// Server address (host:port).
+    #[arg(long, default_value = "127.0.0.1:4433")]
+    pub connect: String,
+    /// Name the server's certificate must be valid for.
+    #[arg(long, default_value = "localhost")]
+    pub server_name: String,
+    /// CA certificate that signed the server's certificate (PEM).
+    #[arg(long, default_value = "certs/ca.pem")]
+    pub ca: PathBuf,
+    /// Give up connecting after this many seconds.
+    #[arg(long, default_value_t = 10)]
+    pub connect_timeout_secs: u64,
+}
+
+impl ClientFlags {
+    /// A client endpoint with `config`, trusting the flags' CA.
+    pub fn endpoint(&self, config: Config) -> Result<Endpoint, BoxError> {
+        Endpoint::client(&self.ca, config).map_err(|e| match e {
+            SetupError::Config(e) => format!("invalid setting: {e}").into(),
+            e => format!("cannot set up with CA {}: {}", self.ca.display(), chain(&e)).into(),
+        })
+    }
+
+    /// Connects `endpoint` to the flags' server with `layout`, saying so
+    /// first, within the connect timeout.
+    pub async fn connect(&self, endpoint: &Endpoint, layout: &Layout) -> Result<Link, BoxError> {
+        let addr = resolve(&self.connect).await?;
+        let wait = Duration::from_secs(self.connect_timeout_secs);
+        eprintln!("connecting to {addr} as {:?}...", self.server_name);
+        match tokio::time::timeout(wait, endpoint.connect(addr, &self.server_name, layout)).await {
+            Ok(Ok(link)) => Ok(link),
+            Ok(Err(e)) => Err(format!(
+                "cannot connect to {addr} as {:?}: {}",
+                self.server_name,
+                chain(&e)
+            )
+            .into()),
+            Err(_) => Err(format!(
+                "no answer from {addr} within {wait:?} (is the server running and reachable? \
+                 --connect-timeout-secs waits longer)"
+            )
+            .into()),
+        }
+    }
 }

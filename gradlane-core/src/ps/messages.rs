@@ -13,6 +13,7 @@
 //! derives from the model size, so a peer cannot make us allocate more than
 //! a model's worth of memory.
 
+use crate::bytes::{frame, prefix, Reader, Short, LEN_PREFIX};
 use crate::ps::Disposition;
 use thiserror::Error;
 
@@ -31,9 +32,6 @@ const DISP_BUFFERED: u8 = 3;
 /// Bytes of a [`Reply::Params`] body before the values: tag, index, steps,
 /// disposition kind, staleness.
 pub const PARAMS_HEADER_LEN: usize = 1 + 8 + 8 + 1 + 8;
-
-/// Bytes of the length prefix.
-pub const LEN_PREFIX: usize = 4;
 
 /// What a worker asks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,7 +150,7 @@ impl Request {
     /// Decodes a body (without the length prefix).
     pub fn decode(body: &[u8]) -> Result<Self, MessageError> {
         let (&tag, rest) = body.split_first().ok_or(MessageError::Empty)?;
-        let mut r = Reader(rest);
+        let mut r = Reader::new(rest);
         let req = match tag {
             TAG_PULL => Request::Pull,
             TAG_PUSH_ROUND => Request::PushRound {
@@ -161,12 +159,12 @@ impl Request {
             },
             TAG_PUSH_CODEC => {
                 let index = r.u64()?;
-                let frame = std::mem::take(&mut r.0).to_vec();
+                let frame = r.rest().to_vec();
                 Request::PushCodec { index, frame }
             }
             t => return Err(MessageError::UnknownTag(t)),
         };
-        r.end()?;
+        r.finish()?;
         Ok(req)
     }
 }
@@ -179,7 +177,7 @@ impl ParamsHeader {
         let mut out = Vec::with_capacity(LEN_PREFIX + PARAMS_HEADER_LEN);
         // The caller bounds `values` by the model size, which the handshake
         // already limited far below 4 GiB; saturate rather than wrap anyway.
-        out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
+        out.extend_from_slice(&prefix(len));
         out.push(TAG_PARAMS);
         out.extend_from_slice(&self.index.to_le_bytes());
         out.extend_from_slice(&self.steps.to_le_bytes());
@@ -201,12 +199,12 @@ impl ParamsHeader {
         if tag != TAG_PARAMS {
             return Err(MessageError::UnknownTag(tag));
         }
-        let mut r = Reader(rest);
+        let mut r = Reader::new(rest);
         let index = r.u64()?;
         let steps = r.u64()?;
         let kind = r.u8()?;
         let staleness = r.u64()?;
-        r.end()?;
+        r.finish()?;
         let disposition = match kind {
             DISP_NONE => None,
             DISP_APPLIED => Some(Disposition::Applied { staleness }),
@@ -286,39 +284,14 @@ pub fn check_reply_len(kind: ReplyKind, len: usize, params: usize) -> Result<(),
 pub const MAX_REASON: usize = 4096;
 
 fn prefixed(body: Vec<u8>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(LEN_PREFIX + body.len());
-    out.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
-    out.extend_from_slice(&body);
-    out
+    frame(&body)
 }
 
-struct Reader<'a>(&'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N], MessageError> {
-        if self.0.len() < N {
-            return Err(MessageError::Truncated);
-        }
-        let (a, b) = self.0.split_at(N);
-        self.0 = b;
-        let mut out = [0u8; N];
-        out.copy_from_slice(a);
-        Ok(out)
-    }
-    fn u8(&mut self) -> Result<u8, MessageError> {
-        Ok(self.take::<1>()?[0])
-    }
-    fn u32(&mut self) -> Result<u32, MessageError> {
-        Ok(u32::from_le_bytes(self.take()?))
-    }
-    fn u64(&mut self) -> Result<u64, MessageError> {
-        Ok(u64::from_le_bytes(self.take()?))
-    }
-    fn end(&self) -> Result<(), MessageError> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(MessageError::Trailing)
+impl From<Short> for MessageError {
+    fn from(s: Short) -> Self {
+        match s {
+            Short::Truncated => MessageError::Truncated,
+            Short::Trailing => MessageError::Trailing,
         }
     }
 }

@@ -28,6 +28,7 @@
 //! `receive` the receiving half and the background tasks.
 
 use crate::config::Config;
+use crate::framing::{self, FrameError};
 use crate::socket::marking::ConnectionMark;
 use bytes::Bytes;
 use gradlane_core::control::{codes, framed, CloseNote, Control, HandshakeError, MAX_MESSAGE};
@@ -535,38 +536,35 @@ fn protocol_close(conn: &Connection, why: &str) {
     conn.close(VarInt::from_u32(codes::PROTOCOL), why.as_bytes());
 }
 
-/// Reads one length-prefixed control message; `None` at a clean end.
+/// Reads one control message; `None` at a clean end.
 pub(crate) async fn read_control(stream: &mut RecvStream) -> Result<Option<Vec<u8>>, LinkError> {
-    let mut len = [0u8; 4];
-    match stream.read_exact(&mut len).await {
-        Ok(()) => {}
-        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
-        Err(quinn::ReadExactError::FinishedEarly(_)) => {
-            return Err(HandshakeError::Truncated.into())
-        }
-        Err(quinn::ReadExactError::ReadError(e)) => return Err(read_error(e)),
-    }
-    let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_MESSAGE {
-        return Err(HandshakeError::TooLarge(len).into());
-    }
-    let mut body = vec![0u8; len];
-    match stream.read_exact(&mut body).await {
-        Ok(()) => Ok(Some(body)),
-        Err(quinn::ReadExactError::FinishedEarly(_)) => Err(HandshakeError::Truncated.into()),
-        Err(quinn::ReadExactError::ReadError(e)) => Err(read_error(e)),
-    }
+    framing::read_frame(stream, MAX_MESSAGE)
+        .await
+        .map_err(|e| match e {
+            FrameError::Truncated => HandshakeError::Truncated.into(),
+            FrameError::TooLarge { len, .. } => HandshakeError::TooLarge(len).into(),
+            FrameError::Read(e) => read_error(e),
+        })
 }
 
-fn read_error(e: quinn::ReadError) -> LinkError {
+pub(crate) fn read_error(e: quinn::ReadError) -> LinkError {
     match e {
         quinn::ReadError::ConnectionLost(c) => LinkError::from_conn(c),
         e => LinkError::Read(e),
     }
 }
 
-/// Writes one length-prefixed control message.
+pub(crate) fn write_error(e: quinn::WriteError) -> LinkError {
+    match e {
+        quinn::WriteError::ConnectionLost(c) => LinkError::from_conn(c),
+        e => LinkError::Write(e),
+    }
+}
+
+/// Writes one control message.
 pub(crate) async fn write_control(stream: &mut SendStream, msg: Control) -> Result<(), LinkError> {
-    stream.write_all(&framed(&msg.encode())).await?;
-    Ok(())
+    let frame = Bytes::from(framed(&msg.encode()));
+    framing::write_frame(stream, frame)
+        .await
+        .map_err(write_error)
 }

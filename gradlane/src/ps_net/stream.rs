@@ -1,9 +1,12 @@
-//! Reading and writing length-prefixed messages on a request stream.
+//! Moving the parameter server's messages over its request stream: the
+//! crate's framing, with errors in the parameter server's terms.
 
+use crate::framing::{self, FrameError};
+use crate::link::{read_error, write_error};
 use crate::LinkError;
 use bytes::Bytes;
-use gradlane_core::ps::messages::{MessageError, LEN_PREFIX};
-use quinn::{ReadExactError, RecvStream, SendStream};
+use gradlane_core::ps::messages::MessageError;
+use quinn::{RecvStream, SendStream};
 use thiserror::Error;
 
 /// Why a message could not be moved over the request stream.
@@ -20,33 +23,24 @@ pub enum StreamError {
     Message(#[from] MessageError),
 }
 
-fn read_error(e: quinn::ReadError) -> StreamError {
-    match e {
-        quinn::ReadError::ConnectionLost(c) => StreamError::Link(LinkError::from_conn(c)),
-        e => StreamError::Link(LinkError::Read(e)),
-    }
-}
-
-fn exact_error(e: ReadExactError) -> StreamError {
-    match e {
-        ReadExactError::FinishedEarly(_) => StreamError::Truncated,
-        ReadExactError::ReadError(e) => read_error(e),
+impl From<FrameError> for StreamError {
+    fn from(e: FrameError) -> Self {
+        match e {
+            FrameError::Truncated => StreamError::Truncated,
+            FrameError::TooLarge { len, cap } => MessageError::TooLarge { len, cap }.into(),
+            FrameError::Read(e) => StreamError::Link(read_error(e)),
+        }
     }
 }
 
 /// Reads a length prefix; `None` if the stream ended cleanly before it.
 pub(super) async fn read_len(recv: &mut RecvStream) -> Result<Option<usize>, StreamError> {
-    let mut len = [0u8; LEN_PREFIX];
-    match recv.read_exact(&mut len).await {
-        Ok(()) => Ok(Some(u32::from_le_bytes(len) as usize)),
-        Err(ReadExactError::FinishedEarly(0)) => Ok(None),
-        Err(e) => Err(exact_error(e)),
-    }
+    Ok(framing::read_len(recv).await?)
 }
 
 /// Reads exactly `buf.len()` bytes.
 pub(super) async fn read_into(recv: &mut RecvStream, buf: &mut [u8]) -> Result<(), StreamError> {
-    recv.read_exact(buf).await.map_err(exact_error)
+    Ok(framing::read_exact(recv, buf).await?)
 }
 
 /// Reads one message body of at most `cap` bytes; `None` at a clean end.
@@ -54,27 +48,12 @@ pub(super) async fn read_body(
     recv: &mut RecvStream,
     cap: usize,
 ) -> Result<Option<Vec<u8>>, StreamError> {
-    let Some(len) = read_len(recv).await? else {
-        return Ok(None);
-    };
-    if len > cap {
-        return Err(MessageError::TooLarge { len, cap }.into());
-    }
-    let mut body = vec![0u8; len];
-    read_into(recv, &mut body).await?;
-    Ok(Some(body))
+    Ok(framing::read_frame(recv, cap).await?)
 }
 
 /// Writes a whole framed message.
 pub(super) async fn write_bytes(send: &mut SendStream, bytes: Bytes) -> Result<(), StreamError> {
-    send.write_chunk(bytes)
+    framing::write_frame(send, bytes)
         .await
         .map_err(|e| StreamError::Link(write_error(e)))
-}
-
-fn write_error(e: quinn::WriteError) -> LinkError {
-    match e {
-        quinn::WriteError::ConnectionLost(c) => LinkError::from_conn(c),
-        e => LinkError::Write(e),
-    }
 }

@@ -23,6 +23,17 @@ pub fn quick() -> Config {
     c
 }
 
+/// A server endpoint on a free loopback port with the certificate in `dir`.
+pub fn server(dir: &Path, config: Config) -> Endpoint {
+    Endpoint::server(
+        "127.0.0.1:0".parse().unwrap(),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+        config,
+    )
+    .unwrap()
+}
+
 /// A server and a connected client link, with certificates of their own;
 /// the client's socket carries `faults`.
 pub async fn pair(
@@ -46,13 +57,7 @@ pub async fn pair_in(
     faults: Option<Faults>,
     config: Config,
 ) -> (Endpoint, Link, Endpoint, Link) {
-    let server = Endpoint::server(
-        "127.0.0.1:0".parse().unwrap(),
-        dir.join("server.pem"),
-        dir.join("server.key"),
-        config.clone(),
-    )
-    .unwrap();
+    let server = server(dir, config.clone());
     let addr = server.local_addr().unwrap();
     let client = Endpoint::client(dir.join("ca.pem"), Config { faults, ..config }).unwrap();
     for _ in 0..5 {

@@ -1,7 +1,7 @@
 //! Make a CA and a server certificate for gradlane endpoints.
 //!
 //! ```text
-//! cargo run --example certs -- --out-dir certs --san localhost --san 10.0.0.2
+//! cargo run --bin certs -- --out-dir certs --san localhost --san 10.0.0.2
 //! ```
 //!
 //! Give `ca.pem` to clients; `server.pem` + `server.key` to the server. Keep
@@ -23,10 +23,30 @@ struct Args {
     /// for several.
     #[arg(long = "san", default_values = ["localhost", "127.0.0.1", "::1"])]
     sans: Vec<String>,
+    /// Replace certificates and keys already in the directory (every
+    /// certificate the old CA signed stops being trusted by clients given
+    /// the new `ca.pem`).
+    #[arg(long)]
+    force: bool,
 }
+
+const FILES: [&str; 4] = ["ca.pem", "ca.key", "server.pem", "server.key"];
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let existing: Vec<String> = FILES
+        .iter()
+        .map(|f| args.out_dir.join(f))
+        .filter(|p| p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
+    if !existing.is_empty() && !args.force {
+        eprintln!(
+            "certs: {} already exist; not replacing them without --force",
+            existing.join(", ")
+        );
+        return ExitCode::FAILURE;
+    }
     match generate_certs(&args.out_dir, &args.sans) {
         Ok(files) => {
             println!("server certificate valid for: {}", args.sans.join(", "));

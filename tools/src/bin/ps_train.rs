@@ -34,11 +34,10 @@ use gradlane::ps::{
     StragglerFilter,
 };
 use gradlane::ps_net::{self, Compression, ServerHandle, Worker};
-use gradlane::{Config, Endpoint, Faults};
+use gradlane::{Config, Faults};
 use gradlane_core::rng::SplitMix64;
 use gradlane_tools::mlp::{Dataset, Mlp};
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
@@ -155,15 +154,8 @@ struct ServerArgs {
     /// Algorithm to serve.
     #[arg(long, value_enum)]
     algo: Algo,
-    /// Listen address.
-    #[arg(long, default_value = "127.0.0.1:4433")]
-    listen: String,
-    /// Certificate chain (PEM).
-    #[arg(long, default_value = "certs/server.pem")]
-    cert: PathBuf,
-    /// Private key (PEM).
-    #[arg(long, default_value = "certs/server.key")]
-    key: PathBuf,
+    #[command(flatten)]
+    server: common::ServerFlags,
     /// Evaluation interval, milliseconds.
     #[arg(long, default_value_t = 500)]
     eval_ms: u64,
@@ -187,15 +179,8 @@ struct ServerArgs {
 struct WorkerArgs {
     #[command(flatten)]
     training: Training,
-    /// Server address (host:port).
-    #[arg(long, default_value = "127.0.0.1:4433")]
-    connect: String,
-    /// Name on the server's certificate.
-    #[arg(long, default_value = "localhost")]
-    server_name: String,
-    /// CA certificate (PEM).
-    #[arg(long, default_value = "certs/ca.pem")]
-    ca: PathBuf,
+    #[command(flatten)]
+    client: common::ClientFlags,
     /// Worker number (seeds its minibatches and its injected loss).
     #[arg(long, default_value_t = 0)]
     id: u64,
@@ -287,10 +272,9 @@ async fn serve_with<S: ParameterServer + Send + 'static>(
     server: S,
     filter_staleness: impl Fn(&S) -> Option<f64>,
 ) -> Result<(), BoxError> {
-    let listen = common::resolve(&a.listen).await?;
     let mut config = Config::default();
     config.timing.grace = Duration::from_millis(a.grace_ms);
-    let endpoint = Endpoint::server(listen, &a.cert, &a.key, config)?;
+    let endpoint = a.server.endpoint(config).await?;
     println!("listening {}", endpoint.local_addr()?);
     std::io::stdout().flush()?;
     let handle = ServerHandle::new(server);
@@ -349,18 +333,15 @@ async fn serve_with<S: ParameterServer + Send + 'static>(
 
 async fn work(a: WorkerArgs) -> Result<(), BoxError> {
     let (model, train, _) = problem(&a.training)?;
-    let addr = common::resolve(&a.connect).await?;
+    let addr = common::resolve(&a.client.connect).await?;
     let faults = (a.loss > 0.0 || a.delay_ms > 0).then(|| Faults {
         delay: Duration::from_millis(a.delay_ms),
         ..Faults::symmetric_loss(a.loss, 1000 + a.id)
     });
-    let endpoint = Endpoint::client(
-        &a.ca,
-        Config {
-            faults,
-            ..Config::default()
-        },
-    )?;
+    let endpoint = a.client.endpoint(Config {
+        faults,
+        ..Config::default()
+    })?;
     let compression = if a.codec {
         Compression::Codec {
             selection: gradlane::codec::Selection::TopK(model.param_count() / 10),
@@ -369,8 +350,14 @@ async fn work(a: WorkerArgs) -> Result<(), BoxError> {
     } else {
         Compression::Rounds
     };
-    let mut worker =
-        Worker::join(&endpoint, addr, &a.server_name, model.layout(), compression).await?;
+    let mut worker = Worker::join(
+        &endpoint,
+        addr,
+        &a.client.server_name,
+        model.layout(),
+        compression,
+    )
+    .await?;
     let mut params = worker.pull().await?;
     let mut rng = SplitMix64::new(a.training.seed ^ (a.id + 1).wrapping_mul(0x9E37));
     let mut grad = vec![0f32; model.param_count()];

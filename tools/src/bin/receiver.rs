@@ -14,59 +14,31 @@
 
 use gradlane_tools::cli as common;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::Parser;
-use common::{chain, mb, resolve, BoxError, Cc};
-use gradlane::{Config, Endpoint, Faults, RoundStats};
+use common::{chain, mb, BoxError, PathFlags, ServerFlags};
+use gradlane::{presets, Config, RoundStats};
 
 /// Receive gradlane rounds and print a table of what arrived.
 #[derive(Debug, Parser)]
 #[command(name = "receiver")]
 struct Args {
-    /// Address to listen on (host:port).
-    #[arg(long, default_value = "127.0.0.1:4433")]
-    listen: String,
-    /// Server certificate chain (PEM).
-    #[arg(long, default_value = "certs/server.pem")]
-    cert: PathBuf,
-    /// Server private key (PEM).
-    #[arg(long, default_value = "certs/server.key")]
-    key: PathBuf,
+    #[command(flatten)]
+    server: ServerFlags,
+    /// Accept only a sender whose model has this preset's layout (the
+    /// layout comes in the handshake either way).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(presets::NAMES))]
+    model: Option<String>,
     /// Rounds to receive before closing the link.
     #[arg(long, default_value_t = 5)]
     rounds: u32,
-    /// Injected loss probability on this end's socket, in both directions.
-    #[arg(long, default_value_t = 0.0)]
-    loss: f64,
-    /// Injected delay of outgoing packets, in milliseconds.
-    #[arg(long, default_value_t = 0)]
-    delay_ms: u64,
-    /// Injected extra random delay of outgoing packets, up to this many ms.
-    #[arg(long, default_value_t = 0)]
-    jitter_ms: u64,
     /// Seed of the injected loss and jitter.
     #[arg(long, default_value_t = 2)]
     seed: u64,
-    /// Congestion controller of this end.
-    #[arg(long, value_enum, default_value_t = Cc::CappedBbr)]
-    congestion: Cc,
-    /// Every packet 8952 bytes from the first (`Tuning::jumbo`): only on a
-    /// network that carries 9000-byte frames end to end (and loopback).
-    /// Set it on both ends: with one end only, packets stay within the
-    /// other's 1452 bytes. On a path with a smaller MTU the handshake
-    /// fails.
-    #[arg(long)]
-    jumbo: bool,
-    /// Mark every packet with the DSCP of its class, as the authors did:
-    /// TOS 224 for the important class, acknowledgements and control, TOS
-    /// `(levels - c) * 32` for lossy level `c`. For networks that queue by
-    /// DSCP; the lossy part then goes as datagrams once the peer confirmed
-    /// the important part. Linux only.
-    #[arg(long)]
-    dscp: bool,
+    #[command(flatten)]
+    path: PathFlags,
 }
 
 fn main() -> ExitCode {
@@ -74,31 +46,20 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), BoxError> {
-    if !(0.0..=1.0).contains(&args.loss) {
-        return Err(format!("--loss {} is not in [0, 1]", args.loss).into());
-    }
-    let addr = resolve(&args.listen).await?;
-    let faults = (args.loss > 0.0 || args.delay_ms > 0 || args.jitter_ms > 0).then(|| Faults {
-        loss_out: args.loss,
-        loss_in: args.loss,
-        delay: Duration::from_millis(args.delay_ms),
-        jitter: Duration::from_millis(args.jitter_ms),
-        seed: args.seed,
-    });
-    let config = Config {
-        // This end's rounds would go back with the default classes.
-        dscp: common::dscp(args.dscp, Config::default().levels),
-        faults,
-        ..common::transport(Config::default(), args.congestion, args.jumbo)
+    let expect_layout = match &args.model {
+        Some(name) => {
+            Some(presets::by_name(name).ok_or_else(|| format!("unknown model {name:?}"))?)
+        }
+        None => None,
     };
-    let endpoint = Endpoint::server(addr, &args.cert, &args.key, config).map_err(|e| {
-        format!(
-            "cannot listen on {addr} with {} and {}: {}",
-            args.cert.display(),
-            args.key.display(),
-            chain(&e)
-        )
-    })?;
+    let config = Config {
+        expect_layout,
+        ..Config::default()
+    };
+    let endpoint = args
+        .server
+        .endpoint(args.path.apply(config, args.seed))
+        .await?;
     eprintln!("receiver: listening on {}", endpoint.local_addr()?);
     let mut link = match endpoint.accept().await {
         Some(link) => link.map_err(|e| format!("accepting the link: {}", chain(&e)))?,
@@ -126,7 +87,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         let s = &round.stats;
         let levels = s.levels as usize;
         if !header {
-            let mut h = String::from("| round | ms | important MB |");
+            let mut h = String::from("| round | ms since previous | important MB |");
             let mut sep = String::from("|---:|---:|---:|");
             for l in 1..=levels {
                 h.push_str(&format!(" L{l} recv/sent MB |"));
@@ -166,6 +127,12 @@ async fn run(args: Args) -> Result<(), BoxError> {
         received += 1;
         link.recycle(round.tensors);
     }
+    println!();
+    println!(
+        "Lossy levels: MB received of MB sent. zero-filled: lossy bytes that never came and \
+         were filled with zeros; late-merged: bytes of an earlier round that came after it was \
+         delivered, added into this one."
+    );
     let secs = last.duration_since(first).as_secs_f64();
     let lossy = totals.lossy();
     let sent = totals.classes[0].sent_bytes + lossy.sent_bytes;
@@ -198,7 +165,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     );
     if let Some(f) = endpoint.fault_stats() {
         println!(
-            "faults (this end): dropped {} of {} outgoing, {} of {} incoming datagrams",
+            "faults (this end): dropped {} of {} outgoing, {} of {} incoming UDP packets",
             f.segments_dropped_out,
             f.segments_sent + f.segments_dropped_out,
             f.datagrams_dropped_in,

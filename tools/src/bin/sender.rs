@@ -16,15 +16,14 @@
 
 use gradlane_tools::cli as common;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
-use common::{chain, mb, resolve, BoxError, Cc};
+use common::{chain, mb, BoxError, ClientFlags, PathFlags};
 use common::{grads, ms};
-use gradlane::{presets, Config, Endpoint, Faults, LossyCarrier, LossyRelease, RoundTiming};
+use gradlane::{presets, Config, LossyCarrier, LossyRelease, RoundTiming};
 
 /// `--lossy-release` on the command line (`LossyRelease`).
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -48,30 +47,14 @@ enum Carrier {
 #[derive(Debug, Parser)]
 #[command(name = "sender")]
 struct Args {
-    /// Receiver address (host:port).
-    #[arg(long, default_value = "127.0.0.1:4433")]
-    connect: String,
-    /// Name the receiver's certificate must be valid for.
-    #[arg(long, default_value = "localhost")]
-    server_name: String,
-    /// CA certificate that signed the receiver's certificate (PEM).
-    #[arg(long, default_value = "certs/ca.pem")]
-    ca: PathBuf,
+    #[command(flatten)]
+    client: ClientFlags,
     /// Model preset whose layout the gradients have.
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(presets::NAMES), default_value = "resnet50")]
     model: String,
     /// Rounds to send.
     #[arg(long, default_value_t = 5)]
     rounds: u32,
-    /// Injected loss probability on this end's socket, in both directions.
-    #[arg(long, default_value_t = 0.0)]
-    loss: f64,
-    /// Injected delay of outgoing packets, in milliseconds.
-    #[arg(long, default_value_t = 0)]
-    delay_ms: u64,
-    /// Injected extra random delay of outgoing packets, up to this many ms.
-    #[arg(long, default_value_t = 0)]
-    jitter_ms: u64,
     /// Seed of the injected loss and jitter, and of the gradients.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -82,23 +65,8 @@ struct Args {
     /// Lossy levels, 1..=7.
     #[arg(long, default_value_t = Config::default().levels)]
     levels: u8,
-    /// Congestion controller of this end.
-    #[arg(long, value_enum, default_value_t = Cc::CappedBbr)]
-    congestion: Cc,
-    /// Every packet 8952 bytes from the first (`Tuning::jumbo`): only on a
-    /// network that carries 9000-byte frames end to end (and loopback).
-    /// Set it on both ends: with one end only, packets stay within the
-    /// other's 1452 bytes. On a path with a smaller MTU the handshake
-    /// fails.
-    #[arg(long)]
-    jumbo: bool,
-    /// Mark every packet with the DSCP of its class, as the authors did:
-    /// TOS 224 for the important class, acknowledgements and control, TOS
-    /// `(levels - c) * 32` for lossy level `c`. For networks that queue by
-    /// DSCP; the lossy part then goes as datagrams once the receiver
-    /// confirmed the important part. Linux only.
-    #[arg(long)]
-    dscp: bool,
+    #[command(flatten)]
+    path: PathFlags,
     /// Streams each round's important part is spread over.
     #[arg(long, default_value_t = Config::default().lanes)]
     lanes: u8,
@@ -116,24 +84,12 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), BoxError> {
-    if !(0.0..=1.0).contains(&args.loss) {
-        return Err(format!("--loss {} is not in [0, 1]", args.loss).into());
-    }
     let layout =
         presets::by_name(&args.model).ok_or_else(|| format!("unknown model {:?}", args.model))?;
-    let addr = resolve(&args.connect).await?;
-    let faults = (args.loss > 0.0 || args.delay_ms > 0 || args.jitter_ms > 0).then(|| Faults {
-        loss_out: args.loss,
-        loss_in: args.loss,
-        delay: Duration::from_millis(args.delay_ms),
-        jitter: Duration::from_millis(args.jitter_ms),
-        seed: args.seed,
-    });
     let config = Config {
         loss_tolerance: args.loss_tolerance,
         levels: args.levels,
         lanes: args.lanes,
-        dscp: common::dscp(args.dscp, args.levels),
         timing: RoundTiming {
             release: match args.lossy_release {
                 Release::Sent => LossyRelease::Sent,
@@ -145,21 +101,13 @@ async fn run(args: Args) -> Result<(), BoxError> {
             },
             ..RoundTiming::default()
         },
-        faults,
-        ..common::transport(Config::default(), args.congestion, args.jumbo)
+        ..Config::default()
     };
-    let endpoint = Endpoint::client(&args.ca, config)
-        .map_err(|e| format!("cannot set up with CA {}: {}", args.ca.display(), chain(&e)))?;
-    let mut link = endpoint
-        .connect(addr, &args.server_name, &layout)
-        .await
-        .map_err(|e| {
-            format!(
-                "cannot connect to {addr} as {:?}: {}",
-                args.server_name,
-                chain(&e)
-            )
-        })?;
+    // Every setting is checked here, before anything is sent.
+    let endpoint = args.client.endpoint(args.path.apply(config, args.seed))?;
+    let mut link = args.client.connect(&endpoint, &layout).await?;
+    let addr = link.connection().remote_address();
+    let path = &args.path;
     println!(
         "sender: {} ({} tensors, {:.1} MB) to {addr}, loss tolerance {}, {} levels, {:?}, loss {}, delay {} ms, jitter {} ms",
         args.model,
@@ -167,23 +115,23 @@ async fn run(args: Args) -> Result<(), BoxError> {
         mb(layout.total_bytes()),
         args.loss_tolerance,
         args.levels,
-        args.congestion,
-        args.loss,
-        args.delay_ms,
-        args.jitter_ms
+        path.congestion,
+        path.loss,
+        path.delay_ms,
+        path.jitter_ms
     );
     println!();
     let mut h =
         String::from("| round | encode ms | important ms | total ms | important MB | lossy on |");
     let mut sep = String::from("|---:|---:|---:|---:|---:|---|");
     for l in 1..=args.levels {
-        h.push_str(&format!(" L{l} sent/dropped |"));
+        h.push_str(&format!(" L{l} MB sent (packets/dropped) |"));
         sep.push_str("---:|");
     }
-    // Queued datagrams quinn discarded when the path MTU fell.
     h.push_str(" dropped by quinn |");
     sep.push_str("---:|");
     println!("{h}\n{sep}");
+    let (started, mut important, mut lossy, mut dropped) = (Instant::now(), 0u64, 0u64, 0u64);
     for r in 0..args.rounds {
         let g = grads(&layout, args.seed.wrapping_mul(1000).wrapping_add(r as u64));
         // Handed over shared: the important part's long runs go to quinn
@@ -205,12 +153,38 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 "datagrams"
             }
         );
-        for (p, d) in report.lossy_packets.iter().zip(&report.lossy_dropped) {
-            row.push_str(&format!(" {p}/{d} |"));
+        for l in 0..report.lossy_packets.len() {
+            row.push_str(&format!(
+                " {:.2} ({}/{}) |",
+                mb(report.lossy_bytes[l]),
+                report.lossy_packets[l],
+                report.lossy_dropped[l]
+            ));
         }
         row.push_str(&format!(" {} |", report.lossy_dropped_by_quinn));
         println!("{row}");
+        important += report.important_bytes;
+        lossy += report.lossy_bytes.iter().sum::<u64>();
+        dropped += report.lossy_dropped.iter().sum::<u64>() + report.lossy_dropped_by_quinn;
     }
+    let elapsed = started.elapsed();
+    println!();
+    println!(
+        "important ms: until the receiver confirmed every important chunk; total ms: until the \
+         lossy part was handed to the network too. Lossy levels: MB handed to the network \
+         (packets: datagrams, or 64 KiB pieces on streams; dropped: by this sender, past a \
+         deadline). dropped by quinn: datagrams quinn discarded after the path MTU fell. \
+         Loss on the way shows at the receiver, as zero-filled MB."
+    );
+    println!(
+        "summary: {} rounds in {:.0} ms ({:.2} Gbit/s of model data), {:.1} MB important \
+         (confirmed), {:.1} MB lossy sent, {dropped} lossy packets dropped before sending",
+        args.rounds,
+        ms(elapsed),
+        (important + lossy) as f64 * 8.0 / elapsed.as_secs_f64().max(1e-9) / 1e9,
+        mb(important),
+        mb(lossy)
+    );
     // The datagrams of the last round may still be queued: wait until the
     // receiver has everything and closes the link. It delivers the round at
     // most `max_grace` after confirming it; its close can be lost, and
@@ -231,7 +205,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     );
     match endpoint.fault_stats() {
         Some(f) => println!(
-            "faults (this end): {} transmits, {} datagrams sent, {} dropped out, \
+            "faults (this end): {} transmits, {} UDP packets sent, {} dropped out, \
              {} received, {} dropped in, {} delayed",
             f.transmits_sent,
             f.segments_sent,
