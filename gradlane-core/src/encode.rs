@@ -557,21 +557,7 @@ impl RoundFramer {
 
     /// Appends the header of one segment.
     fn write_header(&mut self, class: Class, p: Piece) {
-        let plan = &self.plan;
-        let t = p.tensor as usize;
-        let span = plan.tensor_chunks(t);
-        let header = DataHeader {
-            class,
-            round: self.round,
-            tensor: p.tensor,
-            // Pieces start inside the tensor, so a holder always exists.
-            chunk: plan.chunk_at(t, p.offset).unwrap_or(span.start) as u32,
-            first_chunk: span.start as u32,
-            last_chunk: span.end as u32 - 1,
-            tensor_bytes: plan.tensor_bytes(t),
-            byte_offset: p.offset,
-            payload_len: p.len,
-        };
+        let header = piece_header(&self.plan, self.round, class, &p);
         let mut h = [0u8; DATA_HEADER_LEN];
         header.write(&mut h);
         self.buf.put_slice(&h);
@@ -679,6 +665,24 @@ fn plan_segments(
         end,
         segments,
         packet_ends,
+    }
+}
+
+/// The header of the segment that carries piece `p` of class `class`.
+fn piece_header(plan: &ChunkPlan, round: u32, class: Class, p: &Piece) -> DataHeader {
+    let t = p.tensor as usize;
+    let span = plan.tensor_chunks(t);
+    DataHeader {
+        class,
+        round,
+        tensor: p.tensor,
+        // Pieces start inside the tensor, so a holder always exists.
+        chunk: plan.chunk_at(t, p.offset).unwrap_or(span.start) as u32,
+        first_chunk: span.start as u32,
+        last_chunk: span.end as u32 - 1,
+        tensor_bytes: plan.tensor_bytes(t),
+        byte_offset: p.offset,
+        payload_len: p.len,
     }
 }
 
@@ -823,19 +827,7 @@ mod tests {
             let mut next_end = packet_ends[c].iter().peekable();
             for (i, p) in segs.iter().enumerate() {
                 let t = p.tensor as usize;
-                let span = plan.tensor_chunks(t);
-                let header = DataHeader {
-                    class: c as Class,
-                    round,
-                    tensor: p.tensor,
-                    // Pieces start inside the tensor, so a holder always exists.
-                    chunk: plan.chunk_at(t, p.offset).unwrap_or(span.start) as u32,
-                    first_chunk: span.start as u32,
-                    last_chunk: span.end as u32 - 1,
-                    tensor_bytes: plan.tensor_bytes(t),
-                    byte_offset: p.offset,
-                    payload_len: p.len,
-                };
+                let header = piece_header(plan, round, c as Class, p);
                 header.write(&mut buf[pos..pos + DATA_HEADER_LEN]);
                 pos += DATA_HEADER_LEN;
                 let values =

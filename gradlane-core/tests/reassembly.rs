@@ -202,12 +202,7 @@ fn duplicates_in_an_open_round_are_ignored() {
     push_round(&mut rx, &enc, |i| i != 0);
     let round = rx.deliver(0).unwrap();
     assert_eq!(round.stats.counters.duplicates, n as u64);
-    assert!(round
-        .tensors
-        .iter()
-        .flatten()
-        .zip(grads.iter().flatten())
-        .all(|(a, b)| a == b));
+    assert!(exact(&round.tensors, &grads));
 }
 
 #[test]
@@ -354,12 +349,7 @@ fn malformed_and_misrouted_packets_are_counted_and_change_nothing() {
     // The receiver still works.
     push_round(&mut rx, &enc, |_| true);
     let round = rx.deliver(0).unwrap();
-    assert!(round
-        .tensors
-        .iter()
-        .flatten()
-        .zip(grads.iter().flatten())
-        .all(|(a, b)| a == b));
+    assert!(exact(&round.tensors, &grads));
 }
 
 #[test]
@@ -599,4 +589,9 @@ fn lossy_progress_counts_bytes_so_reframed_datagrams_are_waited_for() {
     assert_eq!(rx.lossy_progress(0).unwrap(), (got, sent));
     let delivered = rx.deliver(0).unwrap();
     assert_eq!(delivered.stats.lossy().zero_filled_bytes, 0);
+}
+
+/// Whether a rebuilt round holds exactly the gradients sent.
+fn exact(tensors: &[Vec<f32>], grads: &[Vec<f32>]) -> bool {
+    tensors.iter().flatten().eq(grads.iter().flatten())
 }
