@@ -1,5 +1,5 @@
 //! Which chunks travel reliably and which travel lossy, in which level
-//! (seed 002, S31–S34).
+//! (CN110958187B, steps S31–S34; docs/DESIGN.md §2.4).
 //!
 //! Chunks are ranked by contribution, descending (ties by chunk id so the
 //! result is deterministic). The top `ceil(ratio * N)` are important; the rest

@@ -9,7 +9,7 @@
 //!
 //! Convolution weights `[out, in, kh, kw]` are cut per kernel — the `in*kh*kw`
 //! values of one output channel — because a kernel is the natural unit of
-//! importance in a CNN (seed 002, S12). Everything else is cut into fixed blocks
+//! importance in a CNN (CN110958187B, step S12; docs/DESIGN.md §2.1). Everything else is cut into fixed blocks
 //! of `block_values` values, 256 by default so that one block plus its header
 //! fits a single datagram at QUIC's 1200-byte minimum.
 

@@ -1,5 +1,5 @@
 //! The receiver's state machine: buffers, completion, zero fill, late merge
-//! (seed 002, S35).
+//! (CN110958187B, step S35; docs/DESIGN.md §2.6).
 //!
 //! Segments are pushed in any order, from the reliable stream or from
 //! datagrams. Each open round owns zeroed tensors; every received byte range
@@ -15,7 +15,7 @@
 //!
 //! A segment of a round already delivered is *late*: it is kept (in a buffer
 //! bounded in bytes) and added element-wise into the next round delivered —
-//! the delayed update of the seed. A byte range already received is a
+//! the delayed update of the published design. A byte range already received is a
 //! duplicate and ignored; that is tracked with one bit per value, kept for a
 //! few rounds after delivery so that late duplicates are caught too.
 //!
@@ -435,9 +435,8 @@ impl Reassembler {
     ///
     /// Bytes, not datagrams: a sender may cut a datagram into several when
     /// the path's limit shrinks after the round was framed, so the round
-    /// end's packet count can be reached while pieces are still on the way
-    /// (measured: a round delivered with 8 MB of them still coming, which
-    /// then arrived late). Duplicates add no bytes.
+    /// end's packet count can be reached while pieces are still on the way.
+    /// Duplicates add no bytes.
     pub fn lossy_progress(&self, round: u32) -> Option<(u64, Option<u64>)> {
         let r = self.open.get(&round)?;
         let sent = r.end.map(|e| e.bytes[1..].iter().sum());

@@ -1,4 +1,5 @@
-//! The smoothed contribution of each chunk (seed 002, S2).
+//! The smoothed contribution of each chunk (CN110958187B, step S2;
+//! docs/DESIGN.md §2.3).
 //!
 //! For chunk `j` at round `t` with `n` values `g_i`:
 //!

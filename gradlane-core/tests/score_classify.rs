@@ -1,4 +1,5 @@
-//! Contribution scores and classification follow DESIGN 2.3 and 2.4 exactly.
+//! Contribution scores and classification follow docs/DESIGN.md §2.3 and
+//! §2.4 exactly.
 
 mod common;
 

@@ -169,9 +169,9 @@ pub(crate) fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, PemError> 
 /// AES-128-GCM first. The packet protection of every QUIC packet is the
 /// largest single cost of a bulk transfer (about a fifth of all CPU in a
 /// loopback round under AES-256-GCM, ring's first choice), and AES-128-GCM
-/// seals 1.4 kB packets 12-17% faster on the target hosts. Measured with
-/// round_bench on loopback, side by side in one run: gradlane rounds 3-5%
-/// faster (README). Both ends build their configs here, and a rustls server
+/// seals 1.4 kB packets 12-17% faster on the target hosts, which makes
+/// loopback rounds a few percent faster. Both ends build their configs
+/// here, and a rustls server
 /// follows the client's order, so this is what a link negotiates;
 /// AES-256-GCM and ChaCha20-Poly1305 stay on offer for other peers.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {

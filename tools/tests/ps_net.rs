@@ -490,7 +490,7 @@ async fn a_killed_worker_does_not_stop_the_others() {
     run.done.await.unwrap().unwrap();
 }
 
-/// The acceptance run of the issue: K = 3 workers, 5% injected loss each
+/// The acceptance run: K = 3 workers, 5% injected loss each
 /// way on every link, gradients as differentiated rounds (lossy chunks
 /// really are lost and zero-filled), OrMo on the server; the MLP reaches
 /// 90% test accuracy on a problem where a linear model stays near 60%.

@@ -1,8 +1,8 @@
-//! Key deltas with length flags (seed 000, step 3).
+//! Key deltas with length flags (CN113487036A, step 3; docs/DESIGN.md §3).
 //!
 //! Sorted keys become deltas (the first key as itself). Each delta is written
 //! as an `f`-bit flag choosing one of `2^f` widths, then the delta in that
-//! many bits. The seed derives the widths from the largest delta; we go one
+//! many bits. The patent derives the widths from the largest delta; we go one
 //! step further and pick them *optimally*: the cost of a scheme only depends
 //! on the histogram of delta bit-lengths (33 buckets), so a small dynamic
 //! program over bucket boundaries finds, for each `f` in 0..=3, the widths

@@ -1,4 +1,4 @@
-//! Sparse log-quantized gradient codec (DESIGN §3, seed 000).
+//! Sparse log-quantized gradient codec (CN113487036A; docs/DESIGN.md §3).
 //!
 //! Why: a worker's gradient is mostly small values that barely move the
 //! model; sending only the largest entries, each as a few bits, cuts the
@@ -50,7 +50,7 @@ pub use sparsify::{threshold, top_k, SparseGradient};
 
 /// Default logarithm base (worst-case error +11.8% / -10.6%).
 ///
-/// Measured with `examples/codec_table` on 25.6M-value gradients at top 1%:
+/// On 25.6M-value gradients at top 1% (`cargo run --bin codec_table`):
 /// key deltas cost about 9 bits and the sign 1, so `q` gets about 6 bits
 /// within 2 bytes per element. The q width is `ceil(log2(log_b(max|v| /
 /// min|v|) + 1))` over the kept values: with b = 1.25 it is 5 bits for

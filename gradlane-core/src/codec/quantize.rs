@@ -1,4 +1,5 @@
-//! Reciprocal log quantization of the kept values (seed 000, step 2).
+//! Reciprocal log quantization of the kept values (CN113487036A, step 2;
+//! docs/DESIGN.md §3).
 //!
 //! With `S = sum |v|` over the kept values, each value becomes
 //! `r = S / |v| >= 1` and `q = ceil(log_b r)`, so `b^(q-1) < r <= b^q`. The

@@ -1,4 +1,4 @@
-//! Choosing which gradient entries travel: a magnitude threshold (the seed's
+//! Choosing which gradient entries travel: a magnitude threshold (the patent's
 //! rule) or the top-k by magnitude.
 //!
 //! Magnitudes are compared as the integer bits of `|v|`: for non-negative

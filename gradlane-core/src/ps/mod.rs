@@ -6,9 +6,10 @@
 //! runtime (and the event simulation of the tools crate) can drive any of
 //! them the same way:
 //!
-//! * [`OrderedMomentum`] — asynchronous SGD with ordered momentum (CN-patent publication of OrMo; see docs/DESIGN.md).
+//! * [`OrderedMomentum`] — asynchronous SGD with ordered momentum
+//!   (docs/DESIGN.md §5.1).
 //! * [`StragglerFilter`] — asynchronous SGD that drops updates whose staleness
-//!   ranks high in a sample of recent staleness values (CN108446770B).
+//!   ranks high in a sample of recent staleness values (CN108446770B; docs/DESIGN.md §5.2).
 //! * [`baselines`] — plain ASGD, naive ASGD with momentum, synchronous SGD with
 //!   momentum, for comparison.
 //! * [`messages`] — the requests and replies a worker and the server

@@ -1,4 +1,4 @@
-//! Ordered momentum (OrMo) for asynchronous SGD (seed 003, DESIGN 5).
+//! Ordered momentum (OrMo) for asynchronous SGD (docs/DESIGN.md §5.1).
 //!
 //! Gradients are grouped into *buckets* by the iteration index of the
 //! parameters they were computed on: bucket 0 holds index 0, bucket i >= 1
@@ -22,7 +22,7 @@
 //! first gradient of bucket b+1.
 //!
 //! In a normal run at most one bucket separates b from the newest outstanding
-//! index, so the check fires at most once per push, exactly as in the seed.
+//! index, so the check fires at most once per push, exactly as in the published method.
 //! If the runtime [`release`](OrderedMomentum::release)s a ticket (a worker
 //! died), a bucket can end up with nobody computing it; the server then keeps
 //! advancing while some outstanding index lies beyond b, which treats the

@@ -1,4 +1,4 @@
-//! Sampling-based straggler filter (seed 004, DESIGN 5).
+//! Sampling-based straggler filter (CN108446770B; docs/DESIGN.md §5.2).
 //!
 //! Asynchronous SGD with a logical clock C that counts accepted updates. A
 //! learner's ticket index is the clock it last saw (it takes the server clock
@@ -10,8 +10,8 @@
 //! fresh parameters (it "pulls new parameters" in step 4 whether or not its
 //! update was taken).
 //!
-//! # Reading of the seed where it is silent
-//! * **Initial sample.** The seed only says staleness samples are collected
+//! # Reading of the patent where it is silent
+//! * **Initial sample.** The patent only says staleness samples are collected
 //!   before judging (claim 3). Here the sample starts empty; until it holds
 //!   `sample_size` values every update is accepted and its `s` appended. Only a
 //!   full sample judges, and from then on its size never changes.
@@ -20,12 +20,12 @@
 //!   the learner is slow iff `rank > rank_threshold`. Ties count as not
 //!   slower, so a sample full of equal values never drops that value, and
 //!   `rank_threshold = 1.0` never drops anything (plain ASGD).
-//! * **Order.** DESIGN ranks `s` against the sample *before* replacing the
+//! * **Order.** docs/DESIGN.md §5.2 ranks `s` against the sample *before* replacing the
 //!   largest value; claim 1b lists the replacement first. Ranking first keeps
 //!   `s` from being compared with itself.
-//! * **Update rule.** Claim 7's formula is lost in the text; DESIGN's
+//! * **Update rule.** Claim 7's formula is lost in the text; docs/DESIGN.md's
 //!   `w -= lambda * g` is used.
-//! * **Ticket tracking.** The seed keeps the clock on the learner; the server
+//! * **Ticket tracking.** The patent keeps the clock on the learner; the server
 //!   only refuses a clock it has not reached, so it cannot tell a replayed
 //!   push from a new one (the runtime owns learner identity).
 //!
@@ -35,8 +35,8 @@
 //! fresh). From then on any `s > 1` ranks at least `(n-1)/n` and is dropped
 //! for every threshold below that: the filter becomes "accept (almost) only
 //! updates with nothing in between". In the 8-worker simulation that drops about three quarters of
-//! the pushes. This is the seed as written; a sliding window (evict the
-//! oldest) would behave differently and is not what the seed says.
+//! the pushes. This is the patent as written; a sliding window (evict the
+//! oldest) would behave differently and is not what the patent says.
 
 use std::collections::BTreeMap;
 
@@ -64,7 +64,7 @@ pub struct StragglerStats {
     pub accepted: u64,
     /// Updates dropped as too stale.
     pub dropped: u64,
-    /// Sum over applied updates of `C - c_learner` (the seed's `s` minus 1,
+    /// Sum over applied updates of `C - c_learner` (the patent's `s` minus 1,
     /// i.e. how many updates landed in between).
     pub applied_staleness_sum: u64,
     /// Largest `C - c_learner` among applied updates.

@@ -1,19 +1,16 @@
 //! BBR with the bound on data in flight that quinn's version lacks.
 //!
-//! Why: BBR keeps its rate under random loss, which Cubic does not (DESIGN
-//! 6), but quinn 0.11's BBR never bounds its window. Its startup check
-//! compares a gain with a byte count, so the window follows the bytes
-//! acknowledged (quinn-rs/quinn#2798, and #1126 for CPU-bound senders):
-//! measured here at 380 MB after five ResNet-50 rounds on loopback. With
-//! such a window nothing but the socket buffers limits what is in flight:
-//! a bottleneck's queue overflows all run (README: half a million drops of
-//! a 1 MB queue per run), and on a busy host the receiver's socket buffer holds tens of
-//! megabytes. Whatever waits in such a queue waits ahead of the important
-//! stream's last bytes and its retransmissions: with the datagrams released
-//! as soon as the stream was sent, the important part arrived up to
-//! 1.22-1.30x later than with them held back (loopback, two runs; README),
-//! against 1.08-1.16x with the cap; behind a 1 Gbit/s bottleneck up to
-//! 1.12-1.17x, against 1.03-1.08x.
+//! Why: BBR keeps its rate under random loss, which Cubic does not
+//! (docs/DESIGN.md §6), but quinn 0.11's BBR never bounds its window. Its
+//! startup check compares a gain with a byte count, so the window follows
+//! the bytes acknowledged (quinn-rs/quinn#2798, and #1126 for CPU-bound
+//! senders): hundreds of MB after a few ResNet-50 rounds. With such a
+//! window nothing but the socket buffers limits what is in flight: a
+//! bottleneck's queue overflows all run, and on a busy host the receiver's
+//! socket buffer holds tens of megabytes. Whatever waits in such a queue
+//! waits ahead of the important stream's last bytes and their
+//! retransmissions, so the important part arrives later the more lossy
+//! data was released beside it.
 //!
 //! BBR's own rule bounds what is in flight by a gain times the path's
 //! bandwidth-delay product. [`InflightCap`] measures both: the delivery
@@ -51,10 +48,8 @@ pub(crate) const MIN_CAP_PACKETS: u64 = 64;
 /// acknowledgements by a millisecond or more (scheduling), far above a
 /// LAN's or loopback's RTT: capped at a few of those microsecond
 /// bandwidth-delay products, the window could not cover the host's delay,
-/// the measured rate fell with it, and the cap after it. Measured on
-/// loopback without injected delay before this floor: raw quinn 1.1-1.4x
-/// slower lossless than under quinn's BBR, and a 1.2-2.1 s round in eight
-/// at 5% loss.
+/// the measured rate fell with it, and the cap after it: a spiral down to
+/// rounds several times slower than under quinn's own BBR.
 pub(crate) const MIN_CAP_RTT: Duration = Duration::from_millis(2);
 
 /// A floor that holds the cap grows by this factor per probe

@@ -1,9 +1,8 @@
 //! Cubic that tells random loss from congestion.
 //!
 //! Why: neither of quinn's controllers suits a lossy shared link. Cubic
-//! cuts its window on every loss and collapses under 1% random loss
-//! (README: 23 s per ResNet-50 round behind a 1 Gbit/s bottleneck in one
-//! run, none within 20 s in another). quinn's
+//! cuts its window on every loss and collapses under 1% random loss (tens
+//! of seconds per ResNet-50 round behind a 1 Gbit/s bottleneck). quinn's
 //! BBR keeps its rate under random loss but does not control congestion:
 //! behind the same bottleneck it kept a 1 MB queue overflowing all run, and
 //! the lossy datagrams lost there are never resent.
@@ -28,10 +27,10 @@
 //! queue starts.
 //!
 //! Where the host, not the network, is the bottleneck (2 busy cores), the
-//! host's own delay still reads as a queue now and then: gradlane rounds
-//! under random loss on loopback ran 1.5-3x slower than with BBR, so this
-//! controller is opt-in ([`crate::tuning::Congestion`]); the
-//! default is BBR with a capped window ([`crate::congestion::capped_bbr`]).
+//! host's own delay still reads as a queue now and then, and rounds under
+//! random loss run slower than with BBR, so this controller is opt-in
+//! ([`Congestion::QueueGatedCubic`](super::Congestion)); the default is
+//! BBR with a capped window ([`super::capped_bbr`]).
 //!
 //! The filter is pure (time is an argument) and tested on its own; the
 //! [`GatedController`] around it is the thin shell both of gradlane's

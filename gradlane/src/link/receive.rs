@@ -84,9 +84,9 @@ impl LinkReceiver {
                 // confirmation, which, if lost, quinn resends only after a
                 // probe timeout of tens of milliseconds). The grace counts
                 // from the last datagram, and there is none yet: wait for
-                // the first one or the report, up to `max_grace`. Measured
-                // at 5% loss before: a round delivered with none of its
-                // 20 MB of datagrams, all merged late into the next.
+                // the first one or the report, up to `max_grace`; under
+                // loss a round would otherwise be delivered without any of
+                // its lossy part, all of it merged late into the next.
                 self.timing.max_grace
             } else {
                 idle

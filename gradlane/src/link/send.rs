@@ -776,20 +776,18 @@ fn limit_at_floor(max: usize, mtu: u16, floor: u16) -> usize {
 /// What a QUIC packet of stream data carries besides the data: the short
 /// header (flags, the peer's 8-byte connection ID, a 1-4 byte packet
 /// number), the 16-byte AEAD tag and the STREAM frame's type, stream ID,
-/// offset and length. Measured over whole all-reliable ResNet-50 rounds on
-/// loopback: 33.0 bytes a packet. One byte less errs on the early side by
-/// about 72 kB of an 82 MB stream; one byte more would never count the
-/// stream as sent.
+/// offset and length: 33 bytes a packet on average over whole
+/// all-reliable rounds. One byte less errs on the early side by about 72 kB
+/// of an 82 MB stream; one byte more would never count the stream as sent.
 const STREAM_PACKET_OVERHEAD: u64 = 32;
 
 /// Stream bytes quinn has sent on the connection, less those it declared
 /// lost (their retransmissions are counted again), estimated from its
 /// packet counters: UDP payload less [`STREAM_PACKET_OVERHEAD`] a packet.
-/// Counting raw UDP bytes instead (as before) released the datagrams with
-/// ~2.5% of the important stream (2 MB) unsent; quinn puts datagrams ahead
-/// of stream data in every packet, so that tail then trickled out in the
-/// ~250 bytes each datagram packet leaves free, and the important part
-/// arrived 20-40 ms later on loopback.
+/// Counting raw UDP bytes would release the datagrams with ~2.5% of the
+/// important stream unsent; quinn puts datagrams ahead of stream data in
+/// every packet, so that tail would trickle out in the ~250 bytes each
+/// datagram packet leaves free, tens of milliseconds late.
 fn sent_bytes(conn: &Connection) -> u64 {
     let stats = conn.stats();
     let bytes = stats.udp_tx.bytes.saturating_sub(stats.path.lost_bytes);

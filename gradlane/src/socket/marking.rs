@@ -1,4 +1,4 @@
-//! DSCP marks per traffic class (DESIGN 2.5): on a network with priority
+//! DSCP marks per traffic class (docs/DESIGN.md §2.5): on a network with priority
 //! queues, important packets go ahead and lossy level 3 is dropped first.
 //!
 //! quinn-udp writes the IP TOS byte of every packet it sends from the

@@ -1087,7 +1087,7 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
                 b * 1e3
             ))
         );
-        // The goal: the important bytes' arrival with lossy traffic in
+        // The goal: the important bytes' arrival with lossy traffic in
         // flight (the default: datagrams released once the stream is sent,
         // a lossy stream at once) against without (the lossy part after the
         // important part is confirmed).
