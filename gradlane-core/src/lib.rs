@@ -2,7 +2,36 @@
 //!
 //! Everything that decides what a gradient round is and what becomes of it
 //! lives here, so it can be tested, fuzzed and benchmarked without a
-//! network; the `gradlane` crate drives it over QUIC.
+//! network; the `gradlane` crate drives it over QUIC, and anyone can drive
+//! it over their own transport.
+//!
+//! # Example: a round encoded, a third of its lossy part lost, rebuilt
+//!
+//! ```
+//! use gradlane_core::encode::{Encoder, EncoderConfig};
+//! use gradlane_core::presets;
+//! use gradlane_core::reassembly::{Channel, Reassembler, ReassemblyConfig};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let layout = presets::resnet18();
+//! let grads = presets::gradients(&layout, 1);
+//! let mut encoder = Encoder::new(&layout, EncoderConfig::default())?;
+//! let round = encoder.encode(0, &grads, 1162)?; // datagrams of at most 1162 bytes
+//!
+//! let mut receiver = Reassembler::new(layout.clone(), ReassemblyConfig::default())?;
+//! receiver.push(&round.reliable, Channel::Reliable)?; // the important part, exact
+//! for (i, datagram) in round.lossy.iter().flatten().enumerate() {
+//!     if i % 3 != 0 {
+//!         receiver.push(datagram, Channel::Lossy)?; // every third datagram lost
+//!     }
+//! }
+//! let delivered = receiver.deliver(0)?;
+//! let stats = &delivered.stats;
+//! assert_eq!(stats.classes[0].received_bytes, stats.classes[0].sent_bytes);
+//! assert!(stats.lossy().zero_filled_bytes > 0);
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! - [`layout`]: the model's tensors and how each is cut into chunks.
 //! - [`score`]: each chunk's smoothed contribution.

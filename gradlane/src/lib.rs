@@ -111,13 +111,17 @@ pub use congestion::Congestion;
 pub use endpoint::{Endpoint, Incoming, IncomingError, SetupError};
 pub use gradlane_core::classify::{AdaptiveRatio, Ranking};
 pub use gradlane_core::codec;
-pub use gradlane_core::control::codes;
+pub use gradlane_core::control::{codes, HandshakeError};
+pub use gradlane_core::encode::EncodeError;
 pub use gradlane_core::layout::{
     ChunkOptions, ConvChunking, Layout, LayoutError, TensorKind, TensorSpec,
 };
 pub use gradlane_core::presets;
 pub use gradlane_core::ps;
-pub use gradlane_core::reassembly::{ClassStats, ReceiverCounters, Round, RoundStats};
+pub use gradlane_core::reassembly::{
+    ClassStats, ReassemblyError, ReceiverCounters, Round, RoundStats,
+};
+pub use gradlane_core::score::GradientError;
 pub use link::{
     DatagramSize, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,
     RoundArrival, RoundTiming, SendReport, CLOSE_WAIT,

@@ -24,8 +24,10 @@
 //! and delivers. Anything later is merged into the next round by the
 //! core.
 //!
-//! This file holds the types and the link itself; `send` the sending half,
-//! `receive` the receiving half and the background tasks.
+//! This file holds the link, its errors and its shared state; `send` the
+//! sending half, `receive` the receiving half and the background tasks,
+//! `close` closing in order, `timing` the settings of a round's timing.
+//! docs/DESIGN.md §2.7-2.8 tells the same story with a picture.
 
 use crate::config::Config;
 use crate::framing::{self, FrameError};

@@ -6,7 +6,7 @@
 //! `--reps` transfers of each, after one untimed pair.
 //!
 //! ```text
-//! cargo run --release --example datagram_cost -- --size-mb 20 --reps 10
+//! cargo run --release --bin datagram_cost -- --size-mb 20 --reps 10
 //! ```
 //!
 //! This is why gradlane carries the lossy levels on streams while the path

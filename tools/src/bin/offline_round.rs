@@ -3,7 +3,7 @@
 //! late instead), reassemble, and print per class what was sent, received,
 //! zero-filled and merged late.
 //!
-//! `cargo run --release --example offline_round -- --model resnet50 --loss 0.05`
+//! `cargo run --release --bin offline_round -- --model resnet50 --loss 0.05`
 
 use gradlane_tools::cli as common;
 

@@ -1,7 +1,7 @@
 //! Parameter-server updates per second over loopback gradlane links.
 //!
 //! ```text
-//! cargo run --release --example ps_bench -- --workers 4 --model resnet18 --seconds 10
+//! cargo run --release --bin ps_bench -- --workers 4 --model resnet18 --seconds 10
 //! ```
 //!
 //! One process: an OrMo server ([`gradlane::ps_net::run`]) and K worker

@@ -4,7 +4,7 @@
 //! (best = fewest server steps to the target loss), so no algorithm is judged
 //! at a rate that only suits another.
 //!
-//! `cargo run --release --example ps_sim -- --workers 8`
+//! `cargo run --release --bin ps_sim -- --workers 8`
 
 use clap::Parser;
 use gradlane_tools::sim::{run_algorithm, Algorithm, LeastSquares, SimConfig, Trace};

@@ -3,9 +3,9 @@
 //! straggler filter, side by side in one run.
 //!
 //! ```text
-//! cargo run --release --example ps_train                 # everything on loopback
-//! cargo run --release --example ps_train -- server --help
-//! cargo run --release --example ps_train -- worker --help
+//! cargo run --release --bin ps_train                 # everything on loopback
+//! cargo run --release --bin ps_train -- server --help
+//! cargo run --release --bin ps_train -- worker --help
 //! ```
 //!
 //! Without a subcommand the example starts, for each algorithm in turn, one
@@ -21,7 +21,7 @@
 //!
 //! Across hosts: run `ps_train server --listen 0.0.0.0:4433 --algo ormo`
 //! on one machine and `ps_train worker --connect HOST:4433 --id i` on
-//! others, with certificates from `cargo run --example certs`.
+//! others, with certificates from `cargo run --bin certs`.
 
 use gradlane_tools::cli as common;
 

@@ -2,7 +2,7 @@
 //! Cubic/BBR, and tuned behind seeded loss + delay), side by side in one run.
 //!
 //! ```text
-//! cargo run --release --example quinn_baseline -- --size-mb 100 --reps 5
+//! cargo run --release --bin quinn_baseline -- --size-mb 100 --reps 5
 //! ```
 //!
 //! Each rep moves `--size-mb` MB over one stream on a fresh connection (the

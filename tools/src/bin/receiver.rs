@@ -1,7 +1,7 @@
 //! Receive gradient rounds over one gradlane link and print what arrived.
 //!
 //! ```text
-//! cargo run --release --example receiver -- --listen 127.0.0.1:4433 --rounds 5
+//! cargo run --release --bin receiver -- --listen 127.0.0.1:4433 --rounds 5
 //! ```
 //!
 //! Accepts one link (the sender's layout travels in the handshake), receives

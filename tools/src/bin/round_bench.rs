@@ -1,7 +1,7 @@
 //! Round times of gradlane against raw quinn, all-reliable gradlane and TCP.
 //!
 //! ```text
-//! cargo run --release --example round_bench -- --rounds 10 --losses 0,0.01,0.05
+//! cargo run --release --bin round_bench -- --rounds 10 --losses 0,0.01,0.05
 //! ```
 //!
 //! ResNet-50 rounds (~102 MB) over loopback. Per loss rate every variant has
@@ -61,7 +61,7 @@ use tokio::sync::mpsc;
 #[command(name = "round_bench")]
 struct Args {
     /// Streams each gradlane round's important part is spread over
-    /// (`RoundTiming::lanes`; default: the library's).
+    /// (`Config::lanes`; default: the library's).
     #[arg(long)]
     lanes: Option<u8>,
     /// Timed rounds per variant (after one warm-up round).
@@ -111,7 +111,7 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Datagrams::Floor)]
     datagram_size: Datagrams,
     /// Every QUIC variant in 8952-byte packets from the first
-    /// (`Tuning::jumbo`), as on a network known to carry jumbo frames;
+    /// (`Packets::Jumbo`), as on a network known to carry jumbo frames;
     /// loopback carries them. Without it, the default tuning: MTU
     /// discovery up to 1452 bytes.
     #[arg(long)]

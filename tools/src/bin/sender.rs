@@ -1,7 +1,7 @@
 //! Send seeded synthetic gradient rounds over one gradlane link.
 //!
 //! ```text
-//! cargo run --release --example sender -- --connect 127.0.0.1:4433 --model resnet50 --rounds 5
+//! cargo run --release --bin sender -- --connect 127.0.0.1:4433 --model resnet50 --rounds 5
 //! ```
 //!
 //! Connects to a receiver, sends `--rounds` rounds of synthetic gradients
