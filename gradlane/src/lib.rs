@@ -8,6 +8,24 @@
 //! soon as every important chunk is in, fills what is missing with zeros,
 //! and adds chunks that arrive late into the next round.
 //!
+//! # The API
+//!
+//! - Links: [`Endpoint`] (from certificate files), [`Link`] and its halves
+//!   [`LinkSender`] and [`LinkReceiver`], [`Round`] and [`SendReport`],
+//!   [`LinkError`].
+//! - The model: [`Layout`], [`TensorSpec`], [`presets`].
+//! - Settings: [`Config`]; [`Faults`] to inject loss and delay.
+//! - Certificates: [`generate_certs`].
+//! - [`codec`]: the sparse log-quantized gradient codec.
+//! - [`ps`]: the parameter-server algorithms (ordered momentum, the
+//!   straggler filter); [`ps_net`]: a server and workers that run them
+//!   over links.
+//! - [`quic`]: plain quinn endpoints built the way gradlane builds its
+//!   own, for measuring against.
+//!
+//! The deterministic core (chunking, scoring, framing, reassembly) is the
+//! crate `gradlane-core`, for those who bring their own transport.
+//!
 //! # Example: one round over a real QUIC link on loopback
 //!
 //! ```
@@ -54,24 +72,6 @@
 //! # Ok(())
 //! # }
 //! ```
-//!
-//! # The API
-//!
-//! - Links: [`Endpoint`] (from certificate files), [`Link`] and its halves
-//!   [`LinkSender`] and [`LinkReceiver`], [`Round`] and [`SendReport`],
-//!   [`LinkError`].
-//! - The model: [`Layout`], [`TensorSpec`], [`presets`].
-//! - Settings: [`Config`]; [`Faults`] to inject loss and delay.
-//! - Certificates: [`generate_certs`].
-//! - [`codec`]: the sparse log-quantized gradient codec.
-//! - [`ps`]: the parameter-server algorithms (ordered momentum, the
-//!   straggler filter); [`ps_net`]: a server and workers that run them
-//!   over links.
-//! - [`quic`]: plain quinn endpoints built the way gradlane builds its
-//!   own, for measuring against.
-//!
-//! The deterministic core (chunking, scoring, framing, reassembly) is the
-//! crate `gradlane-core`, for those who bring their own transport.
 //!
 //! # Map of the crate
 //!
