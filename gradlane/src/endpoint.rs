@@ -65,6 +65,28 @@ impl Endpoint {
         Ok(Self::from_parts(parts, config))
     }
 
+    /// An endpoint that both listens on `addr` and connects, for the ranks
+    /// of a group: it presents the certificate chain in `cert` (key in
+    /// `key`) either way, and requires the other end's to be signed by the
+    /// CA in `ca` (mutual TLS). The files [`generate_certs`](crate::generate_certs)
+    /// writes serve every rank of a job.
+    pub fn peer(
+        addr: SocketAddr,
+        cert: impl AsRef<Path>,
+        key: impl AsRef<Path>,
+        ca: impl AsRef<Path>,
+        config: Config,
+    ) -> Result<Self, SetupError> {
+        config.validate()?;
+        let (cert, key, ca) = (cert.as_ref(), key.as_ref(), ca.as_ref());
+        let tuning = config.tuning();
+        let server = tls::mutual_server_config(cert, key, ca)?;
+        let client = socket::tuned_client(tls::mutual_client_config(ca, cert, key)?, &tuning)?;
+        let mut parts = socket::endpoint_parts(addr, Some(server), &tuning, config.faults)?;
+        parts.endpoint.set_default_client_config(client);
+        Ok(Self::from_parts(parts, config))
+    }
+
     /// A client that trusts only the CA certificate in `ca` (PEM).
     pub fn client(ca: impl AsRef<Path>, config: Config) -> Result<Self, SetupError> {
         Self::client_bound(SocketAddr::from(([0, 0, 0, 0], 0)), ca, config)

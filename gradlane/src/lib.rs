@@ -124,7 +124,7 @@ pub use gradlane_core::reassembly::{
 pub use gradlane_core::score::GradientError;
 pub use link::{
     DatagramSize, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,
-    RoundArrival, RoundTiming, SendReport, CLOSE_WAIT,
+    RoundArrival, RoundTiming, SendReport, CLOSE_WAIT, MAX_MESSAGE_BYTES,
 };
 pub use socket::faults::{FaultStats, Faults};
 pub use socket::marking::DscpMarks;

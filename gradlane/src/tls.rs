@@ -74,6 +74,9 @@ pub enum ServerConfigError {
     /// The crypto provider lacks QUIC's initial cipher suite.
     #[error("tls setup: {0}")]
     Quic(#[from] NoInitialCipherSuite),
+    /// The CA that client certificates must be signed by (mutual TLS).
+    #[error("client ca: {0}")]
+    Ca(#[source] Box<ClientConfigError>),
 }
 
 /// Why a client configuration could not be built.
@@ -199,22 +202,51 @@ pub(crate) fn server_config(
     Ok(quinn::ServerConfig::with_crypto(Arc::new(quic)))
 }
 
+/// A quinn server configuration like [`server_config`] that also requires
+/// every client to present a certificate signed by the CA in `ca_path`
+/// (mutual TLS, between the ranks of a group).
+pub(crate) fn mutual_server_config(
+    cert_path: &Path,
+    key_path: &Path,
+    ca_path: &Path,
+) -> Result<quinn::ServerConfig, ServerConfigError> {
+    let roots = Arc::new(ca_roots(ca_path).map_err(|e| ServerConfigError::Ca(Box::new(e)))?);
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
+        .build()
+        .map_err(|e| ServerConfigError::Tls(rustls::Error::General(e.to_string())))?;
+    let tls = tls_server(cert_path, key_path, Some(verifier))?;
+    let quic = QuicServerConfig::try_from(tls)?;
+    Ok(quinn::ServerConfig::with_crypto(Arc::new(quic)))
+}
+
 /// The rustls side of [`server_config`].
 fn server_tls(
     cert_path: &Path,
     key_path: &Path,
 ) -> Result<rustls::ServerConfig, ServerConfigError> {
+    tls_server(cert_path, key_path, None)
+}
+
+fn tls_server(
+    cert_path: &Path,
+    key_path: &Path,
+    clients: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+) -> Result<rustls::ServerConfig, ServerConfigError> {
     let chain = load_certs(cert_path)?;
     let key = load_key(key_path)?;
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map_err(|source| ServerConfigError::BadCertificate {
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?;
+    let builder = match clients {
+        Some(verifier) => builder.with_client_cert_verifier(verifier),
+        None => builder.with_no_client_auth(),
+    };
+    let mut tls = builder.with_single_cert(chain, key).map_err(|source| {
+        ServerConfigError::BadCertificate {
             cert: cert_path.into(),
             key: key_path.into(),
             source,
-        })?;
+        }
+    })?;
     tls.alpn_protocols = vec![ALPN.to_vec()];
     Ok(tls)
 }
@@ -226,8 +258,30 @@ pub(crate) fn client_config(ca_path: &Path) -> Result<quinn::ClientConfig, Clien
     Ok(quinn::ClientConfig::new(Arc::new(quic)))
 }
 
-/// The rustls side of [`client_config`].
-fn client_tls(ca_path: &Path) -> Result<rustls::ClientConfig, ClientConfigError> {
+/// A quinn client configuration like [`client_config`] that presents the
+/// chain in `cert_path` with the key in `key_path` when the server asks
+/// (mutual TLS).
+pub(crate) fn mutual_client_config(
+    ca_path: &Path,
+    cert_path: &Path,
+    key_path: &Path,
+) -> Result<quinn::ClientConfig, ClientConfigError> {
+    let chain = load_certs(cert_path)?;
+    let key = load_key(key_path)?;
+    let builder = client_builder(ca_path)?;
+    let mut tls = builder
+        .with_client_auth_cert(chain, key)
+        .map_err(|source| ClientConfigError::BadCertificate {
+            path: cert_path.into(),
+            source,
+        })?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let quic = QuicClientConfig::try_from(tls)?;
+    Ok(quinn::ClientConfig::new(Arc::new(quic)))
+}
+
+/// The CA certificates in `ca_path` as the only trust anchors.
+fn ca_roots(ca_path: &Path) -> Result<rustls::RootCertStore, ClientConfigError> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in load_certs(ca_path)? {
         roots
@@ -237,10 +291,23 @@ fn client_tls(ca_path: &Path) -> Result<rustls::ClientConfig, ClientConfigError>
                 source,
             })?;
     }
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider())
+    Ok(roots)
+}
+
+fn client_builder(
+    ca_path: &Path,
+) -> Result<
+    rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>,
+    ClientConfigError,
+> {
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(ca_roots(ca_path)?))
+}
+
+/// The rustls side of [`client_config`].
+fn client_tls(ca_path: &Path) -> Result<rustls::ClientConfig, ClientConfigError> {
+    let mut tls = client_builder(ca_path)?.with_no_client_auth();
     tls.alpn_protocols = vec![ALPN.to_vec()];
     Ok(tls)
 }
@@ -323,7 +390,12 @@ pub fn generate_certs<S: AsRef<str>>(
         .push(DnType::CommonName, "gradlane server");
     server_params.use_authority_key_identifier_extension = true;
     server_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    server_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    // Also a client certificate: the ranks of a group present it to each
+    // other (mutual TLS).
+    server_params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
     let server_key = KeyPair::generate()?;
     let server_cert = server_params.signed_by(&server_key, &issuer)?;
 

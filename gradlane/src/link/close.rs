@@ -26,6 +26,9 @@ pub(super) struct ControlTx {
     /// The stream (held across a whole message's write).
     pub(super) stream: tokio::sync::Mutex<SendStream>,
     confirmations: Mutex<Confirmations>,
+    /// The stream of this end's messages, once the first is sent (see
+    /// `messages`): closing in order flushes it too.
+    pub(super) messages: tokio::sync::Mutex<Option<SendStream>>,
 }
 
 /// What this end has confirmed, and whether it still confirms.
@@ -44,6 +47,7 @@ impl ControlTx {
         Arc::new(Self {
             stream: tokio::sync::Mutex::new(stream),
             confirmations: Mutex::new(Confirmations::default()),
+            messages: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -103,8 +107,20 @@ pub(super) async fn close_in_order(
     }
     let mut finished = tx.peer_finished.subscribe();
     let last_confirmed = control.finish().await;
+    // The messages this end sent must all be in too: quinn acknowledges
+    // a finished stream's data before `stopped` returns.
+    let messages = async {
+        if let Some(send) = control.messages.lock().await.as_mut() {
+            let _ = send.finish();
+            let _ = send.stopped().await;
+        }
+    };
+    let both = async {
+        let peer = async { finished.wait_for(|&f| f).await.is_ok() };
+        tokio::join!(messages, peer).1
+    };
     let outcome = tokio::select! {
-        _ = finished.wait_for(|&f| f) => Ok(()),
+        _ = both => Ok(()),
         e = conn.closed() => closed_by_peer(e),
         _ = tokio::time::sleep(wait) => Err(LinkError::CloseUnacknowledged { waited: wait }),
     };

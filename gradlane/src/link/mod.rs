@@ -49,12 +49,14 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 mod close;
+mod messages;
 mod receive;
 mod send;
 mod timing;
 
 pub use close::CLOSE_WAIT;
 use close::{ControlTx, Linger, SharedControl};
+pub use messages::MAX_MESSAGE_BYTES;
 pub use timing::{DatagramSize, LossyCarrier, LossyRelease, RoundTiming};
 
 use receive::{control_reader, datagram_reader, stream_acceptor};
@@ -106,6 +108,9 @@ pub enum LinkError {
     /// Reading a stream failed.
     #[error("read: {0}")]
     Read(#[from] quinn::ReadError),
+    /// A message body over [`MAX_MESSAGE_BYTES`]; nothing was sent.
+    #[error("a message of {0} bytes is over the limit of 4 GiB")]
+    MessageTooLarge(usize),
     /// The round could not be encoded (bad gradients, bad config).
     #[error("encode: {0}")]
     Encode(#[from] EncodeError),
@@ -295,6 +300,8 @@ pub struct LinkReceiver {
     timing: RoundTiming,
     /// The peer finished its control stream: it is closing the link.
     peer_finished: tokio::sync::watch::Receiver<bool>,
+    /// The peer's messages, read ahead.
+    messages: mpsc::Receiver<messages::Message>,
     /// Closes the link in order once both halves are gone.
     _linger: Arc<Linger>,
 }
@@ -377,6 +384,7 @@ impl Link {
         });
         let (ended_tx, ended) = mpsc::unbounded_channel();
         let control_send = ControlTx::new(control_send);
+        let (message_tx, message_rx) = messages::queue();
         let tasks = vec![
             tokio::spawn(control_reader(
                 conn.clone(),
@@ -392,6 +400,7 @@ impl Link {
                 ended_tx,
             )),
             tokio::spawn(datagram_reader(conn.clone(), rx.clone())),
+            tokio::spawn(messages::message_reader(conn.clone(), message_tx)),
         ];
         let linger = Arc::new(Linger::new(
             conn.clone(),
@@ -422,6 +431,7 @@ impl Link {
                 ended,
                 timing,
                 peer_finished,
+                messages: message_rx,
                 _linger: linger,
             },
         })
@@ -449,6 +459,16 @@ impl Link {
         grads: &[Arc<Vec<f32>>],
     ) -> Result<SendReport, LinkError> {
         self.sender.send_round_shared(round, grads).await
+    }
+
+    /// Sends one exact message. See [`LinkSender::send_message`].
+    pub async fn send_message(&mut self, tag: u64, body: Bytes) -> Result<(), LinkError> {
+        self.sender.send_message(tag, body).await
+    }
+
+    /// Receives the peer's next message. See [`LinkReceiver::recv_message`].
+    pub async fn recv_message(&mut self) -> Result<(u64, Bytes), LinkError> {
+        self.receiver.recv_message().await
     }
 
     /// Receives the next round. See [`LinkReceiver::recv_round`].

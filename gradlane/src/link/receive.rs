@@ -118,7 +118,7 @@ impl LinkReceiver {
     /// closing if it had finished its control stream before (its close
     /// frame may have been lost, and the connection then ended in a
     /// stateless reset or an idle timeout).
-    fn closed_error(&self, e: ConnectionError) -> LinkError {
+    pub(super) fn closed_error(&self, e: ConnectionError) -> LinkError {
         match LinkError::from_conn(e) {
             LinkError::Connection(_) if *self.peer_finished.borrow() => {
                 LinkError::PeerClosed { round: None }
