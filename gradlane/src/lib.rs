@@ -93,6 +93,7 @@ mod config;
 mod congestion;
 mod endpoint;
 mod framing;
+mod group;
 mod link;
 pub mod ps_net;
 pub mod quic;
@@ -122,6 +123,10 @@ pub use gradlane_core::reassembly::{
     ClassStats, ReassemblyError, ReceiverCounters, Round, RoundStats,
 };
 pub use gradlane_core::score::GradientError;
+pub use group::{
+    Group, GroupConfig, GroupError, ReduceOp, Rendezvous, SparseAllgather, SparsePath,
+    SparseReport, SparseRows,
+};
 pub use link::{
     DatagramSize, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,
     RoundArrival, RoundTiming, SendReport, CLOSE_WAIT, MAX_MESSAGE_BYTES,

@@ -1,0 +1,219 @@
+//! The exact collectives, on the links' exact messages.
+//!
+//! A reduction is a reduce-scatter followed by an allgather of the reduced
+//! shards: rank `r` owns shard `r`, receives every other rank's part of it,
+//! sums the parts in rank order and sends the sum back to everyone. Each
+//! rank sends `2 (N-1) / N` of the buffer, and every rank ends with the
+//! owner's bits.
+
+use super::{tag, Group, GroupError, Kind, ReduceOp};
+use bytes::Bytes;
+use std::ops::Range;
+
+/// The values as the bytes of a message.
+pub(super) fn to_bytes(values: &[f32]) -> Bytes {
+    Bytes::copy_from_slice(bytemuck::cast_slice(values))
+}
+
+/// Copies a message's body into `out`, which it must fill exactly.
+pub(super) fn copy_into(
+    rank: usize,
+    body: &[u8],
+    out: &mut [f32],
+    what: &str,
+) -> Result<(), GroupError> {
+    let want = std::mem::size_of_val(out);
+    if body.len() != want {
+        return Err(GroupError::OutOfStep {
+            rank,
+            what: format!("{what} of {} bytes, expected {want}", body.len()),
+        });
+    }
+    bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(body);
+    Ok(())
+}
+
+/// Shard `r` of `n` values split over `world` ranks: sizes differ by at
+/// most one, the first `n % world` shards are the longer ones.
+pub(super) fn shard(n: usize, world: usize, r: usize) -> Range<usize> {
+    let (base, extra) = (n / world, n % world);
+    let start = r * base + r.min(extra);
+    start..start + base + usize::from(r < extra)
+}
+
+impl Group {
+    /// Returns once every rank has called `barrier`.
+    pub async fn barrier(&mut self) -> Result<(), GroupError> {
+        let t = tag(self.next_seq(), Kind::Barrier);
+        let out = self.others().iter().map(|&o| o.then(Bytes::new)).collect();
+        let from = self.others();
+        self.exchange(t, out, &from).await?;
+        Ok(())
+    }
+
+    /// Makes `buf` on every rank equal to `buf` on `root`. Every rank's
+    /// `buf` must have the same length.
+    pub async fn broadcast(&mut self, root: usize, buf: &mut [f32]) -> Result<(), GroupError> {
+        if root >= self.world {
+            return Err(GroupError::Size(format!(
+                "root {root} is not a rank of a group of {}",
+                self.world
+            )));
+        }
+        let t = tag(self.next_seq(), Kind::Broadcast);
+        if self.rank == root {
+            let body = to_bytes(buf);
+            let out = self
+                .others()
+                .iter()
+                .map(|&o| o.then(|| body.clone()))
+                .collect();
+            self.exchange(t, out, &[]).await?;
+        } else {
+            let mut from = vec![false; self.world];
+            from[root] = true;
+            let got = self.exchange(t, Vec::new(), &from).await?;
+            let body = got[root].as_deref().unwrap_or_default();
+            copy_into(root, body, buf, "broadcast")?;
+        }
+        Ok(())
+    }
+
+    /// Gathers every rank's `input` into `output`, in rank order:
+    /// `output` holds `world` times `input`'s length.
+    pub async fn allgather(&mut self, input: &[f32], output: &mut [f32]) -> Result<(), GroupError> {
+        let n = input.len();
+        if output.len() != n * self.world {
+            return Err(GroupError::Size(format!(
+                "allgather of {n} values into {} (needs {})",
+                output.len(),
+                n * self.world
+            )));
+        }
+        let t = tag(self.next_seq(), Kind::Allgather);
+        let body = to_bytes(input);
+        let out = self
+            .others()
+            .iter()
+            .map(|&o| o.then(|| body.clone()))
+            .collect();
+        let from = self.others();
+        let got = self.exchange(t, out, &from).await?;
+        for (r, part) in output.chunks_mut(n.max(1)).enumerate().take(self.world) {
+            match &got[r] {
+                Some(body) => copy_into(r, body, &mut part[..n], "allgather")?,
+                None => part[..n].copy_from_slice(input),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reduces `buf` across the ranks in place: every rank ends with the
+    /// same bits (each shard summed by its owner in rank order).
+    pub async fn allreduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), GroupError> {
+        let n = buf.len();
+        let own = shard(n, self.world, self.rank);
+        let mut reduced = vec![0f32; own.len()];
+        let world = self.world;
+        self.reduce_to_owners(buf, op, &mut reduced, |r| shard(n, world, r))
+            .await?;
+        // The reduced shards back to everyone.
+        let t = tag(self.next_seq(), Kind::ReducedShard);
+        let body = to_bytes(&reduced);
+        let out = self
+            .others()
+            .iter()
+            .map(|&o| o.then(|| body.clone()))
+            .collect();
+        let from = self.others();
+        let got = self.exchange(t, out, &from).await?;
+        for (r, body) in got.iter().enumerate() {
+            let range = shard(n, self.world, r);
+            match body {
+                Some(body) => copy_into(r, body, &mut buf[range], "reduced shard")?,
+                None => buf[range].copy_from_slice(&reduced),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reduces `input` (`world` parts of `output`'s length, part `r` for
+    /// rank `r`) across the ranks: `output` on rank `r` is the reduction of
+    /// every rank's part `r`, summed in rank order.
+    pub async fn reduce_scatter(
+        &mut self,
+        input: &[f32],
+        output: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<(), GroupError> {
+        let k = output.len();
+        if input.len() != k * self.world {
+            return Err(GroupError::Size(format!(
+                "reduce-scatter of {} values into {k} (needs {})",
+                input.len(),
+                k * self.world
+            )));
+        }
+        self.reduce_to_owners(input, op, output, |r| r * k..(r + 1) * k)
+            .await
+    }
+
+    /// The first half of a reduction: sends part `part(r)` of `input` to
+    /// each rank `r`, and sums this rank's part of every rank's input, in
+    /// rank order, into `out`.
+    async fn reduce_to_owners(
+        &mut self,
+        input: &[f32],
+        op: ReduceOp,
+        out: &mut [f32],
+        part: impl Fn(usize) -> Range<usize>,
+    ) -> Result<(), GroupError> {
+        let t = tag(self.next_seq(), Kind::ReduceShard);
+        let out_msgs = (0..self.world)
+            .map(|r| (r != self.rank).then(|| to_bytes(&input[part(r)])))
+            .collect();
+        let from = self.others();
+        let got = self.exchange(t, out_msgs, &from).await?;
+        let own = part(self.rank);
+        let mut contribution = vec![0f32; own.len()];
+        out.fill(0.0);
+        for (r, body) in got.iter().enumerate() {
+            let values: &[f32] = match body {
+                Some(body) => {
+                    copy_into(r, body, &mut contribution, "shard")?;
+                    &contribution
+                }
+                None => &input[own.clone()],
+            };
+            for (o, v) in out.iter_mut().zip(values) {
+                *o += v;
+            }
+        }
+        if op == ReduceOp::Mean {
+            let n = self.world as f32;
+            out.iter_mut().for_each(|v| *v /= n);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_cover_the_buffer_in_order() {
+        for n in [0, 1, 2, 7, 100, 101] {
+            for world in 1..6 {
+                let mut next = 0;
+                for r in 0..world {
+                    let s = shard(n, world, r);
+                    assert_eq!(s.start, next);
+                    assert!(s.len() == n / world || s.len() == n / world + 1);
+                    next = s.end;
+                }
+                assert_eq!(next, n);
+            }
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! A group of N ranks over a full mesh of gradlane links, and the
+//! collectives among them.
+//!
+//! Every pair of ranks shares one QUIC connection (one [`Link`]): the
+//! higher rank connects, the lower accepts, and both present the job's
+//! certificate (mutual TLS). Collectives run in the same order on every
+//! rank, as in any process group; each is numbered, and every message of it
+//! carries its number and kind, so a rank that called something else is an
+//! error naming that rank, not a hang or a silent mix.
+//!
+//! - `rendezvous`: forming the mesh from every rank's address, or from rank
+//!   0's alone.
+//! - `exact`: barrier, broadcast, allgather, allreduce, reduce-scatter, on
+//!   the links' exact messages. Every reduction sums in rank order, so
+//!   every rank ends with the same bits.
+//! - `sparse`: the sparse allgather with count negotiation.
+
+mod exact;
+mod rendezvous;
+mod sparse;
+
+pub use rendezvous::Rendezvous;
+pub use sparse::{SparseAllgather, SparsePath, SparseReport, SparseRows};
+
+use crate::config::Config;
+use crate::endpoint::{Endpoint, SetupError};
+use crate::link::{Link, LinkError};
+use bytes::Bytes;
+use futures_util::future::try_join_all;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use thiserror::Error;
+
+/// How a reduction combines the ranks' values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReduceOp {
+    /// The sum, in rank order.
+    #[default]
+    Sum,
+    /// The sum in rank order, divided by the number of ranks.
+    Mean,
+}
+
+/// What a rank needs to join its group.
+#[derive(Debug, Clone)]
+pub struct GroupConfig {
+    /// This rank, `0..world`.
+    pub rank: usize,
+    /// How many ranks the group has (at least 1).
+    pub world: usize,
+    /// Where the ranks find each other.
+    pub rendezvous: Rendezvous,
+    /// The certificate chain every rank presents (PEM; `certs` makes one
+    /// for a job: give every rank the same files).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The job's CA (PEM): a peer must present a certificate it signed.
+    pub ca: PathBuf,
+    /// The name a peer's certificate must be valid for; by default the
+    /// peer's IP address (make the job's certificate with `--san` for every
+    /// host's address, or name them all, say, `localhost` on one machine).
+    pub server_name: Option<String>,
+    /// The links' settings.
+    pub link: Config,
+    /// How long forming the mesh may take before a rank that never showed
+    /// up is an error naming it.
+    pub join_timeout: Duration,
+}
+
+impl GroupConfig {
+    /// A configuration with the default link settings and a 60 s join
+    /// timeout.
+    pub fn new(
+        rank: usize,
+        world: usize,
+        rendezvous: Rendezvous,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+        ca: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            rank,
+            world,
+            rendezvous,
+            cert: cert.into(),
+            key: key.into(),
+            ca: ca.into(),
+            server_name: None,
+            link: Config::default(),
+            join_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why a group operation failed.
+#[derive(Debug, Error)]
+pub enum GroupError {
+    /// The rank, world or addresses do not make a group.
+    #[error("group setup: {0}")]
+    Setup(String),
+    /// The endpoint could not be made.
+    #[error(transparent)]
+    Endpoint(#[from] SetupError),
+    /// Some ranks did not join in time.
+    #[error("ranks {missing:?} did not join within {waited:?}")]
+    Missing {
+        /// The ranks this rank never heard from.
+        missing: Vec<usize>,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// The link to a rank failed: that rank is gone, closed, or broke the
+    /// protocol.
+    #[error("rank {rank}: {source}")]
+    Rank {
+        /// The other rank.
+        rank: usize,
+        /// What its link reported.
+        source: LinkError,
+    },
+    /// A rank sent something other than what this collective expects: it
+    /// called another collective, or with another size.
+    #[error("rank {rank} is out of step: {what}")]
+    OutOfStep {
+        /// The other rank.
+        rank: usize,
+        /// What differed.
+        what: String,
+    },
+    /// A buffer's size does not fit the collective.
+    #[error("{0}")]
+    Size(String),
+}
+
+/// One rank of a group: links to every other rank.
+pub struct Group {
+    rank: usize,
+    world: usize,
+    /// The link to each other rank (`None` at this rank's own index).
+    links: Vec<Option<Link>>,
+    endpoint: Endpoint,
+    /// Collectives run so far: numbers the next one.
+    seq: u64,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("seq", &self.seq)
+            .finish()
+    }
+}
+
+/// The kinds of messages a collective sends, in their tags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Kind {
+    Hello = 1,
+    Barrier = 2,
+    Broadcast = 3,
+    Allgather = 4,
+    ReduceShard = 5,
+    ReducedShard = 6,
+    Counts = 7,
+    Rows = 8,
+    Values = 9,
+    RowsAndValues = 10,
+}
+
+fn tag(seq: u64, kind: Kind) -> u64 {
+    seq << 8 | kind as u64
+}
+
+impl Group {
+    /// Joins the group: forms the mesh (see [`Rendezvous`]) and returns
+    /// once this rank has a link to every other rank.
+    pub async fn join(config: GroupConfig) -> Result<Self, GroupError> {
+        rendezvous::join(config).await
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// How many ranks the group has.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// The endpoint under the links (statistics, faults).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The link to `rank`, if it is another rank of the group.
+    pub fn link(&self, rank: usize) -> Option<&Link> {
+        self.links.get(rank)?.as_ref()
+    }
+
+    /// Bytes sent on every link so far (UDP payload, from quinn's
+    /// counters).
+    pub fn bytes_sent(&self) -> u64 {
+        self.links
+            .iter()
+            .flatten()
+            .map(|l| l.connection().stats().udp_tx.bytes)
+            .sum()
+    }
+
+    /// Closes every link in order (each waits for its peer, at most
+    /// [`CLOSE_WAIT`](crate::CLOSE_WAIT)), then waits for the endpoint to
+    /// be idle.
+    pub async fn close(self) {
+        let closing = self.links.iter().flatten().map(|l| l.close());
+        let _ = futures_util::future::join_all(closing).await;
+        self.endpoint.wait_idle().await;
+    }
+
+    /// Numbers the next collective.
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// Sends `out[r]` to each rank `r` that has one and receives a message
+    /// from each rank in `from`, all at once; returns what came, by rank.
+    /// Every message has `tag`; another tag is an [`GroupError::OutOfStep`].
+    async fn exchange(
+        &mut self,
+        tag: u64,
+        mut out: Vec<Option<Bytes>>,
+        from: &[bool],
+    ) -> Result<Vec<Option<Bytes>>, GroupError> {
+        out.resize(self.world, None);
+        let work = self
+            .links
+            .iter_mut()
+            .enumerate()
+            .zip(out)
+            .filter_map(|((rank, link), body)| {
+                let link = link.as_mut()?;
+                let receive = from.get(rank).copied().unwrap_or(false);
+                Some(async move {
+                    let failed = |source| GroupError::Rank { rank, source };
+                    if let Some(body) = body {
+                        link.send_message(tag, body).await.map_err(failed)?;
+                    }
+                    if !receive {
+                        return Ok((rank, None));
+                    }
+                    let (got, body) = link.recv_message().await.map_err(failed)?;
+                    if got != tag {
+                        return Err(GroupError::OutOfStep {
+                            rank,
+                            what: format!(
+                                "message {} where {} was due",
+                                describe(got),
+                                describe(tag)
+                            ),
+                        });
+                    }
+                    Ok((rank, Some(body)))
+                })
+            });
+        let mut got = vec![None; self.world];
+        for (rank, body) in try_join_all(work).await? {
+            got[rank] = body;
+        }
+        Ok(got)
+    }
+
+    /// Whether each rank is another rank (all but this one).
+    fn others(&self) -> Vec<bool> {
+        (0..self.world).map(|r| r != self.rank).collect()
+    }
+}
+
+/// A tag as "collective N, kind K", for errors.
+fn describe(tag: u64) -> String {
+    format!("#{} ({})", tag >> 8, tag & 0xff)
+}
+
+/// The advertised address of a rank that listens on `listen`.
+fn server_name(config: &GroupConfig, addr: SocketAddr) -> String {
+    config
+        .server_name
+        .clone()
+        .unwrap_or_else(|| addr.ip().to_string())
+}

@@ -1,0 +1,342 @@
+//! Forming the mesh: every pair of ranks gets one link, the higher rank
+//! connecting to the lower; each connecting rank says who it is in its
+//! first message.
+
+use super::{server_name, tag, Group, GroupConfig, GroupError, Kind};
+use crate::endpoint::Endpoint;
+use crate::link::Link;
+use bytes::Bytes;
+use gradlane_core::layout::{Layout, TensorSpec};
+use std::net::SocketAddr;
+use tokio::time::Instant;
+
+/// Where the ranks of a group find each other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rendezvous {
+    /// Every rank's address, indexed by rank: each listens on its own.
+    Addresses(Vec<SocketAddr>),
+    /// Rank 0 listens at `root`; every other rank listens at `listen`
+    /// (port 0 picks one; an unspecified IP is replaced by the one it
+    /// reaches rank 0 from), tells rank 0, and learns every rank's address
+    /// from it (torchrun's `MASTER_ADDR` model).
+    Root {
+        /// Rank 0's address.
+        root: SocketAddr,
+        /// Where this rank listens (ignored on rank 0).
+        listen: SocketAddr,
+    },
+}
+
+/// The first message on every link of a group: who is speaking.
+struct Hello {
+    rank: usize,
+    world: usize,
+    listen: Option<SocketAddr>,
+}
+
+const HELLO: &str = "gradlane-group/1";
+
+impl Hello {
+    fn encode(&self) -> Bytes {
+        let listen = self
+            .listen
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "-".into());
+        format!("{HELLO} {} {} {listen}", self.rank, self.world).into()
+    }
+
+    fn decode(body: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(body).ok()?;
+        let mut words = text.split(' ');
+        if words.next()? != HELLO {
+            return None;
+        }
+        let rank = words.next()?.parse().ok()?;
+        let world = words.next()?.parse().ok()?;
+        let listen = match words.next()? {
+            "-" => None,
+            a => Some(a.parse().ok()?),
+        };
+        words.next().is_none().then_some(Self {
+            rank,
+            world,
+            listen,
+        })
+    }
+}
+
+/// The address table rank 0 hands out.
+fn encode_table(table: &[SocketAddr]) -> Bytes {
+    let addrs: Vec<String> = table.iter().map(|a| a.to_string()).collect();
+    format!("{HELLO} table {}", addrs.join(" ")).into()
+}
+
+fn decode_table(body: &[u8], world: usize) -> Option<Vec<SocketAddr>> {
+    let text = std::str::from_utf8(body).ok()?;
+    let rest = text.strip_prefix(&format!("{HELLO} table "))?;
+    let table: Vec<SocketAddr> = rest
+        .split(' ')
+        .map(|a| a.parse().ok())
+        .collect::<Option<_>>()?;
+    (table.len() == world).then_some(table)
+}
+
+/// The handshake layout of a group's links: their rounds register their
+/// own layouts; this one only opens the link.
+fn link_layout() -> Result<Layout, GroupError> {
+    Layout::new(vec![TensorSpec::dense("group", [1])]).map_err(|e| GroupError::Setup(e.to_string()))
+}
+
+pub(super) async fn join(config: GroupConfig) -> Result<Group, GroupError> {
+    let (rank, world) = (config.rank, config.world);
+    if world == 0 || rank >= world {
+        return Err(GroupError::Setup(format!(
+            "rank {rank} is not in a group of {world}"
+        )));
+    }
+    let listen = match &config.rendezvous {
+        Rendezvous::Addresses(addrs) if addrs.len() != world => {
+            return Err(GroupError::Setup(format!(
+                "{} addresses for a group of {world}",
+                addrs.len()
+            )))
+        }
+        Rendezvous::Addresses(addrs) => addrs[rank],
+        Rendezvous::Root { root, .. } if rank == 0 => *root,
+        Rendezvous::Root { listen, .. } => *listen,
+    };
+    let endpoint = Endpoint::peer(
+        listen,
+        &config.cert,
+        &config.key,
+        &config.ca,
+        config.link.clone(),
+    )?;
+    let deadline = Instant::now() + config.join_timeout;
+    let mut links: Vec<Option<Link>> = (0..world).map(|_| None).collect();
+    let formed = tokio::time::timeout_at(deadline, form(&config, &endpoint, &mut links)).await;
+    match formed {
+        Ok(Ok(())) => Ok(Group {
+            rank,
+            world,
+            links,
+            endpoint,
+            seq: 0,
+        }),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(GroupError::Missing {
+            missing: (0..world)
+                .filter(|&r| r != rank && links[r].is_none())
+                .collect(),
+            waited: config.join_timeout,
+        }),
+    }
+}
+
+/// Fills `links` with a link to every other rank.
+async fn form(
+    config: &GroupConfig,
+    endpoint: &Endpoint,
+    links: &mut [Option<Link>],
+) -> Result<(), GroupError> {
+    let (rank, world) = (config.rank, config.world);
+    let table = match &config.rendezvous {
+        Rendezvous::Addresses(addrs) => addrs.clone(),
+        Rendezvous::Root { root, .. } if rank == 0 => {
+            // Every other rank connects here first and says where it
+            // listens; the table goes back to each once all are in.
+            let mut table = vec![*root; world];
+            let expected: Vec<usize> = (1..world).collect();
+            let mut learn = |hello: &Hello| {
+                if let Some(addr) = hello.listen {
+                    table[hello.rank] = addr;
+                }
+            };
+            accept_into(config, endpoint, &expected, links, 0, &mut learn).await?;
+            let body = encode_table(&table);
+            for (r, link) in links.iter_mut().enumerate() {
+                if let Some(link) = link {
+                    link.send_message(tag(0, Kind::Hello), body.clone())
+                        .await
+                        .map_err(|source| GroupError::Rank { rank: r, source })?;
+                }
+            }
+            table
+        }
+        Rendezvous::Root { root, .. } => {
+            let link = connect_to(config, endpoint, 0, *root, true).await?;
+            let link = links[0].insert(link);
+            let failed = |source| GroupError::Rank { rank: 0, source };
+            let (got, body) = link.recv_message().await.map_err(failed)?;
+            match decode_table(&body, world) {
+                Some(table) if got == tag(0, Kind::Hello) => table,
+                _ => {
+                    return Err(GroupError::OutOfStep {
+                        rank: 0,
+                        what: "no address table from rank 0".into(),
+                    })
+                }
+            }
+        }
+    };
+    // The rest of the mesh: connect to every lower rank not linked yet,
+    // accept every higher one, at the same time.
+    let (lower, rest) = links.split_at_mut(rank);
+    let higher = &mut rest[1..];
+    let connect = async {
+        for (r, slot) in lower.iter_mut().enumerate() {
+            if slot.is_none() {
+                *slot = Some(connect_to(config, endpoint, r, table[r], false).await?);
+            }
+        }
+        Ok::<_, GroupError>(())
+    };
+    let accept = async {
+        let expected: Vec<usize> = (rank + 1..world)
+            .filter(|&r| higher[r - rank - 1].is_none())
+            .collect();
+        accept_into(config, endpoint, &expected, higher, rank + 1, &mut |_| {}).await
+    };
+    let (c, a) = tokio::join!(connect, accept);
+    c.and(a)
+}
+
+/// Connects to `rank` at `addr` and says who this rank is (and, to the
+/// root, where it listens).
+async fn connect_to(
+    config: &GroupConfig,
+    endpoint: &Endpoint,
+    rank: usize,
+    addr: SocketAddr,
+    tell_listen: bool,
+) -> Result<Link, GroupError> {
+    let failed = |source| GroupError::Rank { rank, source };
+    let name = server_name(config, addr);
+    let mut link = endpoint
+        .connect(addr, &name, &link_layout()?)
+        .await
+        .map_err(failed)?;
+    let listen = match tell_listen {
+        true => {
+            let local = endpoint
+                .local_addr()
+                .map_err(|e| GroupError::Setup(e.to_string()))?;
+            let ip = match local.ip().is_unspecified() {
+                true => link.connection().local_ip().unwrap_or_else(|| local.ip()),
+                false => local.ip(),
+            };
+            Some(SocketAddr::new(ip, local.port()))
+        }
+        false => None,
+    };
+    let hello = Hello {
+        rank: config.rank,
+        world: config.world,
+        listen,
+    };
+    link.send_message(tag(0, Kind::Hello), hello.encode())
+        .await
+        .map_err(failed)?;
+    Ok(link)
+}
+
+/// Accepts links and reads each one's hello until every rank in
+/// `expected` has a link in `links` (indexed by rank less `offset`; each
+/// is stored as soon as it is in, so a timeout sees who came). `on_hello`
+/// sees each hello. A client that fails its handshake is skipped (a stray
+/// scanner, a rank of another job); a rank that is not expected, or says
+/// it belongs to a group of another size, is an error.
+async fn accept_into(
+    config: &GroupConfig,
+    endpoint: &Endpoint,
+    expected: &[usize],
+    links: &mut [Option<Link>],
+    offset: usize,
+    on_hello: &mut dyn FnMut(&Hello),
+) -> Result<(), GroupError> {
+    let mut found = 0;
+    while found < expected.len() {
+        let link = match endpoint.accept().await {
+            Some(Ok(link)) => link,
+            Some(Err(e)) => {
+                tracing::info!(%e, "a connection to the group failed its handshake");
+                continue;
+            }
+            None => return Err(GroupError::Setup("the endpoint closed".into())),
+        };
+        let mut link = link;
+        let remote = link.connection().remote_address();
+        let (got, body) = match link.recv_message().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::info!(%e, %remote, "a connection to the group said nothing");
+                continue;
+            }
+        };
+        let hello = match Hello::decode(&body) {
+            Some(h) if got == tag(0, Kind::Hello) => h,
+            _ => {
+                tracing::info!(%remote, "a connection to the group sent no hello");
+                continue;
+            }
+        };
+        if hello.world != config.world {
+            return Err(GroupError::OutOfStep {
+                rank: hello.rank,
+                what: format!(
+                    "it joined a group of {} ranks, this one has {}",
+                    hello.world, config.world
+                ),
+            });
+        }
+        let slot = hello
+            .rank
+            .checked_sub(offset)
+            .filter(|_| expected.contains(&hello.rank))
+            .and_then(|i| links.get_mut(i))
+            .filter(|s| s.is_none());
+        let Some(slot) = slot else {
+            return Err(GroupError::Setup(format!(
+                "rank {} connected to rank {} unexpectedly (two ranks with one number?)",
+                hello.rank, config.rank
+            )));
+        };
+        on_hello(&hello);
+        *slot = Some(link);
+        found += 1;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hellos_and_tables_round_trip_and_garbage_is_none() {
+        let h = Hello {
+            rank: 3,
+            world: 4,
+            listen: Some("10.0.0.4:4433".parse().unwrap()),
+        };
+        let back = Hello::decode(&h.encode()).unwrap();
+        assert_eq!((back.rank, back.world, back.listen), (3, 4, h.listen));
+        let none = Hello { listen: None, ..h };
+        assert_eq!(Hello::decode(&none.encode()).unwrap().listen, None);
+        for bad in [
+            &b""[..],
+            b"gradlane-group/1 3",
+            b"gradlane-group/1 x 4 -",
+            b"gradlane-group/1 3 4 - extra",
+            b"gradlane-group/2 3 4 -",
+            b"\xff",
+        ] {
+            assert!(Hello::decode(bad).is_none(), "{bad:?}");
+        }
+        let table: Vec<SocketAddr> =
+            vec!["127.0.0.1:1".parse().unwrap(), "[::1]:2".parse().unwrap()];
+        assert_eq!(decode_table(&encode_table(&table), 2), Some(table.clone()));
+        assert_eq!(decode_table(&encode_table(&table), 3), None);
+        assert_eq!(decode_table(b"gradlane-group/1 table x", 1), None);
+    }
+}

@@ -1,0 +1,365 @@
+//! Groups of ranks over real QUIC on loopback: forming the mesh, the exact
+//! collectives against a local reference, bit for bit, the sparse
+//! allgather, and ranks that fail.
+
+mod common;
+
+use common::{cert_dir, quick};
+use futures_util::future::join_all;
+use gradlane::{
+    Group, GroupConfig, GroupError, ReduceOp, Rendezvous, SparseAllgather, SparsePath, SparseRows,
+};
+use gradlane_core::rng::SplitMix64;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// A loopback port free a moment ago, for rank 0 to listen on.
+fn free_port() -> SocketAddr {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.local_addr().unwrap()
+}
+
+fn config(dir: &Path, rank: usize, world: usize, root: SocketAddr) -> GroupConfig {
+    let rendezvous = Rendezvous::Root {
+        root,
+        listen: "127.0.0.1:0".parse().unwrap(),
+    };
+    config_with(dir, rank, world, rendezvous)
+}
+
+fn config_with(dir: &Path, rank: usize, world: usize, rendezvous: Rendezvous) -> GroupConfig {
+    let mut c = GroupConfig::new(
+        rank,
+        world,
+        rendezvous,
+        dir.join("server.pem"),
+        dir.join("server.key"),
+        dir.join("ca.pem"),
+    );
+    c.link = quick();
+    c.join_timeout = Duration::from_secs(20);
+    c
+}
+
+/// `world` ranks of one group, as tasks of this runtime, meeting at rank 0.
+async fn group(tag: &str, world: usize) -> Vec<Group> {
+    let dir = cert_dir(tag);
+    let root = free_port();
+    let joins = (0..world).map(|r| Group::join(config(&dir, r, world, root)));
+    join_all(joins)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap())
+        .collect()
+}
+
+/// `world` ranks of one group, each told every rank's address.
+async fn group_by_addresses(tag: &str, world: usize) -> Vec<Group> {
+    let dir = cert_dir(tag);
+    let addrs: Vec<SocketAddr> = (0..world).map(|_| free_port()).collect();
+    let joins = (0..world).map(|r| {
+        Group::join(config_with(
+            &dir,
+            r,
+            world,
+            Rendezvous::Addresses(addrs.clone()),
+        ))
+    });
+    join_all(joins)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap())
+        .collect()
+}
+
+/// Deterministic values, different per rank, with fractions and signs so
+/// that the order of a sum shows in its bits.
+fn values(rank: usize, n: usize) -> Vec<f32> {
+    let mut rng = SplitMix64::new(1000 + rank as u64);
+    (0..n)
+        .map(|_| (rng.next_f64() as f32 - 0.5) * 1000.0)
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The reference sum: element by element, from 0.0, in rank order.
+fn reference_sum(parts: &[Vec<f32>]) -> Vec<f32> {
+    let n = parts[0].len();
+    (0..n)
+        .map(|i| parts.iter().fold(0f32, |acc, p| acc + p[i]))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_collectives_equal_a_local_reference_bit_for_bit() {
+    for world in [3usize, 4] {
+        // Both ways of meeting: every address known, or rank 0's only.
+        let mut groups = match world {
+            3 => group_by_addresses("exact3", world).await,
+            _ => group(&format!("exact{world}"), world).await,
+        };
+        for n in [0usize, 1, 7, 1000] {
+            let inputs: Vec<Vec<f32>> = (0..world).map(|r| values(r, n)).collect();
+            let sum = reference_sum(&inputs);
+            let mean: Vec<f32> = sum.iter().map(|v| v / world as f32).collect();
+
+            // allreduce, sum and mean
+            for (op, want) in [(ReduceOp::Sum, &sum), (ReduceOp::Mean, &mean)] {
+                let mut bufs = inputs.clone();
+                let calls = groups
+                    .iter_mut()
+                    .zip(bufs.iter_mut())
+                    .map(|(g, b)| g.allreduce(b, op));
+                for r in join_all(calls).await {
+                    r.unwrap();
+                }
+                for (r, b) in bufs.iter().enumerate() {
+                    assert_eq!(
+                        bits(b),
+                        bits(want),
+                        "allreduce {op:?} n {n} world {world} rank {r}"
+                    );
+                }
+            }
+
+            // broadcast from rank 1
+            let mut bufs = inputs.clone();
+            let calls = groups
+                .iter_mut()
+                .zip(bufs.iter_mut())
+                .map(|(g, b)| g.broadcast(1, b));
+            for r in join_all(calls).await {
+                r.unwrap();
+            }
+            for b in &bufs {
+                assert_eq!(bits(b), bits(&inputs[1]), "broadcast n {n}");
+            }
+
+            // allgather
+            let mut outs = vec![vec![0f32; n * world]; world];
+            let calls = groups
+                .iter_mut()
+                .zip(outs.iter_mut())
+                .zip(&inputs)
+                .map(|((g, o), i)| g.allgather(i, o));
+            for r in join_all(calls).await {
+                r.unwrap();
+            }
+            let want: Vec<f32> = inputs.concat();
+            for o in &outs {
+                assert_eq!(bits(o), bits(&want), "allgather n {n}");
+            }
+
+            // reduce-scatter: every rank's input is `world` parts of n
+            let big: Vec<Vec<f32>> = (0..world).map(|r| values(r + 10, n * world)).collect();
+            let full = reference_sum(&big);
+            let mut outs = vec![vec![0f32; n]; world];
+            let calls = groups
+                .iter_mut()
+                .zip(outs.iter_mut())
+                .zip(&big)
+                .map(|((g, o), i)| g.reduce_scatter(i, o, ReduceOp::Sum));
+            for r in join_all(calls).await {
+                r.unwrap();
+            }
+            for (r, o) in outs.iter().enumerate() {
+                assert_eq!(
+                    bits(o),
+                    bits(&full[r * n..(r + 1) * n]),
+                    "reduce-scatter n {n} rank {r}"
+                );
+            }
+        }
+        let barriers = groups.iter_mut().map(|g| g.barrier());
+        for r in join_all(barriers).await {
+            r.unwrap();
+        }
+        join_all(groups.into_iter().map(|g| g.close())).await;
+    }
+}
+
+/// Each rank sends about 2 (N-1) / N of the buffer per allreduce: at most
+/// 1.1 times that, from quinn's counters (QUIC's headers and
+/// acknowledgements are the rest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allreduce_sends_two_n_minus_one_over_n_of_the_buffer() {
+    let world = 4;
+    let mut groups = group("bytes", world).await;
+    let n = 4 << 20; // 16 MiB of f32
+    let mut bufs: Vec<Vec<f32>> = (0..world).map(|r| values(r, n)).collect();
+    let before: Vec<u64> = groups.iter().map(|g| g.bytes_sent()).collect();
+    let calls = groups
+        .iter_mut()
+        .zip(bufs.iter_mut())
+        .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
+    for r in join_all(calls).await {
+        r.unwrap();
+    }
+    let bound = 2.0 * (world - 1) as f64 / world as f64 * (n * 4) as f64;
+    for (r, g) in groups.iter().enumerate() {
+        let sent = (g.bytes_sent() - before[r]) as f64;
+        assert!(
+            sent >= bound && sent <= 1.1 * bound,
+            "rank {r} sent {sent} bytes, bound {bound}"
+        );
+    }
+    join_all(groups.into_iter().map(|g| g.close())).await;
+}
+
+fn sparse(rank: usize, count: usize, height: u64, width: usize) -> SparseRows {
+    let mut rng = SplitMix64::new(77 + rank as u64);
+    SparseRows {
+        height,
+        width,
+        rows: (0..count).map(|_| rng.next_u64() % height).collect(),
+        values: (0..count * width).map(|_| rng.next_f64() as f32).collect(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sparse_allgather_negotiates_its_path_from_the_counts() {
+    let world = 3;
+    let mut groups = group("sparse", world).await;
+    let cases = [
+        (
+            vec![5usize, 5, 5],
+            SparseAllgather::Allgatherv,
+            SparsePath::EqualCounts,
+            3,
+        ),
+        (
+            vec![2usize, 0, 9],
+            SparseAllgather::Allgatherv,
+            SparsePath::Allgatherv,
+            2,
+        ),
+        (
+            vec![4usize, 1, 3],
+            SparseAllgather::BroadcastInOrder,
+            SparsePath::BroadcastInOrder,
+            2,
+        ),
+    ];
+    for (counts, unequal, path, messages_per_peer) in cases {
+        let mine: Vec<SparseRows> = counts
+            .iter()
+            .enumerate()
+            .map(|(r, &c)| sparse(r, c, 50, 3))
+            .collect();
+        let calls = groups
+            .iter_mut()
+            .zip(&mine)
+            .map(|(g, m)| g.sparse_allgather(m, unequal));
+        let results: Vec<_> = join_all(calls)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        let want = SparseRows {
+            height: 50,
+            width: 3,
+            rows: mine.iter().flat_map(|m| m.rows.clone()).collect(),
+            values: mine.iter().flat_map(|m| m.values.clone()).collect(),
+        };
+        for (r, (got, report)) in results.iter().enumerate() {
+            assert_eq!(got, &want, "{path:?} rank {r}");
+            assert_eq!(report.path, path);
+            assert_eq!(
+                report.counts,
+                counts.iter().map(|&c| c as u64).collect::<Vec<_>>()
+            );
+            // Phase 1 and phase 2, per other rank.
+            assert_eq!(
+                report.messages_sent,
+                messages_per_peer * (world as u64 - 1),
+                "{path:?}"
+            );
+        }
+        // Duplicate rows summed, the same bits on every rank.
+        let summed: Vec<SparseRows> = results.iter().map(|(g, _)| g.sum_duplicates()).collect();
+        assert!(summed.iter().all(|s| s == &summed[0]));
+        let mut rows = summed[0].rows.clone();
+        rows.dedup();
+        assert_eq!(rows, summed[0].rows, "each row once");
+    }
+    join_all(groups.into_iter().map(|g| g.close())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_that_never_joins_is_named() {
+    let dir = cert_dir("missing");
+    let root = free_port();
+    let mut c0 = config(&dir, 0, 3, root);
+    let mut c1 = config(&dir, 1, 3, root);
+    c0.join_timeout = Duration::from_secs(2);
+    c1.join_timeout = Duration::from_secs(2);
+    let (g0, _g1) = tokio::join!(Group::join(c0), Group::join(c1));
+    match g0 {
+        Err(GroupError::Missing { missing, .. }) => assert_eq!(missing, vec![2]),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_out_of_step_is_named() {
+    let mut groups = group("step", 2).await;
+    let mut buf = vec![1f32; 4];
+    let (g0, g1) = groups.split_at_mut(1);
+    let (a, _b) = tokio::join!(g0[0].barrier(), g1[0].broadcast(1, &mut buf));
+    match a {
+        Err(GroupError::OutOfStep { rank: 1, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A rank that dies in the middle of an allreduce (its runtime stops: no
+/// close, no more packets): every other rank's call fails, naming it,
+/// within the links' idle timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_killed_mid_allreduce_is_named_by_the_others() {
+    let world = 3;
+    let dir = cert_dir("killed");
+    let root = free_port();
+    // Rank 2 lives in a runtime of its own, to be stopped at once.
+    let (joined_tx, joined_rx) = tokio::sync::oneshot::channel();
+    let (die_tx, die_rx) = std::sync::mpsc::channel::<()>();
+    let c2 = config(&dir, 2, world, root);
+    let killed = std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let g = rt.block_on(Group::join(c2)).unwrap();
+        let _ = joined_tx.send(());
+        let _ = die_rx.recv();
+        rt.shutdown_background();
+        std::mem::forget(g);
+    });
+    let (g0, g1) = tokio::join!(
+        Group::join(config(&dir, 0, world, root)),
+        Group::join(config(&dir, 1, world, root))
+    );
+    let (mut g0, mut g1) = (g0.unwrap(), g1.unwrap());
+    joined_rx.await.unwrap();
+    die_tx.send(()).unwrap();
+    killed.join().unwrap();
+    let (mut a, mut b) = (values(0, 1 << 16), values(1, 1 << 16));
+    let started = std::time::Instant::now();
+    let (ra, rb) = tokio::join!(
+        g0.allreduce(&mut a, ReduceOp::Sum),
+        g1.allreduce(&mut b, ReduceOp::Sum)
+    );
+    for r in [ra, rb] {
+        match r {
+            Err(GroupError::Rank { rank: 2, .. }) => {}
+            other => panic!("expected an error naming rank 2, got {other:?}"),
+        }
+    }
+    // quick()'s idle timeout is 3 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}
