@@ -38,6 +38,8 @@ const HELLO_MAGIC: &[u8; 4] = b"GLH1";
 const TAG_WELCOME: u8 = 1;
 const TAG_IMPORTANT: u8 = 2;
 const TAG_LOSSY_SENT: u8 = 3;
+const TAG_LAYOUT: u8 = 4;
+const TAG_LAYOUT_READY: u8 = 5;
 
 /// Why a control message could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -81,7 +83,7 @@ pub struct Hello {
 }
 
 /// A message on the control stream after the hello.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control {
     /// The server accepted the hello.
     Welcome,
@@ -92,6 +94,16 @@ pub enum Control {
     /// this message: once it is read, the receiver need not wait out its
     /// grace period for datagrams that were lost.
     LossySent(u32),
+    /// The sender registers another layout for its rounds under `id` (the
+    /// next one in order).
+    Layout {
+        /// The layout's id in the sender's segments.
+        id: u16,
+        /// The layout and its chunking.
+        hello: Hello,
+    },
+    /// The receiver is ready for rounds of layout `id`.
+    LayoutReady(u16),
 }
 
 impl From<Short> for HandshakeError {
@@ -190,6 +202,17 @@ impl Control {
                 v.extend_from_slice(&r.to_le_bytes());
                 v
             }
+            Control::Layout { id, hello } => {
+                let mut v = vec![TAG_LAYOUT];
+                v.extend_from_slice(&id.to_le_bytes());
+                v.extend_from_slice(&hello.encode());
+                v
+            }
+            Control::LayoutReady(id) => {
+                let mut v = vec![TAG_LAYOUT_READY];
+                v.extend_from_slice(&id.to_le_bytes());
+                v
+            }
         }
     }
 
@@ -200,6 +223,12 @@ impl Control {
             TAG_WELCOME => Control::Welcome,
             TAG_IMPORTANT => Control::ImportantReceived(r.u32()?),
             TAG_LOSSY_SENT => Control::LossySent(r.u32()?),
+            TAG_LAYOUT => {
+                let id = u16::from_le_bytes(r.array()?);
+                let hello = Hello::decode(r.rest())?;
+                Control::Layout { id, hello }
+            }
+            TAG_LAYOUT_READY => Control::LayoutReady(u16::from_le_bytes(r.array()?)),
             x => return Err(HandshakeError::UnknownControl(x)),
         };
         r.finish()?;
@@ -288,6 +317,11 @@ mod tests {
             Control::Welcome,
             Control::ImportantReceived(7),
             Control::LossySent(9),
+            Control::Layout {
+                id: 3,
+                hello: h.clone(),
+            },
+            Control::LayoutReady(65535),
         ] {
             assert_eq!(Control::decode(&c.encode()).unwrap(), c);
         }

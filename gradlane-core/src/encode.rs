@@ -52,6 +52,10 @@ pub struct EncoderConfig {
     pub alpha: f32,
     /// Classification settings.
     pub classify: ClassifyConfig,
+    /// The layout id written into every segment (see
+    /// [`wire::layout_of`](crate::wire::layout_of)): which of a sender's
+    /// layouts on one link a round has. 0 unless a link carries several.
+    pub layout_id: u16,
 }
 
 impl Default for EncoderConfig {
@@ -60,6 +64,7 @@ impl Default for EncoderConfig {
             chunking: ChunkOptions::default(),
             alpha: DEFAULT_ALPHA,
             classify: ClassifyConfig::default(),
+            layout_id: 0,
         }
     }
 }
@@ -140,6 +145,8 @@ pub struct Encoder {
     /// The buffer of an earlier round, handed back through
     /// [`Encoder::recycle`]; reclaimed when no packet of it is alive.
     spare: Option<BytesMut>,
+    /// Written into every segment.
+    layout_id: u16,
 }
 
 impl Encoder {
@@ -154,6 +161,7 @@ impl Encoder {
             classifier,
             classes: Vec::new(),
             spare: None,
+            layout_id: config.layout_id,
         })
     }
 
@@ -215,7 +223,7 @@ impl Encoder {
         let spare = self.spare.take();
         let framer = RoundFramer::new(
             self.plan.clone(),
-            round,
+            (self.layout_id, round),
             classes.clone(),
             levels,
             max_datagram,
@@ -277,6 +285,7 @@ impl Encoder {
 #[derive(Debug)]
 pub struct RoundFramer {
     plan: Arc<ChunkPlan>,
+    layout: u16,
     round: u32,
     levels: u8,
     end: RoundEnd,
@@ -298,7 +307,7 @@ impl RoundFramer {
     /// its bytes (in `spare` if it can be reclaimed and is large enough).
     fn new(
         plan: Arc<ChunkPlan>,
-        round: u32,
+        (layout, round): (u16, u32),
         classes: Vec<Class>,
         levels: u8,
         max_datagram: usize,
@@ -308,7 +317,7 @@ impl RoundFramer {
             end,
             segments,
             packet_ends,
-        } = plan_segments(&plan, round, &classes, levels, max_datagram);
+        } = plan_segments(&plan, (layout, round), &classes, levels, max_datagram);
 
         let total: usize = segments
             .iter()
@@ -331,6 +340,7 @@ impl RoundFramer {
         let buf = reclaimed.unwrap_or_else(|| BytesMut::with_capacity(total + total / 64));
         Self {
             plan,
+            layout,
             round,
             levels,
             end,
@@ -557,7 +567,7 @@ impl RoundFramer {
 
     /// Appends the header of one segment.
     fn write_header(&mut self, class: Class, p: Piece) {
-        let header = piece_header(&self.plan, self.round, class, &p);
+        let header = piece_header(&self.plan, (self.layout, self.round), class, &p);
         let mut h = [0u8; DATA_HEADER_LEN];
         header.write(&mut h);
         self.buf.put_slice(&h);
@@ -580,12 +590,13 @@ struct SegmentPlan {
 /// segment limit, in datagrams so as to fill each one up.
 fn plan_segments(
     plan: &ChunkPlan,
-    round: u32,
+    (layout, round): (u16, u32),
     classes: &[Class],
     levels: u8,
     max_datagram: usize,
 ) -> SegmentPlan {
     let mut end = RoundEnd {
+        layout,
         round,
         levels,
         ..Default::default()
@@ -669,10 +680,16 @@ fn plan_segments(
 }
 
 /// The header of the segment that carries piece `p` of class `class`.
-fn piece_header(plan: &ChunkPlan, round: u32, class: Class, p: &Piece) -> DataHeader {
+fn piece_header(
+    plan: &ChunkPlan,
+    (layout, round): (u16, u32),
+    class: Class,
+    p: &Piece,
+) -> DataHeader {
     let t = p.tensor as usize;
     let span = plan.tensor_chunks(t);
     DataHeader {
+        layout,
         class,
         round,
         tensor: p.tensor,
@@ -778,7 +795,7 @@ pub fn frame_with_classes<G: AsRef<[f32]>>(
     }
     RoundFramer::new(
         Arc::new(plan.clone()),
-        round,
+        (0, round),
         classes.to_vec(),
         levels,
         max_datagram,
@@ -809,7 +826,7 @@ mod tests {
             end,
             segments,
             packet_ends,
-        } = plan_segments(plan, round, classes, levels, max_datagram);
+        } = plan_segments(plan, (0, round), classes, levels, max_datagram);
 
         // Write everything into one buffer.
         let total: usize = segments
@@ -827,7 +844,7 @@ mod tests {
             let mut next_end = packet_ends[c].iter().peekable();
             for (i, p) in segs.iter().enumerate() {
                 let t = p.tensor as usize;
-                let header = piece_header(plan, round, c as Class, p);
+                let header = piece_header(plan, (0, round), c as Class, p);
                 header.write(&mut buf[pos..pos + DATA_HEADER_LEN]);
                 pos += DATA_HEADER_LEN;
                 let values =

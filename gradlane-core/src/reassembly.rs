@@ -45,6 +45,10 @@ pub struct ReassemblyConfig {
     pub late_buffer_bytes: usize,
     /// How many delivered rounds still accept late segments.
     pub late_window: u32,
+    /// The layout id the sender writes into every segment (see
+    /// [`EncoderConfig::layout_id`](crate::encode::EncoderConfig)); a
+    /// segment of another layout is refused.
+    pub layout_id: u16,
 }
 
 impl Default for ReassemblyConfig {
@@ -54,6 +58,7 @@ impl Default for ReassemblyConfig {
             max_open_rounds: 3,
             late_buffer_bytes: 64 << 20,
             late_window: 4,
+            layout_id: 0,
         }
     }
 }
@@ -79,6 +84,14 @@ pub enum ReassemblyError {
     /// Important data or a round end came as a datagram.
     #[error("{0} arrived on the lossy channel")]
     WrongChannel(&'static str),
+    /// A segment of another layout than this receiver's.
+    #[error("a segment of layout {got} reached the receiver of layout {expected}")]
+    WrongLayout {
+        /// This receiver's layout id.
+        expected: u16,
+        /// The segment's.
+        got: u16,
+    },
     /// A second round end for one round.
     #[error("round {0} ended twice")]
     DuplicateEnd(u32),
@@ -194,11 +207,16 @@ impl RoundStats {
 pub struct Round {
     /// Round index.
     pub index: u32,
+    /// The sender's layout id ([`ReassemblyConfig::layout_id`]).
+    pub layout: u16,
     /// One vector per tensor of the layout; missing bytes are zeros, late
     /// bytes of earlier rounds are added in.
     pub tensors: Vec<Vec<f32>>,
     /// Counts per class.
     pub stats: RoundStats,
+    /// The chunks (ids of the layout's chunk plan, increasing) with bytes
+    /// that did not arrive in time: zero-filled, in part or whole.
+    pub missing_chunks: Vec<u32>,
 }
 
 /// What [`Reassembler::push`] did with a packet.
@@ -465,12 +483,25 @@ impl Reassembler {
                 (Segment::Data(h, _), Channel::Lossy) if h.class == IMPORTANT => {
                     return Err(ReassemblyError::WrongChannel("important data"))
                 }
-                (Segment::Data(h, _), _) => h.validate(&self.plan)?,
-                _ => {}
+                (Segment::Data(h, _), _) => {
+                    self.check_layout(h.layout)?;
+                    h.validate(&self.plan)?
+                }
+                (Segment::RoundEnd(end), _) => self.check_layout(end.layout)?,
             }
             segments.push(seg);
         }
         Ok(())
+    }
+
+    fn check_layout(&self, got: u16) -> Result<(), ReassemblyError> {
+        match got == self.config.layout_id {
+            true => Ok(()),
+            false => Err(ReassemblyError::WrongLayout {
+                expected: self.config.layout_id,
+                got,
+            }),
+        }
     }
 
     fn global_value(&self, h: &DataHeader) -> u64 {
@@ -743,9 +774,13 @@ impl Reassembler {
             s.received_bytes = r.received_bytes[c];
             s.zero_filled_bytes = end.bytes[c].saturating_sub(r.received_bytes[c]);
         }
+        let mut missing_chunks = Vec::new();
         for (id, &class) in r.chunk_class.iter().enumerate() {
-            if class != NO_CLASS && r.chunk_bytes[id] < self.plan.chunks()[id].byte_len() {
-                stats.classes[class as usize].partial_chunks += 1;
+            if r.chunk_bytes[id] < self.plan.chunks()[id].byte_len() {
+                missing_chunks.push(id as u32);
+                if class != NO_CLASS {
+                    stats.classes[class as usize].partial_chunks += 1;
+                }
             }
         }
         // Recycled tensors still hold an older round where nothing arrived.
@@ -780,8 +815,10 @@ impl Reassembler {
         stats.counters = self.counters;
         Ok(Round {
             index: round,
+            layout: self.config.layout_id,
             tensors: r.tensors,
             stats,
+            missing_chunks,
         })
     }
 }
@@ -941,11 +978,13 @@ impl StreamDecoder {
     ) -> Result<(), ReassemblyError> {
         match wire::decode_head(head)?.0 {
             Head::RoundEnd(end) => {
+                rx.check_layout(end.layout)?;
                 if rx.end_round(end)? {
                     out.completed = Some(end.round);
                 }
             }
             Head::Data(h) => {
+                rx.check_layout(h.layout)?;
                 h.validate(&rx.plan)?;
                 self.payload = Some(Payload {
                     header: h,

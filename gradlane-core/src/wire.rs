@@ -20,7 +20,8 @@
 //!   3  u8   kind: 1 data, 2 round end
 //!   4  u8   class (data: 0 important, 1..=7 lossy level; round end: levels)
 //!   5  u8   reserved, 0
-//!   6  u16  reserved, 0
+//!   6  u16  layout: which of the sender's layouts on its link (0: the
+//!           handshake's; a link may register more, one per bucket)
 //! data (40 bytes in all)
 //!   8  u32  round        12 u32 tensor       16 u32 chunk (holding byte_offset)
 //!   20 u32  first chunk of the tensor        24 u32 last chunk of the tensor
@@ -170,17 +171,30 @@ fn u64_at(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-fn put_prefix(out: &mut [u8], kind: u8, class: u8) {
+fn put_prefix(out: &mut [u8], kind: u8, class: u8, layout: u16) {
     out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
     out[2] = VERSION;
     out[3] = kind;
     out[4] = class;
-    out[5..8].fill(0);
+    out[5] = 0;
+    out[6..8].copy_from_slice(&layout.to_le_bytes());
+}
+
+/// The layout a segment belongs to, from its first [`PREFIX_LEN`] bytes
+/// (`None` if they are not a segment's): what a link routes segments by
+/// before decoding them.
+pub fn layout_of(prefix: &[u8]) -> Option<u16> {
+    if prefix.len() < PREFIX_LEN || u16_at(prefix, 0) != MAGIC {
+        return None;
+    }
+    Some(u16_at(prefix, 6))
 }
 
 /// The header of a data segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DataHeader {
+    /// Which of the sender's layouts the tensor belongs to.
+    pub layout: u16,
     /// Class of the bytes: 0 important, `1..=7` a lossy level.
     pub class: Class,
     /// Round index.
@@ -207,7 +221,7 @@ impl DataHeader {
     /// # Panics
     /// If `out` is shorter than [`DATA_HEADER_LEN`] (a caller bug, not input).
     pub fn write(&self, out: &mut [u8]) {
-        put_prefix(out, KIND_DATA, self.class);
+        put_prefix(out, KIND_DATA, self.class, self.layout);
         let fields = [
             self.round,
             self.tensor,
@@ -276,6 +290,8 @@ impl DataHeader {
 /// The end of a round's important data, with what the sender sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct RoundEnd {
+    /// Which of the sender's layouts the round has.
+    pub layout: u16,
     /// Round index.
     pub round: u32,
     /// Number of lossy levels in use (1..=7).
@@ -302,7 +318,7 @@ impl RoundEnd {
     /// # Panics
     /// If `out` is shorter than [`ROUND_END_LEN`] (a caller bug, not input).
     pub fn write(&self, out: &mut [u8]) {
-        put_prefix(out, KIND_ROUND_END, self.levels);
+        put_prefix(out, KIND_ROUND_END, self.levels, self.layout);
         out[8..12].copy_from_slice(&self.round.to_le_bytes());
         out[12..16].fill(0);
         out[16..24].copy_from_slice(&self.important_digest.to_le_bytes());
@@ -367,7 +383,7 @@ fn check_prefix(b: &[u8]) -> Result<(), WireError> {
     if b[3] != KIND_DATA && b[3] != KIND_ROUND_END {
         return Err(WireError::Kind(b[3]));
     }
-    if b[5] != 0 || u16_at(b, 6) != 0 {
+    if b[5] != 0 {
         return Err(WireError::Reserved);
     }
     Ok(())
@@ -426,6 +442,7 @@ pub fn decode_head(buf: &[u8]) -> Result<(Head, usize), WireError> {
             return Err(WireError::Reserved);
         }
         let mut end = RoundEnd {
+            layout: u16_at(buf, 6),
             round: u32_at(buf, 8),
             levels: class,
             important_digest: u64_at(buf, 16),
@@ -459,6 +476,7 @@ pub fn decode_head(buf: &[u8]) -> Result<(Head, usize), WireError> {
         return Err(WireError::Class(class));
     }
     let h = DataHeader {
+        layout: u16_at(buf, 6),
         class,
         round: u32_at(buf, 8),
         tensor: u32_at(buf, 12),

@@ -16,6 +16,7 @@ fn layout() -> Layout {
 fn header() -> DataHeader {
     // Tensor 0 (1000 values, block 256): chunks 0..=3; bytes 1024..2048 are chunk 1.
     DataHeader {
+        layout: 3,
         class: 2,
         round: 9,
         tensor: 0,
@@ -48,6 +49,7 @@ fn a_valid_segment_round_trips() {
     assert_eq!(wire::segment_len(&b[..7]), Ok(None));
 
     let end = RoundEnd {
+        layout: 65535,
         round: 4,
         levels: 3,
         important_digest: 77,
@@ -72,7 +74,11 @@ fn every_bad_field_has_its_own_error() {
     assert_eq!(structural(&|b| b[3] = 9), WireError::Kind(9));
     assert_eq!(structural(&|b| b[4] = 8), WireError::Class(8));
     assert_eq!(structural(&|b| b[5] = 1), WireError::Reserved);
-    assert_eq!(structural(&|b| b[7] = 1), WireError::Reserved);
+    // Bytes 6-7 are the layout: any value decodes, and a link routes by it.
+    let mut b = encode(&header());
+    b[7] = 1;
+    assert_eq!(wire::layout_of(&b), Some(256 + 3));
+    assert_eq!(wire::layout_of(&b[..7]), None);
     assert_eq!(
         structural(&|b| b.truncate(20)),
         WireError::Truncated { need: 40, have: 20 }

@@ -359,6 +359,7 @@ impl Config {
                 first_round_all_important: self.scoring.first_round_all_important,
                 random_ranking: self.scoring.random_ranking,
             },
+            layout_id: 0,
         }
     }
 
@@ -370,6 +371,7 @@ impl Config {
             max_open_rounds: self.receiver.max_open_rounds,
             late_buffer_bytes: self.receiver.late_buffer_bytes,
             late_window: self.receiver.late_window,
+            layout_id: 0,
         }
     }
 

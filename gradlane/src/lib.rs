@@ -128,7 +128,7 @@ pub use group::{
     SparseReport, SparseRows,
 };
 pub use link::{
-    DatagramSize, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,
+    DatagramSize, LayoutId, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,
     RoundArrival, RoundTiming, SendReport, CLOSE_WAIT, MAX_MESSAGE_BYTES,
 };
 pub use socket::faults::{FaultStats, Faults};

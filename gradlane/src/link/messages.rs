@@ -2,9 +2,11 @@
 //! order, each with a tag the receiver checks. The collectives of a group
 //! (broadcast, allgather, the exact half of an allreduce) travel this way.
 //!
-//! Each end opens one bidirectional stream for the messages it sends, the
-//! first bidirectional stream after the handshake's; only its sending half
-//! is used. A message is `[u64 tag][u32 length][body]`, little-endian. The
+//! Each end opens one unidirectional stream for the messages it sends; it
+//! starts with [`MESSAGE_MAGIC`], which no round stream starts with (a
+//! segment's third byte is its version, 1), so the receiver tells the two
+//! apart by their first bytes. A message is `[u64 tag][u32 length][body]`,
+//! little-endian. The
 //! receiver reads each body as it arrives, so memory follows what the peer
 //! really sent, not the length it claims, and hands whole messages to
 //! [`LinkReceiver::recv_message`] through a short queue: a receiver that
@@ -15,6 +17,9 @@ use bytes::BytesMut;
 
 /// Bytes before a message's body: its tag and length.
 const MESSAGE_HEAD: usize = 8 + 4;
+
+/// The first bytes of a message stream.
+pub(super) const MESSAGE_MAGIC: [u8; 4] = *b"GLm1";
 
 /// Whole messages read ahead of [`LinkReceiver::recv_message`].
 const QUEUED_MESSAGES: usize = 2;
@@ -43,16 +48,14 @@ impl LinkSender {
         head[..8].copy_from_slice(&tag.to_le_bytes());
         head[8..].copy_from_slice(&(body.len() as u32).to_le_bytes());
         let mut stream = self.control.messages.lock().await;
-        let send = match &mut *stream {
-            Some(send) => send,
+        let (send, magic) = match &mut *stream {
+            Some(send) => (send, Bytes::new()),
             None => {
-                let (send, recv) = self.conn.open_bi().await.map_err(LinkError::from_conn)?;
-                // Only the sending half carries anything.
-                drop(recv);
-                stream.insert(send)
+                let send = self.conn.open_uni().await.map_err(LinkError::from_conn)?;
+                (stream.insert(send), Bytes::from_static(&MESSAGE_MAGIC))
             }
         };
-        let mut chunks = [Bytes::copy_from_slice(&head), body];
+        let mut chunks = [magic, Bytes::copy_from_slice(&head), body];
         send.write_all_chunks(&mut chunks)
             .await
             .map_err(write_error)
@@ -69,19 +72,15 @@ impl LinkReceiver {
     }
 }
 
-/// Accepts the peer's message stream and reads it to its end, one whole
-/// message at a time into `out`.
-pub(super) async fn message_reader(conn: Connection, out: mpsc::Sender<Message>) {
-    let (send, mut recv) = match conn.accept_bi().await {
-        Ok(pair) => pair,
-        Err(e) => {
-            let _ = out.send(Err(LinkError::from_conn(e))).await;
-            return;
-        }
-    };
-    drop(send);
+/// Reads the peer's message stream to its end, one whole message at a
+/// time into `out`; `held` are its first bytes, read already (the magic
+/// among them).
+pub(super) async fn read_messages(held: Vec<Bytes>, recv: RecvStream, out: mpsc::Sender<Message>) {
+    let mut held: BytesMut = held.iter().flat_map(|b| b.iter().copied()).collect();
+    let _ = held.split_to(MESSAGE_MAGIC.len().min(held.len()));
+    let mut stream = Prefixed { held, recv };
     loop {
-        let message = read_message(&mut recv).await;
+        let message = read_message(&mut stream).await;
         let end = !matches!(message, Ok(Some(_)));
         let item = match message {
             Ok(Some(m)) => Ok(m),
@@ -94,33 +93,62 @@ pub(super) async fn message_reader(conn: Connection, out: mpsc::Sender<Message>)
     }
 }
 
-/// One message, or `None` at a clean end of the stream.
-async fn read_message(recv: &mut RecvStream) -> Result<Option<(u64, Bytes)>, LinkError> {
-    let mut head = [0u8; MESSAGE_HEAD];
-    match recv.read_exact(&mut head).await {
-        Ok(()) => {}
-        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
-        Err(quinn::ReadExactError::FinishedEarly(_)) => {
-            return Err(LinkError::Protocol(
-                "message stream ends inside a message".into(),
-            ))
+/// A stream whose first bytes were read already.
+struct Prefixed {
+    held: BytesMut,
+    recv: RecvStream,
+}
+
+impl Prefixed {
+    /// Fills `buf`; `Ok(false)` if the stream ended cleanly before its
+    /// first byte.
+    async fn read_exact(&mut self, buf: &mut [u8]) -> Result<bool, LinkError> {
+        let from_held = buf.len().min(self.held.len());
+        buf[..from_held].copy_from_slice(&self.held.split_to(from_held));
+        if from_held == buf.len() {
+            return Ok(true);
         }
-        Err(quinn::ReadExactError::ReadError(e)) => return Err(read_error(e)),
+        match self.recv.read_exact(&mut buf[from_held..]).await {
+            Ok(()) => Ok(true),
+            Err(quinn::ReadExactError::FinishedEarly(0)) if from_held == 0 => Ok(false),
+            Err(quinn::ReadExactError::FinishedEarly(_)) => Err(truncated()),
+            Err(quinn::ReadExactError::ReadError(e)) => Err(read_error(e)),
+        }
     }
-    let tag = u64::from_le_bytes(head[..8].try_into().unwrap_or_default());
-    let len = u32::from_le_bytes(head[8..].try_into().unwrap_or_default()) as usize;
+
+    /// Up to `max` more bytes.
+    async fn read_chunk(&mut self, max: usize) -> Result<Bytes, LinkError> {
+        if !self.held.is_empty() {
+            let n = max.min(self.held.len());
+            return Ok(self.held.split_to(n).freeze());
+        }
+        match self.recv.read_chunk(max, true).await {
+            Ok(Some(chunk)) => Ok(chunk.bytes),
+            Ok(None) => Err(truncated()),
+            Err(e) => Err(read_error(e)),
+        }
+    }
+}
+
+fn truncated() -> LinkError {
+    LinkError::Protocol("message stream ends inside a message".into())
+}
+
+/// One message, or `None` at a clean end of the stream.
+async fn read_message(stream: &mut Prefixed) -> Result<Option<(u64, Bytes)>, LinkError> {
+    let mut head = [0u8; MESSAGE_HEAD];
+    if !stream.read_exact(&mut head).await? {
+        return Ok(None);
+    }
+    let mut tag = [0u8; 8];
+    tag.copy_from_slice(&head[..8]);
+    let mut len = [0u8; 4];
+    len.copy_from_slice(&head[8..]);
+    let (tag, len) = (u64::from_le_bytes(tag), u32::from_le_bytes(len) as usize);
     // Grown as the body arrives: a length alone reserves at most 16 MiB.
     let mut body = BytesMut::with_capacity(len.min(16 << 20));
     while body.len() < len {
-        match recv.read_chunk(len - body.len(), true).await {
-            Ok(Some(chunk)) => body.extend_from_slice(&chunk.bytes),
-            Ok(None) => {
-                return Err(LinkError::Protocol(
-                    "message stream ends inside a message".into(),
-                ))
-            }
-            Err(e) => return Err(read_error(e)),
-        }
+        body.extend_from_slice(&stream.read_chunk(len - body.len()).await?);
     }
     Ok(Some((tag, body.freeze())))
 }

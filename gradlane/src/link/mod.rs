@@ -49,6 +49,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 mod close;
+mod layouts;
 mod messages;
 mod receive;
 mod send;
@@ -56,6 +57,8 @@ mod timing;
 
 pub use close::CLOSE_WAIT;
 use close::{ControlTx, Linger, SharedControl};
+pub use layouts::LayoutId;
+use layouts::Receivers;
 pub use messages::MAX_MESSAGE_BYTES;
 pub use timing::{DatagramSize, LossyCarrier, LossyRelease, RoundTiming};
 
@@ -108,6 +111,9 @@ pub enum LinkError {
     /// Reading a stream failed.
     #[error("read: {0}")]
     Read(#[from] quinn::ReadError),
+    /// A round of a layout this end never registered; nothing was sent.
+    #[error("layout {0} is not registered on this link")]
+    UnknownLayout(u16),
     /// A message body over [`MAX_MESSAGE_BYTES`]; nothing was sent.
     #[error("a message of {0} bytes is over the limit of 4 GiB")]
     MessageTooLarge(usize),
@@ -236,7 +242,8 @@ pub struct RoundArrival {
 
 /// State shared between a link's receive tasks and `recv_round`.
 struct RxShared {
-    reassembler: Mutex<Reassembler>,
+    /// One reassembler per layout of the peer's.
+    reassembler: Mutex<Receivers>,
     /// Woken whenever datagrams or stream data are placed.
     progress: Notify,
     /// Datagrams the unreliable engine took from quinn and placed.
@@ -245,13 +252,19 @@ struct RxShared {
     /// datagrams quinn had received by then: once the engine has placed as
     /// many, every datagram of the round that was not lost is in.
     lossy_sent: Mutex<HashMap<u32, u64>>,
+    /// The peer's message stream arrived (a second one is a protocol
+    /// error: messages must keep one order).
+    message_stream: std::sync::atomic::AtomicBool,
 }
 
 /// State shared between the control reader and `send_round`.
 struct TxShared {
     /// Rounds the peer confirmed, and when the confirmation came.
     acked: Mutex<HashMap<u32, Instant>>,
+    /// Also woken when the peer is ready for a layout this end registered.
     acked_notify: Notify,
+    /// Layouts of this end's the peer is ready for.
+    layouts: Mutex<std::collections::HashSet<u16>>,
     /// The peer finished its control stream, and this end has read all of
     /// it: every confirmation it sent is processed.
     peer_finished: tokio::sync::watch::Sender<bool>,
@@ -269,7 +282,10 @@ pub struct LinkSender {
     /// The control stream to the peer (shared with the receive side, which
     /// sends its confirmations on it).
     control: SharedControl,
-    encoder: Encoder,
+    /// One encoder per layout this end registered, by id.
+    encoders: Vec<Encoder>,
+    /// How the encoder of a newly registered layout is made.
+    encoder_template: EncoderConfig,
     levels: u8,
     /// Streams a round's important part is spread over
     /// ([`Config::lanes`](crate::Config::lanes)).
@@ -296,7 +312,7 @@ pub struct LinkSender {
 pub struct LinkReceiver {
     conn: Connection,
     rx: Arc<RxShared>,
-    ended: mpsc::UnboundedReceiver<Result<(u32, Instant), String>>,
+    ended: mpsc::UnboundedReceiver<Result<(u32, LayoutId, Instant), String>>,
     timing: RoundTiming,
     /// The peer finished its control stream: it is closing the link.
     peer_finished: tokio::sync::watch::Receiver<bool>,
@@ -363,23 +379,24 @@ impl Link {
         let (control_send, control_recv) = control;
         let levels = config.levels;
         let timing = config.timing;
-        let encoder = Encoder::new(
-            &layout,
-            EncoderConfig {
-                chunking,
-                ..config.encoder()
-            },
-        )?;
-        let reassembler = Reassembler::new(layout.clone(), config.reassembly(chunking))?;
+        let encoder_template = EncoderConfig {
+            chunking,
+            ..config.encoder()
+        };
+        let encoder = Encoder::new(&layout, encoder_template)?;
+        let receive = config.reassembly(chunking);
+        let reassembler = Reassembler::new(layout.clone(), receive)?;
         let rx = Arc::new(RxShared {
-            reassembler: Mutex::new(reassembler),
+            reassembler: Mutex::new(Receivers::new(reassembler, receive)),
             progress: Notify::new(),
             datagrams_read: AtomicU64::new(0),
             lossy_sent: Mutex::new(HashMap::new()),
+            message_stream: std::sync::atomic::AtomicBool::new(false),
         });
         let tx = Arc::new(TxShared {
             acked: Mutex::new(HashMap::new()),
             acked_notify: Notify::new(),
+            layouts: Mutex::new(std::collections::HashSet::from([0])),
             peer_finished: tokio::sync::watch::Sender::new(false),
         });
         let (ended_tx, ended) = mpsc::unbounded_channel();
@@ -398,9 +415,9 @@ impl Link {
                 rx.clone(),
                 control_send.clone(),
                 ended_tx,
+                message_tx,
             )),
             tokio::spawn(datagram_reader(conn.clone(), rx.clone())),
-            tokio::spawn(messages::message_reader(conn.clone(), message_tx)),
         ];
         let linger = Arc::new(Linger::new(
             conn.clone(),
@@ -414,7 +431,8 @@ impl Link {
             sender: LinkSender {
                 conn: conn.clone(),
                 control: control_send,
-                encoder,
+                encoders: vec![encoder],
+                encoder_template,
                 levels,
                 lanes: config.lanes,
                 tx,
@@ -461,6 +479,23 @@ impl Link {
         self.sender.send_round_shared(round, grads).await
     }
 
+    /// Registers another layout for this end's rounds. See
+    /// [`LinkSender::register_layout`].
+    pub async fn register_layout(&mut self, layout: &Layout) -> Result<LayoutId, LinkError> {
+        self.sender.register_layout(layout).await
+    }
+
+    /// Sends one round of a registered layout. See
+    /// [`LinkSender::send_round_on`].
+    pub async fn send_round_on<G: AsRef<[f32]>>(
+        &mut self,
+        layout: LayoutId,
+        round: u32,
+        grads: &[G],
+    ) -> Result<SendReport, LinkError> {
+        self.sender.send_round_on(layout, round, grads).await
+    }
+
     /// Sends one exact message. See [`LinkSender::send_message`].
     pub async fn send_message(&mut self, tag: u64, body: Bytes) -> Result<(), LinkError> {
         self.sender.send_message(tag, body).await
@@ -484,13 +519,16 @@ impl Link {
 
     /// Reports the training loss to the classifier (adaptive ratio).
     pub fn report_loss(&mut self, loss: f64) -> Result<(), LinkError> {
-        Ok(self.sender.encoder.report_loss(loss)?)
+        for encoder in &mut self.sender.encoders {
+            encoder.report_loss(loss)?;
+        }
+        Ok(())
     }
 
     /// Hands a delivered round's tensors back for reuse (saves mapping fresh
     /// memory each round). Tensors of the wrong shape are ignored.
     pub fn recycle(&mut self, tensors: Vec<Vec<f32>>) {
-        let _ = lock(&self.receiver.rx.reassembler).recycle(tensors);
+        lock(&self.receiver.rx.reassembler).recycle(tensors);
     }
 
     /// The receiver's counters (malformed, duplicates, late drops, ...).

@@ -20,8 +20,8 @@ impl LinkReceiver {
     /// [`recv_round`](Self::recv_round), also telling when the round's
     /// important data was complete and when it was delivered.
     pub async fn recv_round_timed(&mut self) -> Result<(Round, RoundArrival), LinkError> {
-        let (round, important) = loop {
-            let (round, important) = tokio::select! {
+        let (round, layout, important) = loop {
+            let (round, layout, important) = tokio::select! {
                 // A protocol error is queued before the connection is
                 // closed: look at the queue first so the caller learns why.
                 biased;
@@ -40,14 +40,16 @@ impl LinkReceiver {
             // and the next one), and their news can come in either order:
             // one skipped over by a later delivery is counted abandoned
             // already and has nothing left to deliver.
-            let delivered = lock(&self.rx.reassembler).last_delivered();
+            let delivered = lock(&self.rx.reassembler)
+                .get(layout)
+                .and_then(|r| r.last_delivered());
             if delivered.is_none_or(|d| round > d) {
-                break (round, important);
+                break (round, layout, important);
             }
-            tracing::debug!(round, ?delivered, "skipped a round delivered past");
+            tracing::debug!(round, layout, ?delivered, "skipped a round delivered past");
         };
-        let span = tracing::info_span!("recv_round", round);
-        let delivered = self.finish_round(round).instrument(span).await?;
+        let span = tracing::info_span!("recv_round", round, layout);
+        let delivered = self.finish_round(round, layout).instrument(span).await?;
         let arrival = RoundArrival {
             important,
             delivered: Instant::now(),
@@ -55,7 +57,7 @@ impl LinkReceiver {
         Ok((delivered, arrival))
     }
 
-    async fn finish_round(&mut self, round: u32) -> Result<Round, LinkError> {
+    async fn finish_round(&mut self, round: u32, layout: LayoutId) -> Result<Round, LinkError> {
         let ended = Instant::now();
         let idle = self.timing.grace + self.conn.rtt() * 2;
         let cap = Instant::now() + self.timing.max_grace;
@@ -63,7 +65,10 @@ impl LinkReceiver {
             let progress = self.rx.progress.notified();
             tokio::pin!(progress);
             progress.as_mut().enable();
-            let got = match lock(&self.rx.reassembler).lossy_progress(round) {
+            let held = lock(&self.rx.reassembler)
+                .get(layout)
+                .and_then(|r| r.lossy_progress(round));
+            let got = match held {
                 Some((got, Some(sent))) if got < sent => got,
                 _ => break,
             };
@@ -97,10 +102,15 @@ impl LinkReceiver {
             }
         }
         let waited = ended.elapsed();
-        let progress = lock(&self.rx.reassembler).lossy_progress(round);
         let reported = lock(&self.rx.lossy_sent).get(&round).copied();
         lock(&self.rx.lossy_sent).retain(|&r, _| r > round);
-        let delivered = lock(&self.rx.reassembler).deliver(round)?;
+        let (progress, delivered) = {
+            let mut receivers = lock(&self.rx.reassembler);
+            let Some(r) = receivers.get(layout) else {
+                return Err(LinkError::UnknownLayout(layout));
+            };
+            (r.lossy_progress(round), r.deliver(round)?)
+        };
         tracing::debug!(
             ?waited,
             ?progress,
@@ -129,7 +139,7 @@ impl LinkReceiver {
 
     /// Hands a delivered round's tensors back for reuse.
     pub fn recycle(&mut self, tensors: Vec<Vec<f32>>) {
-        let _ = lock(&self.rx.reassembler).recycle(tensors);
+        lock(&self.rx.reassembler).recycle(tensors);
     }
 
     /// Datagrams quinn received but the link never got: quinn drops the
@@ -189,6 +199,23 @@ pub(super) async fn control_reader(
                 lock(&rx.lossy_sent).insert(r, received);
                 rx.progress.notify_waiters();
             }
+            Ok(Control::Layout { id, hello }) => {
+                if let Err(why) = lock(&rx.reassembler).add(id, hello) {
+                    protocol_close(&conn, &why);
+                    return;
+                }
+                let stream = &mut *control.stream.lock().await;
+                if write_control(stream, Control::LayoutReady(id))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Ok(Control::LayoutReady(id)) => {
+                lock(&tx.layouts).insert(id);
+                tx.acked_notify.notify_waiters();
+            }
             Ok(Control::Welcome) | Err(_) => {
                 protocol_close(&conn, "unexpected control message");
                 return;
@@ -201,7 +228,8 @@ pub(super) async fn stream_acceptor(
     conn: Connection,
     rx: Arc<RxShared>,
     control: SharedControl,
-    ended: mpsc::UnboundedSender<Result<(u32, Instant), String>>,
+    ended: mpsc::UnboundedSender<Result<(u32, LayoutId, Instant), String>>,
+    messages: mpsc::Sender<messages::Message>,
 ) {
     while let Ok(stream) = conn.accept_uni().await {
         tokio::spawn(round_stream_reader(
@@ -210,6 +238,7 @@ pub(super) async fn stream_acceptor(
             rx.clone(),
             control.clone(),
             ended.clone(),
+            messages.clone(),
         ));
     }
 }
@@ -224,29 +253,71 @@ async fn round_stream_reader(
     mut stream: RecvStream,
     rx: Arc<RxShared>,
     control: SharedControl,
-    ended: mpsc::UnboundedSender<Result<(u32, Instant), String>>,
+    ended: mpsc::UnboundedSender<Result<(u32, LayoutId, Instant), String>>,
+    messages: mpsc::Sender<messages::Message>,
 ) {
     let mut decoder = StreamDecoder::new();
     // quinn hands over one received frame (about a packet) per piece.
     let mut pieces = vec![Bytes::new(); 64];
+    // The stream's layout, from its first segment's prefix; the pieces
+    // that came before those bytes were all in wait here.
+    let mut layout: Option<LayoutId> = None;
+    let mut held: Vec<Bytes> = Vec::new();
     loop {
         let n = match stream.read_chunks(&mut pieces).await {
             Ok(Some(n)) => n,
-            Ok(None) if decoder.at_boundary() => return,
+            Ok(None) if decoder.at_boundary() && held.is_empty() => return,
             Ok(None) => return fail(&conn, &ended, "round stream ends inside a segment".into()),
             // Reset by the sender (an abandoned round) or the connection is
             // gone: nothing to deliver.
             Err(_) => return,
         };
+        let id = match layout {
+            Some(id) => id,
+            None => {
+                held.extend(pieces[..n].iter().cloned());
+                pieces[..n].fill(Bytes::new());
+                let prefix: Vec<u8> = held
+                    .iter()
+                    .flat_map(|b| b.iter().copied())
+                    .take(wire::PREFIX_LEN)
+                    .collect();
+                // The peer's message stream, not a round's.
+                if prefix.starts_with(&messages::MESSAGE_MAGIC) {
+                    if rx.message_stream.swap(true, Ordering::Relaxed) {
+                        return fail(&conn, &ended, "a second message stream".into());
+                    }
+                    return messages::read_messages(held, stream, messages).await;
+                }
+                if prefix.len() < wire::PREFIX_LEN {
+                    continue;
+                }
+                match (wire::layout_of(&prefix), wire::head_len(&prefix)) {
+                    (Some(id), Ok(_)) => *layout.insert(id),
+                    (_, Err(e)) => return fail(&conn, &ended, format!("malformed segment: {e}")),
+                    (None, Ok(_)) => {
+                        return fail(&conn, &ended, "malformed segment: no prefix".into())
+                    }
+                }
+            }
+        };
+        // The first time: the held pieces (this read's among them).
+        let first = std::mem::take(&mut held);
+        let input: &[Bytes] = match first.is_empty() {
+            true => &pieces[..n],
+            false => &first,
+        };
         let mut round_end = None;
         let fed = {
-            let mut reassembler = lock(&rx.reassembler);
-            pieces[..n].iter().try_for_each(|piece| {
-                let out = decoder.feed(&mut reassembler, piece)?;
+            let mut receivers = lock(&rx.reassembler);
+            let reassembler = receivers.route(id);
+            input.iter().try_for_each(|piece| {
+                let out = decoder.feed(reassembler, piece)?;
                 round_end = round_end.or(out.completed);
                 Ok::<_, ReassemblyError>(())
             })
         };
+        drop(first);
         if let Err(e) = fed {
             return fail(&conn, &ended, format!("{e}"));
         }
@@ -261,14 +332,14 @@ async fn round_stream_reader(
             if control.confirm(r).await.is_err() {
                 return;
             }
-            let _ = ended.send(Ok((r, arrived)));
+            let _ = ended.send(Ok((r, id, arrived)));
         }
     }
 }
 
 fn fail(
     conn: &Connection,
-    ended: &mpsc::UnboundedSender<Result<(u32, Instant), String>>,
+    ended: &mpsc::UnboundedSender<Result<(u32, LayoutId, Instant), String>>,
     why: String,
 ) {
     let _ = ended.send(Err(why.clone()));
@@ -293,9 +364,10 @@ pub(super) async fn datagram_reader(conn: Connection, rx: Arc<RxShared>) {
             }
         }
         {
-            let mut reassembler = lock(&rx.reassembler);
+            let mut receivers = lock(&rx.reassembler);
             for d in &batch {
-                if let Err(e) = reassembler.push(d, Channel::Lossy) {
+                let layout = wire::layout_of(d).unwrap_or(0);
+                if let Err(e) = receivers.route(layout).push(d, Channel::Lossy) {
                     tracing::debug!(%e, "dropped a malformed datagram");
                 }
             }

@@ -28,8 +28,21 @@ impl LinkSender {
         round: u32,
         grads: &[G],
     ) -> Result<SendReport, LinkError> {
-        let span = tracing::info_span!("send_round", round);
-        self.send_round_inner(round, grads, None)
+        self.send_round_on(0, round, grads).await
+    }
+
+    /// Sends one round of layout `layout` (0, the handshake's, or one
+    /// [registered](Self::register_layout)); otherwise as
+    /// [`send_round`](Self::send_round). Round indexes are one sequence per
+    /// link, across layouts.
+    pub async fn send_round_on<G: AsRef<[f32]>>(
+        &mut self,
+        layout: LayoutId,
+        round: u32,
+        grads: &[G],
+    ) -> Result<SendReport, LinkError> {
+        let span = tracing::info_span!("send_round", round, layout);
+        self.send_round_inner(layout, round, grads, None)
             .instrument(span)
             .await
     }
@@ -53,7 +66,7 @@ impl LinkSender {
             .iter()
             .map(|g| gradlane_core::encode::shared_f32_bytes(g.clone()))
             .collect();
-        self.send_round_inner(round, &values, Some(&views))
+        self.send_round_inner(0, round, &values, Some(&views))
             .instrument(span)
             .await
     }
@@ -62,11 +75,15 @@ impl LinkSender {
     /// views of.
     async fn send_round_inner<G: AsRef<[f32]>>(
         &mut self,
+        layout: LayoutId,
         round: u32,
         grads: &[G],
         shared: Option<&[Bytes]>,
     ) -> Result<SendReport, LinkError> {
         let start = Instant::now();
+        if layout as usize >= self.encoders.len() {
+            return Err(LinkError::UnknownLayout(layout));
+        }
         if let Some(last) = self.last_sent.filter(|&last| round <= last) {
             return Err(LinkError::RoundOrder { round, last });
         }
@@ -86,7 +103,7 @@ impl LinkSender {
         let max = if on_stream { LOSSY_STREAM_PACKET } else { max };
         // Scoring and classing read the whole round: every check on the
         // gradients happens here, before a byte is sent.
-        let encoder = &mut self.encoder;
+        let encoder = &mut self.encoders[layout as usize];
         let framer = blocking(|| encoder.start(round, grads, max))?;
         // From here on bytes of this round may reach the peer.
         self.last_sent = Some(round);
@@ -122,7 +139,7 @@ impl LinkSender {
         // taking the round) does not undo it.
         let confirmed = match sent {
             Ok((confirmed, encoded)) => {
-                self.encoder.recycle(encoded);
+                self.encoders[layout as usize].recycle(encoded);
                 confirmed
             }
             Err(e) => self.settle(round, e)?,
@@ -482,7 +499,14 @@ impl LinkSender {
         report: &mut SendReport,
     ) -> Result<(), LinkError> {
         let pieces = match self.conn.max_datagram_size() {
-            Some(max) => self.encoder.reframe(d, max).unwrap_or_default(),
+            Some(max) => {
+                // The datagram says which layout's encoder can cut it.
+                let layout = gradlane_core::wire::layout_of(d).unwrap_or(0) as usize;
+                match self.encoders.get(layout) {
+                    Some(encoder) => encoder.reframe(d, max).unwrap_or_default(),
+                    None => Vec::new(),
+                }
+            }
             None => Vec::new(),
         };
         if pieces.is_empty() {

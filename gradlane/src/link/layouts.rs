@@ -1,0 +1,146 @@
+//! Several layouts on one link: the handshake's (id 0) and any a sender
+//! registers later, one per gradient bucket, say. Every segment carries its
+//! layout's id (`gradlane_core::wire::layout_of`), so one connection, one
+//! congestion controller and one set of streams serve them all; each layout
+//! has its own encoder (its own contribution history) at the sender and
+//! its own reassembler (its own late merges) at the receiver. Round
+//! indexes stay one sequence per link.
+//!
+//! Registering is a control message carrying the layout and its chunking,
+//! answered once the peer has made its reassembler, so no segment of a
+//! layout ever reaches a peer that does not know it.
+
+use super::*;
+use gradlane_core::control::Hello;
+use gradlane_core::layout::ChunkOptions;
+use gradlane_core::reassembly::{ReassemblyConfig, ReceiverCounters};
+
+/// Which of a link's layouts: 0 is the handshake's.
+pub type LayoutId = u16;
+
+/// The reassembler of each of the peer's layouts, by id.
+pub(super) struct Receivers {
+    by_id: Vec<Reassembler>,
+    /// The link's receiver limits, for the layouts registered later.
+    template: ReassemblyConfig,
+}
+
+impl Receivers {
+    pub(super) fn new(first: Reassembler, template: ReassemblyConfig) -> Self {
+        Self {
+            by_id: vec![first],
+            template,
+        }
+    }
+
+    /// The reassembler of layout `id`; a segment of an unknown layout goes
+    /// to layout 0's, which refuses and counts it.
+    pub(super) fn route(&mut self, id: LayoutId) -> &mut Reassembler {
+        let i = match (id as usize) < self.by_id.len() {
+            true => id as usize,
+            false => 0,
+        };
+        &mut self.by_id[i]
+    }
+
+    /// The reassembler of layout `id`, if registered.
+    pub(super) fn get(&mut self, id: LayoutId) -> Option<&mut Reassembler> {
+        self.by_id.get_mut(id as usize)
+    }
+
+    /// Registers the peer's next layout; ids come in order.
+    pub(super) fn add(&mut self, id: LayoutId, hello: Hello) -> Result<(), String> {
+        if id as usize != self.by_id.len() {
+            return Err(format!(
+                "layout {id} registered where {} was next",
+                self.by_id.len()
+            ));
+        }
+        let config = ReassemblyConfig {
+            chunking: hello.chunking,
+            layout_id: id,
+            ..self.template
+        };
+        let r = Reassembler::new(hello.layout, config).map_err(|e| e.to_string())?;
+        self.by_id.push(r);
+        Ok(())
+    }
+
+    /// Hands a delivered round's tensors back to the reassembler whose
+    /// layout has their shapes.
+    pub(super) fn recycle(&mut self, mut tensors: Vec<Vec<f32>>) {
+        for r in &mut self.by_id {
+            match r.recycle(tensors) {
+                Ok(()) => return,
+                Err(back) => tensors = back,
+            }
+        }
+    }
+
+    /// Every reassembler's counters, summed.
+    pub(super) fn counters(&self) -> ReceiverCounters {
+        let mut sum = ReceiverCounters::default();
+        for c in self.by_id.iter().map(|r| r.counters()) {
+            sum.malformed += c.malformed;
+            sum.duplicates += c.duplicates;
+            sum.late_buffered += c.late_buffered;
+            sum.late_dropped_full += c.late_dropped_full;
+            sum.late_dropped_bytes += c.late_dropped_bytes;
+            sum.too_old += c.too_old;
+            sum.too_many_open += c.too_many_open;
+            sum.abandoned_rounds += c.abandoned_rounds;
+            sum.abandoned_bytes += c.abandoned_bytes;
+            sum.stale_ends += c.stale_ends;
+        }
+        sum
+    }
+
+    /// Late bytes waiting in every reassembler.
+    pub(super) fn late_buffered_bytes(&self) -> usize {
+        self.by_id.iter().map(|r| r.late_buffered_bytes()).sum()
+    }
+}
+
+impl LinkSender {
+    /// Registers another layout for this end's rounds and returns its id
+    /// for [`send_round_on`](Self::send_round_on). Returns once the peer
+    /// is ready for it (one round trip). Its chunks are cut with the
+    /// link's chunking and scored with its own history.
+    pub async fn register_layout(&mut self, layout: &Layout) -> Result<LayoutId, LinkError> {
+        let id = LayoutId::try_from(self.encoders.len())
+            .map_err(|_| LinkError::Protocol("more than 65,536 layouts on one link".into()))?;
+        let config = EncoderConfig {
+            layout_id: id,
+            ..self.encoder_template
+        };
+        let encoder = Encoder::new(layout, config)?;
+        let hello = Hello {
+            layout: layout.clone(),
+            chunking: self.encoder_template.chunking,
+        };
+        let acked = self.tx.acked_notify.notified();
+        tokio::pin!(acked);
+        acked.as_mut().enable();
+        {
+            let stream = &mut *self.control.stream.lock().await;
+            write_control(stream, Control::Layout { id, hello }).await?;
+        }
+        loop {
+            if lock(&self.tx.layouts).contains(&id) {
+                break;
+            }
+            tokio::select! {
+                _ = acked.as_mut() => acked.set(self.tx.acked_notify.notified()),
+                e = self.conn.closed() => return Err(LinkError::from_conn(e)),
+            }
+            acked.as_mut().enable();
+        }
+        self.encoders.push(encoder);
+        Ok(id)
+    }
+
+    /// The chunking of this end's layouts (the handshake's).
+    pub fn chunking(&self) -> ChunkOptions {
+        self.encoder_template.chunking
+    }
+}
