@@ -99,6 +99,10 @@ pub enum Control {
     Layout {
         /// The layout's id in the sender's segments.
         id: u16,
+        /// Whether the receiver adds lossy data that comes after its round
+        /// was delivered into the next round (otherwise it drops it,
+        /// counted: the sender resends what was lost by other means).
+        merge_late: bool,
         /// The layout and its chunking.
         hello: Hello,
     },
@@ -202,9 +206,14 @@ impl Control {
                 v.extend_from_slice(&r.to_le_bytes());
                 v
             }
-            Control::Layout { id, hello } => {
+            Control::Layout {
+                id,
+                merge_late,
+                hello,
+            } => {
                 let mut v = vec![TAG_LAYOUT];
                 v.extend_from_slice(&id.to_le_bytes());
+                v.push(u8::from(*merge_late));
                 v.extend_from_slice(&hello.encode());
                 v
             }
@@ -225,8 +234,17 @@ impl Control {
             TAG_LOSSY_SENT => Control::LossySent(r.u32()?),
             TAG_LAYOUT => {
                 let id = u16::from_le_bytes(r.array()?);
+                let merge_late = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    x => return Err(HandshakeError::BadEnum(x)),
+                };
                 let hello = Hello::decode(r.rest())?;
-                Control::Layout { id, hello }
+                Control::Layout {
+                    id,
+                    merge_late,
+                    hello,
+                }
             }
             TAG_LAYOUT_READY => Control::LayoutReady(u16::from_le_bytes(r.array()?)),
             x => return Err(HandshakeError::UnknownControl(x)),
@@ -319,6 +337,7 @@ mod tests {
             Control::LossySent(9),
             Control::Layout {
                 id: 3,
+                merge_late: false,
                 hello: h.clone(),
             },
             Control::LayoutReady(65535),

@@ -124,8 +124,8 @@ pub use gradlane_core::reassembly::{
 };
 pub use gradlane_core::score::GradientError;
 pub use group::{
-    Group, GroupConfig, GroupError, ReduceOp, Rendezvous, SparseAllgather, SparsePath,
-    SparseReport, SparseRows,
+    AllreduceReport, BucketId, Group, GroupConfig, GroupError, LossRecovery, ReduceOp, Rendezvous,
+    SparseAllgather, SparsePath, SparseReport, SparseRows,
 };
 pub use link::{
     DatagramSize, LayoutId, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,

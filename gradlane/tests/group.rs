@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{cert_dir, quick};
+use common::{at_root, cert_dir, free_port, group_config, group_with};
 use futures_util::future::join_all;
 use gradlane::{
     Group, GroupConfig, GroupError, ReduceOp, Rendezvous, SparseAllgather, SparsePath, SparseRows,
@@ -14,44 +14,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-/// A loopback port free a moment ago, for rank 0 to listen on.
-fn free_port() -> SocketAddr {
-    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    s.local_addr().unwrap()
-}
-
-fn config(dir: &Path, rank: usize, world: usize, root: SocketAddr) -> GroupConfig {
-    let rendezvous = Rendezvous::Root {
-        root,
-        listen: "127.0.0.1:0".parse().unwrap(),
-    };
-    config_with(dir, rank, world, rendezvous)
-}
-
-fn config_with(dir: &Path, rank: usize, world: usize, rendezvous: Rendezvous) -> GroupConfig {
-    let mut c = GroupConfig::new(
-        rank,
-        world,
-        rendezvous,
-        dir.join("server.pem"),
-        dir.join("server.key"),
-        dir.join("ca.pem"),
-    );
-    c.link = quick();
-    c.join_timeout = Duration::from_secs(20);
-    c
-}
-
-/// `world` ranks of one group, as tasks of this runtime, meeting at rank 0.
+/// `world` ranks of one group, meeting at rank 0.
 async fn group(tag: &str, world: usize) -> Vec<Group> {
-    let dir = cert_dir(tag);
-    let root = free_port();
-    let joins = (0..world).map(|r| Group::join(config(&dir, r, world, root)));
-    join_all(joins)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap())
-        .collect()
+    group_with(tag, world, |_, c| c).await
 }
 
 /// `world` ranks of one group, each told every rank's address.
@@ -59,7 +24,7 @@ async fn group_by_addresses(tag: &str, world: usize) -> Vec<Group> {
     let dir = cert_dir(tag);
     let addrs: Vec<SocketAddr> = (0..world).map(|_| free_port()).collect();
     let joins = (0..world).map(|r| {
-        Group::join(config_with(
+        Group::join(group_config(
             &dir,
             r,
             world,
@@ -71,6 +36,10 @@ async fn group_by_addresses(tag: &str, world: usize) -> Vec<Group> {
         .into_iter()
         .map(|g| g.unwrap())
         .collect()
+}
+
+fn config(dir: &Path, rank: usize, world: usize, root: SocketAddr) -> GroupConfig {
+    group_config(dir, rank, world, at_root(root))
 }
 
 /// Deterministic values, different per rank, with fractions and signs so

@@ -15,16 +15,18 @@
 //!   every rank ends with the same bits.
 //! - `sparse`: the sparse allgather with count negotiation.
 
+mod differentiated;
 mod exact;
 mod rendezvous;
 mod sparse;
 
+pub use differentiated::{AllreduceReport, BucketId, LossRecovery};
 pub use rendezvous::Rendezvous;
 pub use sparse::{SparseAllgather, SparsePath, SparseReport, SparseRows};
 
 use crate::config::Config;
 use crate::endpoint::{Endpoint, SetupError};
-use crate::link::{Link, LinkError};
+use crate::link::{LinkError, LinkReceiver, LinkSender};
 use bytes::Bytes;
 use futures_util::future::try_join_all;
 use std::net::SocketAddr;
@@ -138,11 +140,18 @@ pub enum GroupError {
 pub struct Group {
     rank: usize,
     world: usize,
-    /// The link to each other rank (`None` at this rank's own index).
-    links: Vec<Option<Link>>,
+    /// The sending half of the link to each other rank (`None` at this
+    /// rank's own index).
+    senders: Vec<Option<LinkSender>>,
+    /// The receiving halves, likewise.
+    receivers: Vec<Option<LinkReceiver>>,
     endpoint: Endpoint,
     /// Collectives run so far: numbers the next one.
     seq: u64,
+    /// The buckets registered for the differentiated allreduce.
+    buckets: Vec<differentiated::Bucket>,
+    /// The next round index on the link to each rank.
+    next_round: Vec<u32>,
 }
 
 impl std::fmt::Debug for Group {
@@ -197,15 +206,16 @@ impl Group {
         &self.endpoint
     }
 
-    /// The link to `rank`, if it is another rank of the group.
-    pub fn link(&self, rank: usize) -> Option<&Link> {
-        self.links.get(rank)?.as_ref()
+    /// The QUIC connection to `rank`, if it is another rank of the group
+    /// (statistics: rtt, losses, congestion window).
+    pub fn connection(&self, rank: usize) -> Option<&quinn::Connection> {
+        Some(self.senders.get(rank)?.as_ref()?.connection())
     }
 
     /// Bytes sent on every link so far (UDP payload, from quinn's
     /// counters).
     pub fn bytes_sent(&self) -> u64 {
-        self.links
+        self.senders
             .iter()
             .flatten()
             .map(|l| l.connection().stats().udp_tx.bytes)
@@ -216,8 +226,10 @@ impl Group {
     /// [`CLOSE_WAIT`](crate::CLOSE_WAIT)), then waits for the endpoint to
     /// be idle.
     pub async fn close(self) {
-        let closing = self.links.iter().flatten().map(|l| l.close());
+        let closing = self.senders.iter().flatten().map(|l| l.close());
         let _ = futures_util::future::join_all(closing).await;
+        drop(self.senders);
+        drop(self.receivers);
         self.endpoint.wait_idle().await;
     }
 
@@ -237,23 +249,22 @@ impl Group {
         from: &[bool],
     ) -> Result<Vec<Option<Bytes>>, GroupError> {
         out.resize(self.world, None);
-        let work = self
-            .links
-            .iter_mut()
+        let halves = self.senders.iter_mut().zip(self.receivers.iter_mut());
+        let work = halves
             .enumerate()
             .zip(out)
-            .filter_map(|((rank, link), body)| {
-                let link = link.as_mut()?;
+            .filter_map(|((rank, (sender, receiver)), body)| {
+                let (sender, receiver) = (sender.as_mut()?, receiver.as_mut()?);
                 let receive = from.get(rank).copied().unwrap_or(false);
                 Some(async move {
                     let failed = |source| GroupError::Rank { rank, source };
                     if let Some(body) = body {
-                        link.send_message(tag, body).await.map_err(failed)?;
+                        sender.send_message(tag, body).await.map_err(failed)?;
                     }
                     if !receive {
                         return Ok((rank, None));
                     }
-                    let (got, body) = link.recv_message().await.map_err(failed)?;
+                    let (got, body) = receiver.recv_message().await.map_err(failed)?;
                     if got != tag {
                         return Err(GroupError::OutOfStep {
                             rank,

@@ -116,13 +116,25 @@ pub(super) async fn join(config: GroupConfig) -> Result<Group, GroupError> {
     let mut links: Vec<Option<Link>> = (0..world).map(|_| None).collect();
     let formed = tokio::time::timeout_at(deadline, form(&config, &endpoint, &mut links)).await;
     match formed {
-        Ok(Ok(())) => Ok(Group {
-            rank,
-            world,
-            links,
-            endpoint,
-            seq: 0,
-        }),
+        Ok(Ok(())) => {
+            let (senders, receivers) = links
+                .into_iter()
+                .map(|l| match l.map(Link::split) {
+                    Some((s, r)) => (Some(s), Some(r)),
+                    None => (None, None),
+                })
+                .unzip();
+            Ok(Group {
+                rank,
+                world,
+                senders,
+                receivers,
+                endpoint,
+                seq: 0,
+                buckets: Vec::new(),
+                next_round: vec![0; world],
+            })
+        }
         Ok(Err(e)) => Err(e),
         Err(_) => Err(GroupError::Missing {
             missing: (0..world)

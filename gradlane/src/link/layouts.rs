@@ -49,7 +49,12 @@ impl Receivers {
     }
 
     /// Registers the peer's next layout; ids come in order.
-    pub(super) fn add(&mut self, id: LayoutId, hello: Hello) -> Result<(), String> {
+    pub(super) fn add(
+        &mut self,
+        id: LayoutId,
+        hello: Hello,
+        merge_late: bool,
+    ) -> Result<(), String> {
         if id as usize != self.by_id.len() {
             return Err(format!(
                 "layout {id} registered where {} was next",
@@ -59,6 +64,10 @@ impl Receivers {
         let config = ReassemblyConfig {
             chunking: hello.chunking,
             layout_id: id,
+            late_window: match merge_late {
+                true => self.template.late_window,
+                false => 0,
+            },
             ..self.template
         };
         let r = Reassembler::new(hello.layout, config).map_err(|e| e.to_string())?;
@@ -107,6 +116,19 @@ impl LinkSender {
     /// is ready for it (one round trip). Its chunks are cut with the
     /// link's chunking and scored with its own history.
     pub async fn register_layout(&mut self, layout: &Layout) -> Result<LayoutId, LinkError> {
+        self.register_layout_with(layout, true).await
+    }
+
+    /// [`register_layout`](Self::register_layout), choosing whether the
+    /// peer adds this layout's late lossy data into its next round
+    /// (`merge_late`, the default) or drops it, counted: for a sender that
+    /// makes up for lost data itself (error feedback), where merging would
+    /// count it twice.
+    pub async fn register_layout_with(
+        &mut self,
+        layout: &Layout,
+        merge_late: bool,
+    ) -> Result<LayoutId, LinkError> {
         let id = LayoutId::try_from(self.encoders.len())
             .map_err(|_| LinkError::Protocol("more than 65,536 layouts on one link".into()))?;
         let config = EncoderConfig {
@@ -123,7 +145,12 @@ impl LinkSender {
         acked.as_mut().enable();
         {
             let stream = &mut *self.control.stream.lock().await;
-            write_control(stream, Control::Layout { id, hello }).await?;
+            let message = Control::Layout {
+                id,
+                merge_late,
+                hello,
+            };
+            write_control(stream, message).await?;
         }
         loop {
             if lock(&self.tx.layouts).contains(&id) {
@@ -142,5 +169,15 @@ impl LinkSender {
     /// The chunking of this end's layouts (the handshake's).
     pub fn chunking(&self) -> ChunkOptions {
         self.encoder_template.chunking
+    }
+
+    /// The underlying QUIC connection (for statistics).
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Closes the link in order. See [`Link::close`].
+    pub async fn close(&self) -> Result<(), LinkError> {
+        self.linger.close(CLOSE_WAIT).await
     }
 }

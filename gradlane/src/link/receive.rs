@@ -199,8 +199,12 @@ pub(super) async fn control_reader(
                 lock(&rx.lossy_sent).insert(r, received);
                 rx.progress.notify_waiters();
             }
-            Ok(Control::Layout { id, hello }) => {
-                if let Err(why) = lock(&rx.reassembler).add(id, hello) {
+            Ok(Control::Layout {
+                id,
+                merge_late,
+                hello,
+            }) => {
+                if let Err(why) = lock(&rx.reassembler).add(id, hello, merge_late) {
                     protocol_close(&conn, &why);
                     return;
                 }

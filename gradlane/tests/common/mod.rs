@@ -2,7 +2,10 @@
 //! and a connected pair of links.
 #![allow(dead_code)]
 
-use gradlane::{generate_certs, Config, Endpoint, Faults, Layout, Link};
+use gradlane::{
+    generate_certs, Config, Endpoint, Faults, Group, GroupConfig, Layout, Link, Rendezvous,
+};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -85,4 +88,55 @@ pub async fn pair_in(
 /// Whether two slices hold the same values bit for bit.
 pub fn bit_equal(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// A loopback port free a moment ago, for a rank to listen on.
+pub fn free_port() -> SocketAddr {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.local_addr().unwrap()
+}
+
+/// A rank's configuration with the certificates in `dir`, `quick()` links
+/// and a 20 s join timeout.
+pub fn group_config(dir: &Path, rank: usize, world: usize, rendezvous: Rendezvous) -> GroupConfig {
+    let mut c = GroupConfig::new(
+        rank,
+        world,
+        rendezvous,
+        dir.join("server.pem"),
+        dir.join("server.key"),
+        dir.join("ca.pem"),
+    );
+    c.link = quick();
+    c.join_timeout = Duration::from_secs(20);
+    c
+}
+
+/// Rank 0's address as the meeting point; the others listen on any port.
+pub fn at_root(root: SocketAddr) -> Rendezvous {
+    Rendezvous::Root {
+        root,
+        listen: "127.0.0.1:0".parse().unwrap(),
+    }
+}
+
+/// `world` ranks of one group, as tasks of this runtime, meeting at rank
+/// 0; `link(rank)` changes each rank's link settings.
+pub async fn group_with(
+    tag: &str,
+    world: usize,
+    link: impl Fn(usize, Config) -> Config,
+) -> Vec<Group> {
+    let dir = cert_dir(tag);
+    let root = free_port();
+    let joins = (0..world).map(|r| {
+        let mut c = group_config(&dir, r, world, at_root(root));
+        c.link = link(r, c.link.clone());
+        Group::join(c)
+    });
+    futures_util::future::join_all(joins)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap())
+        .collect()
 }

@@ -1,0 +1,274 @@
+//! The differentiated allreduce over real QUIC with seeded loss: equal to
+//! the exact allreduce without loss, the same bits on every rank under
+//! loss, the important part of every input summed exactly, and each
+//! recovery option against a result computed independently here.
+
+mod common;
+
+use common::group_with;
+use futures_util::future::join_all;
+use gradlane::{
+    AllreduceReport, BucketId, Faults, Group, Layout, LossRecovery, ReduceOp, TensorSpec,
+};
+use gradlane_core::rng::SplitMix64;
+use std::ops::Range;
+
+/// A bucket like a small CNN's: conv kernels, biases, a linear layer.
+fn bucket() -> Layout {
+    Layout::new(vec![
+        TensorSpec::conv2d("conv1.weight", [32, 16, 3, 3]),
+        TensorSpec::dense("conv1.bias", [32]),
+        TensorSpec::conv2d("conv2.weight", [64, 32, 3, 3]),
+        TensorSpec::dense("fc.weight", [10, 4096]),
+        TensorSpec::dense("fc.bias", [10]),
+    ])
+    .unwrap()
+}
+
+/// A rank's gradient: magnitudes that differ by chunk, so that the
+/// important chunks differ between ranks.
+fn gradient(rank: usize, step: usize, n: usize) -> Vec<f32> {
+    let mut rng = SplitMix64::new(7919 * rank as u64 + step as u64);
+    let mut scale = 1.0f32;
+    (0..n)
+        .map(|i| {
+            if i % 288 == 0 {
+                scale = (rng.next_f64() as f32 * 8.0).exp();
+            }
+            (rng.next_f64() as f32 - 0.5) * scale
+        })
+        .collect()
+}
+
+/// Asserts two buffers hold the same bits, naming the first differences.
+#[track_caller]
+fn same_bits(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let diff: Vec<(usize, f32, f32)> = (0..a.len())
+        .filter(|&i| a[i].to_bits() != b[i].to_bits())
+        .map(|i| (i, a[i], b[i]))
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "{what}: {} of {} values differ, first {:?}",
+        diff.len(),
+        a.len(),
+        &diff[..diff.len().min(5)]
+    );
+}
+
+fn lossy(p: f64) -> impl Fn(usize, gradlane::Config) -> gradlane::Config {
+    move |rank, c| gradlane::Config {
+        faults: (p > 0.0).then(|| Faults::symmetric_loss(p, 4242 + rank as u64)),
+        ..c
+    }
+}
+
+async fn register(groups: &mut [Group], recovery: LossRecovery) -> BucketId {
+    let layout = bucket();
+    let ids: Vec<_> = join_all(
+        groups
+            .iter_mut()
+            .map(|g| g.register_bucket(&layout, recovery)),
+    )
+    .await;
+    let ids: Vec<BucketId> = ids.into_iter().map(|r| r.unwrap()).collect();
+    assert!(ids.iter().all(|&i| i == ids[0]));
+    ids[0]
+}
+
+/// One differentiated allreduce on every rank: the buffers after it and
+/// the reports.
+async fn allreduce(
+    groups: &mut [Group],
+    id: BucketId,
+    inputs: &[Vec<f32>],
+    op: ReduceOp,
+) -> (Vec<Vec<f32>>, Vec<AllreduceReport>) {
+    let mut bufs = inputs.to_vec();
+    let calls = groups
+        .iter_mut()
+        .zip(bufs.iter_mut())
+        .map(|(g, b)| g.allreduce_differentiated(id, b, op));
+    let reports = join_all(calls)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    (bufs, reports)
+}
+
+/// Whether value `i` is in one of `ranges`.
+fn inside(ranges: &[Range<usize>], i: usize) -> bool {
+    ranges.iter().any(|r| r.contains(&i))
+}
+
+/// The expected result of a first round (no late data yet) from the
+/// inputs and what each owner reported missing: per value, the sum in rank
+/// order of the parts that arrived (an owner's own part always does),
+/// rescaled to all ranks if asked.
+fn expected(
+    inputs: &[Vec<f32>],
+    reports: &[AllreduceReport],
+    op: ReduceOp,
+    rescale: bool,
+) -> Vec<f32> {
+    let world = inputs.len();
+    let n = inputs[0].len();
+    // Each value's owner's report says which ranks' parts of it were lost.
+    let missing = |r: usize, i: usize| reports.iter().any(|rep| inside(&rep.missing[r], i));
+    (0..n)
+        .map(|i| {
+            let mut sum = 0f32;
+            let mut k = 0u32;
+            for (r, input) in inputs.iter().enumerate() {
+                if !missing(r, i) {
+                    sum += input[i];
+                    k += 1;
+                }
+            }
+            match (rescale, op) {
+                (true, ReduceOp::Sum) if k as usize != world => sum * (world as f32 / k as f32),
+                (true, ReduceOp::Mean) => sum * (1.0 / k as f32),
+                (false, ReduceOp::Mean) => sum / world as f32,
+                _ => sum,
+            }
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_loss_it_equals_the_exact_allreduce_and_sends_two_n_minus_one_over_n() {
+    let world = 3;
+    let mut groups = group_with("diff-exact", world, |_, c| c).await;
+    let id = register(&mut groups, LossRecovery::ZeroFill).await;
+    let n = bucket().total_values() as usize;
+    for (step, op) in [ReduceOp::Sum, ReduceOp::Mean].into_iter().enumerate() {
+        let inputs: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, step, n)).collect();
+        let mut exact = inputs.clone();
+        let calls = groups
+            .iter_mut()
+            .zip(exact.iter_mut())
+            .map(|(g, b)| g.allreduce(b, op));
+        for r in join_all(calls).await {
+            r.unwrap();
+        }
+        let before: Vec<u64> = groups.iter().map(|g| g.bytes_sent()).collect();
+        let (got, reports) = allreduce(&mut groups, id, &inputs, op).await;
+        for r in 0..world {
+            same_bits(&got[r], &exact[r], &format!("{op:?} rank {r}"));
+            assert!(reports[r].lost.is_empty() && reports[r].missing.iter().all(Vec::is_empty));
+            // Each rank sends about 2 (N-1)/N of the bucket.
+            let sent = (groups[r].bytes_sent() - before[r]) as f64;
+            let bound = 2.0 * (world - 1) as f64 / world as f64 * (n * 4) as f64;
+            assert!(sent <= 1.1 * bound, "rank {r} sent {sent}, bound {bound}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_loss_every_rank_ends_with_the_same_bits_and_the_important_part_exact() {
+    let world = 4;
+    for (i, p) in [0.01, 0.05, 0.2].into_iter().enumerate() {
+        let mut groups = group_with(&format!("diff-loss{i}"), world, lossy(p)).await;
+        let id = register(&mut groups, LossRecovery::ZeroFill).await;
+        let n = bucket().total_values() as usize;
+        let mut lost = 0;
+        for step in 0..3 {
+            let inputs: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, step, n)).collect();
+            let (got, reports) = allreduce(&mut groups, id, &inputs, ReduceOp::Sum).await;
+            for r in 1..world {
+                same_bits(&got[r], &got[0], &format!("loss {p} step {step} rank {r}"));
+            }
+            if step == 0 {
+                // No late data yet: the result is exactly the parts that
+                // arrived, and the important part of every input did.
+                let want = expected(&inputs, &reports, ReduceOp::Sum, false);
+                same_bits(&got[0], &want, &format!("loss {p} first round"));
+            }
+            for (r, rep) in reports.iter().enumerate() {
+                lost += rep.lost.len();
+                for (q, stats) in rep.received.iter().enumerate() {
+                    let Some(s) = stats else { continue };
+                    let sent = reports[q].sent[r].as_ref().unwrap();
+                    // The important part all arrived; per class, what was
+                    // sent arrived or was zero-filled.
+                    assert_eq!(s.classes[0].received_bytes, sent.important_bytes);
+                    assert_eq!(s.classes[0].zero_filled_bytes, 0);
+                    for c in 1..=s.levels as usize {
+                        let k = &s.classes[c];
+                        assert_eq!(k.sent_bytes, sent.lossy_bytes[c - 1], "class {c}");
+                        assert_eq!(
+                            k.sent_bytes,
+                            k.received_bytes + k.zero_filled_bytes,
+                            "class {c}"
+                        );
+                    }
+                }
+            }
+        }
+        if p >= 0.05 {
+            assert!(lost > 0, "at {p} loss some lossy chunks were lost");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rescaling_divides_each_chunk_by_the_ranks_whose_part_arrived() {
+    let world = 3;
+    let mut groups = group_with("diff-rescale", world, lossy(0.1)).await;
+    let id = register(&mut groups, LossRecovery::Rescale).await;
+    let n = bucket().total_values() as usize;
+    for op in [ReduceOp::Sum, ReduceOp::Mean] {
+        // A fresh bucket per op: its first round has no late data.
+        let id = match op {
+            ReduceOp::Sum => id,
+            ReduceOp::Mean => register(&mut groups, LossRecovery::Rescale).await,
+        };
+        let inputs: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 9, n)).collect();
+        let (got, reports) = allreduce(&mut groups, id, &inputs, op).await;
+        assert!(
+            reports.iter().any(|r| !r.lost.is_empty()),
+            "some chunk was lost"
+        );
+        let want = expected(&inputs, &reports, op, true);
+        for (r, g) in got.iter().enumerate() {
+            same_bits(g, &want, &format!("{op:?} rank {r}"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_feedback_adds_what_was_lost_into_the_next_round() {
+    let world = 3;
+    let mut groups = group_with("diff-feedback", world, lossy(0.1)).await;
+    let id = register(&mut groups, LossRecovery::ErrorFeedback).await;
+    let n = bucket().total_values() as usize;
+    // What each rank still owes: the values of its parts that were lost.
+    let mut owed: Vec<Vec<f32>> = vec![vec![0.0; n]; world];
+    let mut any_lost = false;
+    for step in 0..3 {
+        let fresh: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 20 + step, n)).collect();
+        // What each rank really sends: its gradient plus what it owes.
+        let sent: Vec<Vec<f32>> = fresh
+            .iter()
+            .zip(&owed)
+            .map(|(g, o)| g.iter().zip(o).map(|(a, b)| a + b).collect())
+            .collect();
+        let (got, reports) = allreduce(&mut groups, id, &fresh, ReduceOp::Sum).await;
+        // Late data is dropped, not merged: every round is exactly the
+        // parts that arrived of what was sent.
+        let want = expected(&sent, &reports, ReduceOp::Sum, false);
+        for (r, g) in got.iter().enumerate() {
+            same_bits(g, &want, &format!("step {step} rank {r}"));
+        }
+        for (r, rep) in reports.iter().enumerate() {
+            owed[r].iter_mut().for_each(|v| *v = 0.0);
+            for range in &rep.lost {
+                any_lost = true;
+                owed[r][range.clone()].copy_from_slice(&sent[r][range.clone()]);
+            }
+        }
+    }
+    assert!(any_lost, "at 10% loss some chunk was lost");
+}
