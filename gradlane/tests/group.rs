@@ -332,3 +332,40 @@ async fn a_rank_killed_mid_allreduce_is_named_by_the_others() {
         started.elapsed()
     );
 }
+
+/// A closed group frees its sockets: the same ranks join again on the same
+/// addresses and work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_closes_and_is_rebuilt_on_the_same_addresses() {
+    let world = 3;
+    let dir = cert_dir("rebuild");
+    let addrs: Vec<SocketAddr> = (0..world).map(|_| free_port()).collect();
+    for attempt in 0..2 {
+        let joins = (0..world).map(|r| {
+            Group::join(group_config(
+                &dir,
+                r,
+                world,
+                Rendezvous::Addresses(addrs.clone()),
+            ))
+        });
+        let mut groups: Vec<Group> = join_all(joins)
+            .await
+            .into_iter()
+            .map(|g| g.unwrap())
+            .collect();
+        let mut bufs: Vec<Vec<f32>> = (0..world).map(|r| values(r, 100)).collect();
+        let calls = groups
+            .iter_mut()
+            .zip(bufs.iter_mut())
+            .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
+        for r in join_all(calls).await {
+            r.unwrap();
+        }
+        assert!(
+            bufs.iter().all(|b| bits(b) == bits(&bufs[0])),
+            "attempt {attempt}"
+        );
+        join_all(groups.into_iter().map(|g| g.close())).await;
+    }
+}
