@@ -369,3 +369,28 @@ async fn a_group_closes_and_is_rebuilt_on_the_same_addresses() {
         join_all(groups.into_iter().map(|g| g.close())).await;
     }
 }
+
+/// Ranks start at different times: a rank that reaches rank 0 before it
+/// listens keeps trying until the join timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rank_zero_may_start_after_the_others() {
+    let world = 3;
+    let dir = cert_dir("late");
+    let root = free_port();
+    let late = async {
+        // Longer than one connect attempt (5 s) of the others.
+        tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+        Group::join(config(&dir, 0, world, root)).await
+    };
+    let (g0, g1, g2) = tokio::join!(
+        late,
+        Group::join(config(&dir, 1, world, root)),
+        Group::join(config(&dir, 2, world, root))
+    );
+    let mut groups = vec![g0.unwrap(), g1.unwrap(), g2.unwrap()];
+    let barriers = groups.iter_mut().map(|g| g.barrier());
+    for r in join_all(barriers).await {
+        r.unwrap();
+    }
+    join_all(groups.into_iter().map(|g| g.close())).await;
+}

@@ -223,14 +223,30 @@ impl Group {
     }
 
     /// Closes every link in order (each waits for its peer, at most
-    /// [`CLOSE_WAIT`](crate::CLOSE_WAIT)), then waits for the endpoint to
-    /// be idle.
+    /// [`CLOSE_WAIT`](crate::CLOSE_WAIT)), waits for the endpoint to be
+    /// idle, and returns once its socket is released: the same rank can
+    /// join a new group on the same address at once.
     pub async fn close(self) {
         let closing = self.senders.iter().flatten().map(|l| l.close());
         let _ = futures_util::future::join_all(closing).await;
         drop(self.senders);
         drop(self.receivers);
         self.endpoint.wait_idle().await;
+        let local = self.endpoint.local_addr();
+        drop(self.endpoint);
+        // The links' tasks and quinn's driver let go of the socket as the
+        // runtime gets to them, not within this call: wait until the
+        // address can be bound again (at most a second).
+        if let Ok(addr) = local {
+            for _ in 0..1000 {
+                match std::net::UdpSocket::bind(addr) {
+                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                        tokio::time::sleep(Duration::from_millis(1)).await
+                    }
+                    _ => break,
+                }
+            }
+        }
     }
 
     /// Numbers the next collective.

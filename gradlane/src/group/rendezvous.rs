@@ -3,11 +3,13 @@
 //! first message.
 
 use super::{server_name, tag, Group, GroupConfig, GroupError, Kind};
-use crate::endpoint::Endpoint;
-use crate::link::Link;
+use crate::endpoint::{Endpoint, IncomingError};
+use crate::link::{Link, LinkError};
 use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use gradlane_core::layout::{Layout, TensorSpec};
 use std::net::SocketAddr;
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// Where the ranks of a group find each other.
@@ -80,6 +82,15 @@ fn decode_table(body: &[u8], world: usize) -> Option<Vec<SocketAddr>> {
         .collect::<Option<_>>()?;
     (table.len() == world).then_some(table)
 }
+
+/// How long the first attempt to reach a rank may take: a rank that is
+/// not listening yet (it starts later) is tried again this soon.
+const FIRST_CONNECT_ATTEMPT: Duration = Duration::from_secs(2);
+
+/// The longest any attempt may take: quinn backs its handshake
+/// retransmissions off exponentially, so under heavy loss a handshake
+/// that is getting through needs a longer window than the first.
+const LAST_CONNECT_ATTEMPT: Duration = Duration::from_secs(16);
 
 /// The handshake layout of a group's links: their rounds register their
 /// own layouts; this one only opens the link.
@@ -224,10 +235,23 @@ async fn connect_to(
 ) -> Result<Link, GroupError> {
     let failed = |source| GroupError::Rank { rank, source };
     let name = server_name(config, addr);
-    let mut link = endpoint
-        .connect(addr, &name, &link_layout()?)
-        .await
-        .map_err(failed)?;
+    let layout = link_layout()?;
+    // A rank may start after this one, and a handshake may take several
+    // retransmissions under heavy loss: try again, each attempt allowed
+    // twice as long as the last, until the join's own timeout says that
+    // rank is missing.
+    let mut attempt_for = FIRST_CONNECT_ATTEMPT;
+    let mut link = loop {
+        let attempt = tokio::time::timeout(attempt_for, endpoint.connect(addr, &name, &layout));
+        match attempt.await {
+            Ok(Ok(link)) => break link,
+            Ok(Err(LinkError::Connection(quinn::ConnectionError::TimedOut))) | Err(_) => {
+                tracing::info!(rank, %addr, ?attempt_for, "no answer yet; trying again");
+                attempt_for = (attempt_for * 2).min(LAST_CONNECT_ATTEMPT);
+            }
+            Ok(Err(e)) => return Err(failed(e)),
+        }
+    };
     let listen = match tell_listen {
         true => {
             let local = endpoint
@@ -255,9 +279,12 @@ async fn connect_to(
 /// Accepts links and reads each one's hello until every rank in
 /// `expected` has a link in `links` (indexed by rank less `offset`; each
 /// is stored as soon as it is in, so a timeout sees who came). `on_hello`
-/// sees each hello. A client that fails its handshake is skipped (a stray
-/// scanner, a rank of another job); a rank that is not expected, or says
-/// it belongs to a group of another size, is an error.
+/// sees each hello. Hellos are read side by side: a connection whose
+/// hello is slow (a lost packet, a peer that gave up on this attempt and
+/// is trying again) holds up no other. A client that fails its handshake
+/// or sends no hello is skipped (a stray scanner, a rank of another job,
+/// an abandoned attempt); a rank that is not expected, or says it belongs
+/// to a group of another size, is an error.
 async fn accept_into(
     config: &GroupConfig,
     endpoint: &Endpoint,
@@ -267,18 +294,32 @@ async fn accept_into(
     on_hello: &mut dyn FnMut(&Hello),
 ) -> Result<(), GroupError> {
     let mut found = 0;
+    let mut greeting = FuturesUnordered::new();
+    let mut accepting = true;
     while found < expected.len() {
-        let link = match endpoint.accept().await {
-            Some(Ok(link)) => link,
-            Some(Err(e)) => {
-                tracing::info!(%e, "a connection to the group failed its handshake");
+        let (link, got) = tokio::select! {
+            incoming = endpoint.incoming(), if accepting => {
+                match incoming {
+                    Some(incoming) => greeting.push(async move {
+                        let mut link = incoming.finish().await?;
+                        let got = link.recv_message().await;
+                        Ok::<_, IncomingError>((link, got))
+                    }),
+                    None => accepting = false,
+                }
                 continue;
             }
-            None => return Err(GroupError::Setup("the endpoint closed".into())),
+            Some(greeted) = greeting.next(), if !greeting.is_empty() => match greeted {
+                Ok(greeted) => greeted,
+                Err(e) => {
+                    tracing::info!(%e, "a connection to the group failed its handshake");
+                    continue;
+                }
+            },
+            else => return Err(GroupError::Setup("the endpoint closed".into())),
         };
-        let mut link = link;
         let remote = link.connection().remote_address();
-        let (got, body) = match link.recv_message().await {
+        let (got, body) = match got {
             Ok(m) => m,
             Err(e) => {
                 tracing::info!(%e, %remote, "a connection to the group said nothing");

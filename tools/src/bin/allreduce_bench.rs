@@ -12,8 +12,8 @@
 //! every bucket in turn, on every rank at once (every variant but the
 //! sparse allgather, which gathers rows of the whole gradient). The QUIC ranks sit behind
 //! the seeded fault-injecting socket (each rank drops a share `loss` of
-//! what it sends and receives, and delays what it sends by
-//! `--delay-ms`); the TCP ring runs on the kernel's loopback, lossless.
+//! what it sends, so every packet meets that loss once, and delays what
+//! it sends by `--delay-ms`); the TCP ring runs on the kernel's loopback, lossless.
 //! After a warm-up round, the timed rounds of every variant are
 //! interleaved, so a slow spell of the machine hits all of them alike.
 //!
@@ -369,7 +369,9 @@ async fn group(
             loss_tolerance,
             faults: (loss > 0.0 || delay_ms > 0).then(|| Faults {
                 delay: Duration::from_millis(delay_ms),
-                ..Faults::symmetric_loss(loss, seed * 1000 + r as u64)
+                loss_out: loss,
+                seed: seed * 1000 + r as u64,
+                ..Faults::default()
             }),
             ..Config::default()
         };
