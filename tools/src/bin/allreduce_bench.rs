@@ -6,8 +6,15 @@
 //! cargo run --release --bin allreduce_bench -- --ranks 4 --model resnet50 --rounds 10
 //! ```
 //!
-//! Every rank is a task of this process with an endpoint of its own, on
-//! loopback. A model's gradient is cut into buckets of about
+//! By default every rank is a task of this process with an endpoint of
+//! its own, on loopback. With `--rank` (or torchrun's `RANK`,
+//! `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` in the environment, as
+//! `scripts/testbed.sh` sets them) this process is one rank of a group
+//! across processes or hosts: it joins rank 0 at the master address
+//! (ports from `MASTER_PORT` up, one group per variant), listens on
+//! `--listen-ip` (`GRADLANE_RANK_ADDR`), needs `--cert-dir` from the certs
+//! tool (the same CA on every rank), and rank 0 prints the table. A
+//! model's gradient is cut into buckets of about
 //! `--bucket-mb` (consecutive tensors, as DDP does) and each round reduces
 //! every bucket in turn, on every rank at once (every variant but the
 //! sparse allgather, which gathers rows of the whole gradient). The QUIC ranks sit behind
@@ -39,7 +46,6 @@ use gradlane::{
 };
 use gradlane_core::rng::SplitMix64;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -69,6 +75,114 @@ struct Args {
     /// Only the variants whose names contain one of these.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Run one rank of a group across processes: this rank's number. Unset:
+    /// every rank runs in this process on loopback.
+    #[arg(long, env = "RANK")]
+    rank: Option<usize>,
+    /// With `--rank`: ranks in the group (replaces `--ranks`).
+    #[arg(long, env = "WORLD_SIZE", requires = "rank")]
+    world: Option<usize>,
+    /// With `--rank`: rank 0's address.
+    #[arg(long, env = "MASTER_ADDR", requires = "rank")]
+    master_addr: Option<std::net::IpAddr>,
+    /// With `--rank`: the first port; variant k's group meets rank 0 at
+    /// this port + 1 + k, the TCP ring listens at this port + 100 + rank.
+    #[arg(long, env = "MASTER_PORT", default_value_t = 29500)]
+    master_port: u16,
+    /// With `--rank`: the address this rank listens on (the one the
+    /// others reach it at).
+    #[arg(long, env = "GRADLANE_RANK_ADDR", requires = "rank")]
+    listen_ip: Option<std::net::IpAddr>,
+    /// With `--rank`: a directory with `ca.pem`, `server.pem` and
+    /// `server.key` from the certs tool, the same CA on every rank.
+    #[arg(long, env = "GRADLANE_CERT_DIR", requires = "rank")]
+    cert_dir: Option<std::path::PathBuf>,
+    /// With `--rank`: the name the ranks' certificate is issued to (by
+    /// default each rank's IP address, which the certificate must name).
+    #[arg(long, requires = "rank")]
+    server_name: Option<String>,
+}
+
+/// Where this process's ranks are and how they meet.
+#[derive(Debug, Clone)]
+struct Placement {
+    /// This process runs ranks `first..first + local` of `world`.
+    first: usize,
+    local: usize,
+    world: usize,
+    /// Rank 0's address, the listening IP and the certificate name; unset
+    /// on loopback.
+    across: Option<Across>,
+    cert_dir: std::path::PathBuf,
+}
+
+#[derive(Debug, Clone)]
+struct Across {
+    master: std::net::IpAddr,
+    port: u16,
+    listen: std::net::IpAddr,
+    server_name: Option<String>,
+}
+
+impl Placement {
+    fn from_args(args: &Args) -> Result<Self, BoxError> {
+        let Some(rank) = args.rank else {
+            if args.ranks < 2 {
+                return Err("--ranks must be at least 2".into());
+            }
+            let dir = std::env::temp_dir()
+                .join(format!("gradlane-allreduce-bench-{}", std::process::id()));
+            generate_certs(&dir, &["localhost", "127.0.0.1"])?;
+            return Ok(Self {
+                first: 0,
+                local: args.ranks,
+                world: args.ranks,
+                across: None,
+                cert_dir: dir,
+            });
+        };
+        let world = args.world.ok_or("--rank needs --world (or WORLD_SIZE)")?;
+        if world < 2 || rank >= world {
+            return Err(format!(
+                "rank {rank} of a group of {world}: need 2 or more ranks and rank < world"
+            )
+            .into());
+        }
+        let master = args
+            .master_addr
+            .ok_or("--rank needs --master-addr (or MASTER_ADDR)")?;
+        let listen = args
+            .listen_ip
+            .ok_or("--rank needs --listen-ip (or GRADLANE_RANK_ADDR)")?;
+        let cert_dir = args
+            .cert_dir
+            .clone()
+            .ok_or("--rank needs --cert-dir (or GRADLANE_CERT_DIR)")?;
+        if args.master_port > u16::MAX - 200 {
+            return Err("--master-port leaves no room for the groups' ports".into());
+        }
+        Ok(Self {
+            first: rank,
+            local: 1,
+            world,
+            across: Some(Across {
+                master,
+                port: args.master_port,
+                listen,
+                server_name: args.server_name.clone(),
+            }),
+            cert_dir,
+        })
+    }
+
+    /// Whether this process prints the table.
+    fn reports(&self) -> bool {
+        self.first == 0
+    }
+
+    fn ranks(&self) -> std::ops::Range<usize> {
+        self.first..self.first + self.local
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -99,35 +213,46 @@ const VARIANTS: [&str; 7] = [
 ];
 
 async fn run(args: Args) -> Result<(), BoxError> {
-    if args.ranks < 2 {
-        return Err("--ranks must be at least 2".into());
-    }
     if args.rounds == 0 {
         return Err("--rounds must be at least 1".into());
     }
     for &l in &args.losses {
         common::probability(&l.to_string())?;
     }
+    let place = Placement::from_args(&args)?;
     let layout = presets::by_name(&args.model).ok_or("unknown model")?;
     let buckets = cut_buckets(&layout, args.bucket_mb << 20);
     let total: usize = layout.total_values() as usize;
-    let dir = std::env::temp_dir().join(format!("gradlane-allreduce-bench-{}", std::process::id()));
-    generate_certs(&dir, &["localhost", "127.0.0.1"])?;
     let skip =
         |name: &str| !args.only.is_empty() && !args.only.iter().any(|o| name.contains(o.as_str()));
-    println!(
-        "{} ranks, {} ({:.1} MB a gradient, {} buckets), {} rounds, {} ms delay each way; \
-         bound per rank and round: 2(N-1)/N x {:.1} MB = {:.1} MB",
-        args.ranks,
-        args.model,
-        total as f64 * 4e-6,
-        buckets.len(),
-        args.rounds,
-        args.delay_ms,
-        total as f64 * 4e-6,
-        2.0 * (args.ranks - 1) as f64 / args.ranks as f64 * total as f64 * 4e-6
-    );
+    let world = place.world;
+    // Across processes a group of its own times the rounds and gathers
+    // what each rank measured; its port is the first.
+    let mut control = match place.across {
+        Some(_) => Some(group(&place, 0, 0.0, 0, 0.0, 0).await?.remove(0)),
+        None => None,
+    };
+    if place.reports() {
+        println!(
+            "{} ranks{}, {} ({:.1} MB a gradient, {} buckets), {} rounds, {} ms delay each way; \
+             bound per rank and round: 2(N-1)/N x {:.1} MB = {:.1} MB",
+            world,
+            if place.across.is_some() {
+                " (one per process)"
+            } else {
+                " (tasks of one process, loopback)"
+            },
+            args.model,
+            total as f64 * 4e-6,
+            buckets.len(),
+            args.rounds,
+            args.delay_ms,
+            total as f64 * 4e-6,
+            2.0 * (world - 1) as f64 / world as f64 * total as f64 * 4e-6
+        );
+    }
     let mut rows: Vec<Row> = Vec::new();
+    let mut next_group = 1;
     for &loss in &args.losses {
         // Every variant gets its groups at once; rounds interleave.
         let mut runners: Vec<Runner> = Vec::new();
@@ -135,25 +260,22 @@ async fn run(args: Args) -> Result<(), BoxError> {
             if skip(name) || (name.starts_with("TCP") && loss > 0.0) {
                 continue;
             }
-            eprintln!("loss {loss}: setting up {name}");
+            if place.reports() {
+                eprintln!("loss {loss}: setting up {name}");
+            }
+            let mut join = |tolerance: f64, seed: u64| {
+                next_group += 1;
+                group(&place, next_group - 1, loss, args.delay_ms, tolerance, seed)
+            };
             let runner = match v {
                 0 | 1 => {
                     let tolerance = if v == 0 { 0.2 } else { 0.0 };
-                    let groups = group(
-                        &dir,
-                        args.ranks,
-                        loss,
-                        args.delay_ms,
-                        tolerance,
-                        100 + v as u64,
-                    )
-                    .await?;
+                    let groups = join(tolerance, 100 + v as u64).await?;
                     Runner::differentiated(groups, &buckets).await?
                 }
-                2 => Runner::Exact(group(&dir, args.ranks, loss, args.delay_ms, 0.2, 102).await?),
+                2 => Runner::Exact(join(0.2, 102).await?),
                 3..=5 => {
-                    let groups =
-                        group(&dir, args.ranks, loss, args.delay_ms, 0.2, 103 + v as u64).await?;
+                    let groups = join(0.2, 103 + v as u64).await?;
                     let unequal = match v {
                         3 => None,
                         4 => Some(SparseAllgather::Allgatherv),
@@ -161,7 +283,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
                     };
                     Runner::Sparse(groups, unequal)
                 }
-                _ => Runner::Tcp(ring(args.ranks).await?),
+                _ => Runner::Tcp(ring(&place, control.as_mut()).await?),
             };
             rows.push(Row {
                 name: name.to_string(),
@@ -174,8 +296,15 @@ async fn run(args: Args) -> Result<(), BoxError> {
         for round in 0..=args.rounds {
             for (i, runner) in runners.iter_mut().enumerate() {
                 let inputs: Vec<Vec<f32>> =
-                    (0..args.ranks).map(|r| gradient(r, round, total)).collect();
-                let sample = runner.round(&buckets, inputs, round).await?;
+                    place.ranks().map(|r| gradient(r, round, total)).collect();
+                if let Some(c) = control.as_mut() {
+                    c.barrier().await?;
+                }
+                let sample = runner.round(&buckets, inputs, round, place.first).await?;
+                let sample = match control.as_mut() {
+                    Some(c) => gather(c, sample).await?,
+                    None => sample,
+                };
                 if round == 0 {
                     continue; // warm-up
                 }
@@ -185,14 +314,49 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 row.zero_filled += sample.zero_filled;
                 row.mismatches += usize::from(!sample.same);
             }
-            eprintln!("loss {loss}: round {round} of {}", args.rounds);
+            if place.reports() {
+                eprintln!("loss {loss}: round {round} of {}", args.rounds);
+            }
         }
         for runner in runners {
             runner.close().await;
         }
     }
-    print_table(&rows, args.ranks, total);
+    if let Some(c) = control {
+        c.close().await;
+    }
+    if place.reports() {
+        print_table(&rows, world, total);
+    }
     Ok(())
+}
+
+/// Every rank's sample of one round, combined: the slowest rank's time,
+/// the mean bytes, the zero fill of all, and whether every rank ended
+/// with the same bits (compared by a digest of each rank's result).
+async fn gather(control: &mut Group, sample: Sample) -> Result<Sample, BoxError> {
+    let world = control.world();
+    // Four 16-bit pieces of the digest, each exact in an f32.
+    let d = sample.digest;
+    let mine = [
+        sample.time.as_secs_f64() as f32,
+        sample.bytes_per_rank as f32,
+        sample.zero_filled as f32,
+        (d & 0xffff) as f32,
+        (d >> 16 & 0xffff) as f32,
+        (d >> 32 & 0xffff) as f32,
+        (d >> 48) as f32,
+    ];
+    let mut all = vec![0f32; mine.len() * world];
+    control.allgather(&mine, &mut all).await?;
+    let ranks: Vec<&[f32]> = all.chunks(mine.len()).collect();
+    Ok(Sample {
+        time: Duration::from_secs_f64(ranks.iter().map(|r| r[0] as f64).fold(0.0, f64::max)),
+        bytes_per_rank: ranks.iter().map(|r| r[1] as f64).sum::<f64>() / world as f64,
+        zero_filled: ranks.iter().map(|r| r[2] as u64).sum(),
+        same: sample.same && ranks.iter().all(|r| r[3..] == ranks[0][3..]),
+        digest: d,
+    })
 }
 
 /// What one round of a variant did.
@@ -200,8 +364,10 @@ struct Sample {
     time: Duration,
     bytes_per_rank: f64,
     zero_filled: u64,
-    /// Every rank ended with the same bits.
+    /// Every rank of this process ended with the same bits.
     same: bool,
+    /// A digest of the first rank's result, for comparing across processes.
+    digest: u64,
 }
 
 enum Runner {
@@ -229,6 +395,7 @@ impl Runner {
         buckets: &[Layout],
         mut bufs: Vec<Vec<f32>>,
         round: usize,
+        first_rank: usize,
     ) -> Result<Sample, BoxError> {
         let start = Instant::now();
         let before = self.bytes();
@@ -272,9 +439,10 @@ impl Runner {
                 }
             }
             Runner::Sparse(groups, unequal) => {
-                let world = groups.len();
-                let rows: Vec<SparseRows> = (0..world)
-                    .map(|r| sparse(r, round, &bufs[r], unequal.is_some()))
+                let rows: Vec<SparseRows> = bufs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| sparse(first_rank + i, round, b, unequal.is_some()))
                     .collect();
                 let how = unequal.unwrap_or_default();
                 let calls = groups
@@ -316,6 +484,7 @@ impl Runner {
             bytes_per_rank: after.saturating_sub(before) as f64 / ranks as f64,
             zero_filled,
             same,
+            digest: digest(&bufs[0]),
         })
     }
 
@@ -339,32 +508,52 @@ impl Runner {
     }
 }
 
+/// FNV-1a over the values' bits.
+fn digest(values: &[f32]) -> u64 {
+    values.iter().fold(0xcbf2_9ce4_8422_2325, |h, v| {
+        (h ^ u64::from(v.to_bits())).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
-/// A group of `world` ranks on loopback, each behind its fault injector.
+/// This process's ranks of group number `index` (a fresh group per
+/// variant), each behind its fault injector: all `world` ranks on
+/// loopback, or this process's one rank meeting rank 0 at the master
+/// address, port `master_port + index`.
 async fn group(
-    dir: &Path,
-    world: usize,
+    place: &Placement,
+    index: u16,
     loss: f64,
     delay_ms: u64,
     loss_tolerance: f64,
     seed: u64,
 ) -> Result<Vec<Group>, BoxError> {
-    let root = std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
-    let joins = (0..world).map(|r| {
+    let (rendezvous, server_name) = match &place.across {
+        None => {
+            let root = std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
+            let listen = SocketAddr::new(root.ip(), 0);
+            (Rendezvous::Root { root, listen }, None)
+        }
+        Some(a) => {
+            let root = SocketAddr::new(a.master, a.port + index);
+            let listen = SocketAddr::new(a.listen, if place.first == 0 { root.port() } else { 0 });
+            (Rendezvous::Root { root, listen }, a.server_name.clone())
+        }
+    };
+    let dir = &place.cert_dir;
+    let joins = place.ranks().map(|r| {
         let mut c = GroupConfig::new(
             r,
-            world,
-            Rendezvous::Root {
-                root,
-                listen: "127.0.0.1:0".parse().unwrap_or(root),
-            },
+            place.world,
+            rendezvous.clone(),
             dir.join("server.pem"),
             dir.join("server.key"),
             dir.join("ca.pem"),
         );
+        c.server_name = server_name.clone();
         c.link = Config {
             loss_tolerance,
             faults: (loss > 0.0 || delay_ms > 0).then(|| Faults {
@@ -452,21 +641,57 @@ struct Ring {
     sent: u64,
 }
 
-/// `world` ranks joined in a ring of TCP connections on loopback.
-async fn ring(world: usize) -> Result<Vec<Ring>, BoxError> {
-    let mut listeners = Vec::new();
-    for _ in 0..world {
-        listeners.push(TcpListener::bind("127.0.0.1:0").await?);
-    }
-    let addrs: Vec<SocketAddr> = listeners
-        .iter()
-        .map(|l| l.local_addr())
-        .collect::<Result<_, _>>()?;
-    let connects = (0..world).map(|r| TcpStream::connect(addrs[(r + 1) % world]));
+/// This process's ranks joined in a ring of TCP connections: all of them
+/// on loopback, or this process's one rank listening at its address,
+/// port `master_port + 100 + rank`, having learnt the others' addresses
+/// through `control`.
+async fn ring(place: &Placement, control: Option<&mut Group>) -> Result<Vec<Ring>, BoxError> {
+    let world = place.world;
+    let (listeners, addrs) = match (&place.across, control) {
+        (Some(a), Some(control)) => {
+            let std::net::IpAddr::V4(ip) = a.listen else {
+                return Err("the TCP ring across processes takes IPv4 addresses".into());
+            };
+            let port = a.port + 100;
+            let listener = TcpListener::bind((ip, port + place.first as u16)).await?;
+            // Each rank's IPv4 address in two 16-bit halves, exact in f32s.
+            let o = ip.octets();
+            let mine = [
+                f32::from(u16::from_be_bytes([o[0], o[1]])),
+                f32::from(u16::from_be_bytes([o[2], o[3]])),
+            ];
+            let mut all = vec![0f32; 2 * world];
+            control.allgather(&mine, &mut all).await?;
+            let addrs = all
+                .chunks(2)
+                .enumerate()
+                .map(|(r, h)| {
+                    let [a, b] = (h[0] as u16).to_be_bytes();
+                    let [c, d] = (h[1] as u16).to_be_bytes();
+                    SocketAddr::from(([a, b, c, d], port + r as u16))
+                })
+                .collect();
+            (vec![listener], addrs)
+        }
+        _ => {
+            let mut listeners = Vec::new();
+            for _ in 0..world {
+                listeners.push(TcpListener::bind("127.0.0.1:0").await?);
+            }
+            let addrs: Vec<SocketAddr> = listeners
+                .iter()
+                .map(|l| l.local_addr())
+                .collect::<Result<_, _>>()?;
+            (listeners, addrs)
+        }
+    };
+    let connects = place
+        .ranks()
+        .map(|r| connect_retrying(addrs[(r + 1) % world]));
     let accepts = listeners.iter().map(|l| l.accept());
     let (nexts, prevs) = tokio::join!(join_all(connects), join_all(accepts));
     let mut ring = Vec::new();
-    for (r, (next, prev)) in nexts.into_iter().zip(prevs).enumerate() {
+    for (r, (next, prev)) in place.ranks().zip(nexts.into_iter().zip(prevs)) {
         let (next, (prev, _)) = (next?, prev?);
         next.set_nodelay(true)?;
         ring.push(Ring {
@@ -478,6 +703,23 @@ async fn ring(world: usize) -> Result<Vec<Ring>, BoxError> {
         });
     }
     Ok(ring)
+}
+
+/// Connects to `addr`, trying again for up to 30 s while nothing listens
+/// there yet (the next rank may not have bound its port).
+async fn connect_retrying(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match TcpStream::connect(addr).await {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => return other,
+        }
+    }
 }
 
 impl Ring {

@@ -1,0 +1,113 @@
+//! allreduce_bench as a user runs it: every rank in one process, and one
+//! rank per process meeting through torchrun's environment variables.
+
+use std::process::{Command, Output};
+
+const BENCH: &str = env!("CARGO_BIN_EXE_allreduce_bench");
+
+/// The table's data rows: (variant, loss, ranks that differed).
+fn rows(out: &Output) -> Vec<(String, String, String)> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| variant"))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            (
+                cells[0].to_string(),
+                cells[1].to_string(),
+                cells[cells.len() - 1].to_string(),
+            )
+        })
+        .collect()
+}
+
+fn assert_every_variant_agrees(out: &Output, losses: &[&str]) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = rows(out);
+    // Seven variants lossless, six (no TCP ring) at each loss.
+    assert_eq!(rows.len(), 7 + 6 * (losses.len() - 1), "{rows:?}");
+    for (variant, loss, differ) in &rows {
+        assert!(losses.contains(&loss.as_str()), "{variant}: loss {loss}");
+        assert_eq!(differ, "0", "{variant} at {loss}: ranks ended apart");
+    }
+}
+
+#[test]
+fn all_ranks_in_one_process() {
+    let out = Command::new(BENCH)
+        .args(["--ranks", "3", "--model", "tiny", "--rounds", "1"])
+        .args(["--losses", "0,0.05", "--delay-ms", "0"])
+        .output()
+        .unwrap();
+    assert_every_variant_agrees(&out, &["0%", "5%"]);
+}
+
+#[test]
+fn one_rank_per_process_from_torchrun_variables() {
+    let dir = std::env::temp_dir().join(format!("gl-arb-certs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    gradlane::generate_certs(&dir, &["127.0.0.1"]).unwrap();
+    // A free port and the 200 above it are assumed free: rank 0 binds
+    // each variant's port, the TCP ring the ports from +100.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .min(u16::MAX - 300);
+    let world = 3;
+    let ranks: Vec<_> = (0..world)
+        .map(|rank| {
+            Command::new(BENCH)
+                .args(["--model", "tiny", "--rounds", "1", "--losses", "0"])
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("GRADLANE_RANK_ADDR", "127.0.0.1")
+                .env("GRADLANE_CERT_DIR", &dir)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = ranks
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    assert_every_variant_agrees(&outs[0], &["0%"]);
+    for other in &outs[1..] {
+        assert!(
+            other.status.success(),
+            "{}",
+            String::from_utf8_lossy(&other.stderr)
+        );
+        assert!(rows(other).is_empty(), "only rank 0 prints the table");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_rank_outside_the_group_is_refused_with_a_message() {
+    let out = Command::new(BENCH)
+        .args(["--rank", "3", "--world", "2", "--master-addr", "127.0.0.1"])
+        .args(["--listen-ip", "127.0.0.1", "--cert-dir", "/nonexistent"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rank 3 of a group of 2"), "{err}");
+    let out = Command::new(BENCH)
+        .args(["--rank", "1", "--world", "2"])
+        .env_remove("MASTER_ADDR")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--master-addr"), "{err}");
+}
