@@ -294,6 +294,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         }
         let first = rows.len() - runners.len();
         for round in 0..=args.rounds {
+            let mut took = Vec::new();
             for (i, runner) in runners.iter_mut().enumerate() {
                 let inputs: Vec<Vec<f32>> =
                     place.ranks().map(|r| gradient(r, round, total)).collect();
@@ -305,6 +306,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
                     Some(c) => gather(c, sample).await?,
                     None => sample,
                 };
+                took.push(format!("{:.0}", sample.time.as_secs_f64() * 1e3));
                 if round == 0 {
                     continue; // warm-up
                 }
@@ -315,7 +317,12 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 row.mismatches += usize::from(!sample.same);
             }
             if place.reports() {
-                eprintln!("loss {loss}: round {round} of {}", args.rounds);
+                eprintln!(
+                    "loss {loss}: round {round} of {}{}: {} ms",
+                    args.rounds,
+                    if round == 0 { " (warm-up)" } else { "" },
+                    took.join(" / ")
+                );
             }
         }
         for runner in runners {
