@@ -227,6 +227,7 @@ impl Group {
 
         // 1. Every rank's part of shard r to rank r, as a round; at the
         //    same time this rank's shard from every other rank.
+        let started = tokio::time::Instant::now();
         let own = shards[me].clone();
         let rounds = &mut self.next_round;
         let halves = self.senders.iter_mut().zip(self.receivers.iter_mut());
@@ -368,8 +369,15 @@ impl Group {
                 })
             })
             .collect();
+        let summed = started.elapsed();
         let from = self.others();
         let got = self.exchange(t, out, &from).await?;
+        tracing::debug!(
+            bucket = bucket.0,
+            ?summed,
+            returned = ?started.elapsed() - summed,
+            "differentiated allreduce"
+        );
         let b = &mut self.buckets[bucket.0];
         for (r, body) in got.iter().enumerate() {
             let range = shards[r].clone();

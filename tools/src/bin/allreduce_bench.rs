@@ -97,6 +97,10 @@ struct Args {
     /// `server.key` from the certs tool, the same CA on every rank.
     #[arg(long, env = "GRADLANE_CERT_DIR", requires = "rank")]
     cert_dir: Option<std::path::PathBuf>,
+    /// After every round, print the first rank's paths (quinn's rtt,
+    /// congestion window, packets lost) per variant, to stderr.
+    #[arg(long)]
+    path_stats: bool,
     /// With `--rank`: the name the ranks' certificate is issued to (by
     /// default each rank's IP address, which the certificate must name).
     #[arg(long, requires = "rank")]
@@ -307,6 +311,9 @@ async fn run(args: Args) -> Result<(), BoxError> {
                     None => sample,
                 };
                 took.push(format!("{:.0}", sample.time.as_secs_f64() * 1e3));
+                if args.path_stats {
+                    eprintln!("  {}: {}", rows[first + i].name, runner.paths());
+                }
                 if round == 0 {
                     continue; // warm-up
                 }
@@ -493,6 +500,28 @@ impl Runner {
             same,
             digest: digest(&bufs[0]),
         })
+    }
+
+    /// The first local rank's paths to the others: rtt, congestion window,
+    /// lost packets and PTO-driven probes so far.
+    fn paths(&self) -> String {
+        let group = match self {
+            Runner::Differentiated(g, _) | Runner::Exact(g) | Runner::Sparse(g, _) => &g[0],
+            Runner::Tcp(_) => return "kernel TCP".into(),
+        };
+        (0..group.world())
+            .filter_map(|r| group.connection(r).map(|c| (r, c.stats())))
+            .map(|(r, s)| {
+                format!(
+                    "to {r}: rtt {:.1} ms cwnd {} KB lost {} sent {}",
+                    s.path.rtt.as_secs_f64() * 1e3,
+                    s.path.cwnd / 1000,
+                    s.path.lost_packets,
+                    s.path.sent_packets
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 
     /// Bytes sent by all ranks so far.
