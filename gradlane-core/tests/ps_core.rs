@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use gradlane_core::ps::ordered_momentum::bucket;
 use gradlane_core::ps::{
     ConfigError, Disposition, OrderedMomentum, OrderedMomentumConfig, ParameterServer, PullError,
-    PushError, StragglerConfig, StragglerFilter,
+    PushError, SamplePolicy, StragglerConfig, StragglerFilter,
 };
 use gradlane_core::rng::SplitMix64;
 use proptest::prelude::*;
@@ -272,17 +272,34 @@ proptest! {
 }
 
 fn filter(sample_size: usize, rank_threshold: f64) -> StragglerFilter {
+    filter_with(SamplePolicy::EvictLargest, sample_size, rank_threshold)
+}
+
+fn filter_with(
+    sample_policy: SamplePolicy,
+    sample_size: usize,
+    rank_threshold: f64,
+) -> StragglerFilter {
     StragglerFilter::new(
         StragglerConfig {
             learning_rate: 0.5,
             sample_size,
             rank_threshold,
+            sample_policy,
         },
         vec![0.0, 0.0],
     )
     .unwrap()
 }
 
+const POLICIES: [SamplePolicy; 2] = [SamplePolicy::EvictLargest, SamplePolicy::SlidingWindow];
+
+#[test]
+fn the_sliding_window_is_the_default_policy() {
+    assert_eq!(SamplePolicy::default(), SamplePolicy::SlidingWindow);
+}
+
+/// The seed's rule as written (evict the largest), step by step.
 #[test]
 fn straggler_staleness_drop_and_fixed_sample() {
     let mut f = filter(4, 0.5);
@@ -349,17 +366,190 @@ fn straggler_staleness_drop_and_fixed_sample() {
     );
 }
 
+/// Who pushes in the deterministic schedule below, and how stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pusher {
+    /// One of the fast workers, this many updates behind (0 or 1).
+    Fast(u64),
+    /// The straggler, always `k` updates behind.
+    Straggler,
+}
+
+/// Seven fast workers take turns, each 0 or 1 update behind (alternating),
+/// and after every 21 of their pushes the straggler pushes once, `k`
+/// updates behind: about the share of pushes a 4x slower machine sends
+/// among eight. Returns each push's pusher and whether it was dropped.
+fn run_schedule(f: &mut StragglerFilter, k: u64, pushes: usize) -> Vec<(Pusher, bool)> {
+    (0..pushes)
+        .map(|n| {
+            let who = if n % 22 == 21 {
+                Pusher::Straggler
+            } else {
+                Pusher::Fast((n % 22 % 2) as u64)
+            };
+            let lag = match who {
+                Pusher::Fast(lag) => lag,
+                Pusher::Straggler => k,
+            };
+            let index = f.clock().saturating_sub(lag);
+            let out = f.push(&[0.1, -0.1], index).unwrap();
+            (who, matches!(out.disposition, Disposition::Dropped { .. }))
+        })
+        .collect()
+}
+
+#[test]
+fn sliding_window_drops_the_straggler_and_nobody_else() {
+    let n = 16;
+    for threshold in [0.8, 0.9, 0.95] {
+        for k in [2, 5, 40] {
+            let mut f = filter_with(SamplePolicy::SlidingWindow, n, threshold);
+            let seen = run_schedule(&mut f, k, 22 * 20);
+            // Until the sample is full nothing is judged.
+            assert!(seen[..n].iter().all(|&(_, dropped)| !dropped));
+            for (i, &(who, dropped)) in seen.iter().enumerate().skip(n) {
+                match who {
+                    Pusher::Straggler => {
+                        assert!(dropped, "t {threshold} k {k}: straggler push {i} taken")
+                    }
+                    Pusher::Fast(_) => {
+                        assert!(!dropped, "t {threshold} k {k}: fast push {i} dropped")
+                    }
+                }
+            }
+            // The straggler pushed 20 times; the sample was full for all.
+            let st = f.stats();
+            assert_eq!((st.accepted, st.dropped), (22 * 20 - 20, 20));
+            // Only the fast workers' staleness was applied: at most 1.
+            assert_eq!(st.applied_staleness_max, 1);
+            // The sample holds the last n values in order of arrival.
+            assert_eq!(f.sample().len(), n);
+        }
+    }
+}
+
+/// The same schedule under the seed's rule: the sample sinks to s = 1 and
+/// every fast push with one update in between is dropped with the
+/// straggler's. These counts are the behaviour before the policy existed.
+#[test]
+fn evict_largest_drops_fast_workers_on_the_same_schedule() {
+    let mut f = filter_with(SamplePolicy::EvictLargest, 16, 0.9);
+    let seen = run_schedule(&mut f, 5, 22 * 20);
+    let dropped =
+        |pick: fn(Pusher) -> bool| seen.iter().filter(|&&(who, d)| pick(who) && d).count();
+    assert_eq!(dropped(|w| w == Pusher::Straggler), 20);
+    // Of the 200 fast pushes one update behind, 8 came before the sample
+    // was full.
+    assert_eq!(dropped(|w| w == Pusher::Fast(1)), 187);
+    assert_eq!(dropped(|w| w == Pusher::Fast(0)), 0);
+    let mut last = vec![1; 15];
+    last.push(6); // the straggler's own s, just inserted
+    assert_eq!(f.sample(), last);
+}
+
+#[test]
+fn rank_edge_cases_under_both_policies() {
+    for policy in POLICIES {
+        // The sample starts empty: whatever the staleness, nothing is
+        // judged until it holds `sample_size` values.
+        let mut f = filter_with(policy, 3, 0.0);
+        for lag in [0, 0, 0] {
+            let index = f.clock() - lag;
+            let d = f.push(&[0.0, 0.0], index).unwrap().disposition;
+            assert!(matches!(d, Disposition::Applied { .. }), "{policy:?}");
+        }
+        let mut f = filter_with(policy, 3, 0.0);
+        f.push(&[0.0, 0.0], 0).unwrap(); // s = 1
+        f.push(&[0.0, 0.0], 0).unwrap(); // s = 2
+        f.push(&[0.0, 0.0], 0).unwrap(); // s = 3
+        assert_eq!(f.sample(), vec![1, 2, 3], "{policy:?}");
+        assert_eq!(f.stats().dropped, 0);
+
+        // Ties are not slower: against [1, 2], s = 2 has one value below
+        // (rank 0.5), and 0.5 is not above a threshold of 0.5.
+        let mut f = filter_with(policy, 2, 0.5);
+        f.push(&[0.0, 0.0], 0).unwrap(); // s = 1
+        f.push(&[0.0, 0.0], 0).unwrap(); // s = 2
+        let index = f.clock() - 1;
+        let d = f.push(&[0.0, 0.0], index).unwrap().disposition; // s = 2
+        assert_eq!(d, Disposition::Applied { staleness: 1 }, "{policy:?}");
+
+        // Threshold 0: anything with a value strictly below it is dropped;
+        // the freshest value never is.
+        let mut f = filter_with(policy, 2, 0.0);
+        f.push(&[0.0, 0.0], 0).unwrap(); // s = 1
+        f.push(&[0.0, 0.0], 1).unwrap(); // s = 1; sample [1, 1]
+        let d = f.push(&[0.0, 0.0], 1).unwrap().disposition; // s = 2
+        assert_eq!(d, Disposition::Dropped { staleness: 1 }, "{policy:?}");
+        let d = f.push(&[0.0, 0.0], 2).unwrap().disposition; // s = 1
+        assert_eq!(d, Disposition::Applied { staleness: 0 }, "{policy:?}");
+
+        // Threshold 1: nothing is ever dropped, however stale.
+        let mut f = filter_with(policy, 2, 1.0);
+        for n in 0..40u64 {
+            let index = if n % 2 == 0 { 0 } else { f.clock() };
+            let d = f.push(&[0.0, 0.0], index).unwrap().disposition;
+            assert!(matches!(d, Disposition::Applied { .. }), "{policy:?}");
+        }
+    }
+}
+
+#[test]
+fn the_sliding_window_forgets_the_oldest_value() {
+    let mut f = filter_with(SamplePolicy::SlidingWindow, 3, 0.5);
+    f.push(&[0.0, 0.0], 0).unwrap(); // s = 1
+    f.push(&[0.0, 0.0], 0).unwrap(); // s = 2
+    f.push(&[0.0, 0.0], 0).unwrap(); // s = 3; sample [1, 2, 3]
+                                     // s = 1 ranks 0 and is applied; the oldest value (the first 1) goes,
+                                     // where the seed's rule would have removed the 3.
+    let index = f.clock();
+    f.push(&[0.0, 0.0], index).unwrap();
+    assert_eq!(f.sample(), vec![1, 2, 3]);
+    let index = f.clock();
+    f.push(&[0.0, 0.0], index).unwrap(); // evicts the 2
+    assert_eq!(f.sample(), vec![1, 1, 3]);
+    // s = 4 (three behind): all three below, rank 1 > 0.5: dropped; the 3
+    // goes.
+    let index = f.clock() - 3;
+    let d = f.push(&[0.0, 0.0], index).unwrap().disposition;
+    assert_eq!(d, Disposition::Dropped { staleness: 3 });
+    assert_eq!(f.sample(), vec![1, 1, 4]);
+
+    // Once the window is full of one value, that value is never dropped,
+    // even at threshold 0: only the two pushes judged while the warm-up's
+    // 1 and 2 were still in the window are. The seed's rule keeps those
+    // small values for good and drops every push after the warm-up.
+    let mut f = filter_with(SamplePolicy::SlidingWindow, 4, 0.0);
+    for _ in 0..40 {
+        let index = f.clock().saturating_sub(2);
+        f.push(&[0.0, 0.0], index).unwrap();
+    }
+    assert_eq!(f.sample(), vec![3; 4]);
+    assert_eq!(f.stats().dropped, 2);
+    let mut f = filter_with(SamplePolicy::EvictLargest, 4, 0.0);
+    for _ in 0..40 {
+        let index = f.clock().saturating_sub(2);
+        f.push(&[0.0, 0.0], index).unwrap();
+    }
+    assert_eq!(f.sample(), vec![1, 2, 3, 3]);
+    assert_eq!(f.stats().dropped, 40 - 4);
+}
+
 proptest! {
-    /// Whatever the staleness sequence, the sample grows to its size and then
-    /// never changes size; every push is either accepted or dropped; the clock
-    /// counts accepted pushes.
+    /// Whatever the staleness sequence and the policy, the sample grows to
+    /// its size and then never changes size; every push is either accepted
+    /// or dropped; the clock counts accepted pushes; a threshold of 1
+    /// never drops.
     #[test]
     fn straggler_sample_size_is_fixed(
         size in 1usize..12,
         threshold in 0.0f64..=1.0,
         lags in proptest::collection::vec(0u64..20, 1..200),
+        sliding in proptest::bool::ANY,
     ) {
-        let mut f = filter(size, threshold);
+        let policy = POLICIES[usize::from(sliding)];
+        let mut f = filter_with(policy, size, threshold);
+        let mut open = filter_with(policy, size, 1.0);
         for (n, lag) in lags.iter().enumerate() {
             let index = f.clock().saturating_sub(*lag);
             f.push(&[0.1, -0.1], index).unwrap();
@@ -367,6 +557,29 @@ proptest! {
             let st = f.stats();
             prop_assert_eq!(st.accepted + st.dropped, n as u64 + 1);
             prop_assert_eq!(f.clock(), st.accepted);
+            let index = open.clock().saturating_sub(*lag);
+            open.push(&[0.1, -0.1], index).unwrap();
+            prop_assert_eq!(open.stats().dropped, 0);
+        }
+    }
+
+    /// Under the sliding window the sample is exactly the staleness of the
+    /// last `size` pushes, dropped ones included.
+    #[test]
+    fn sliding_window_sample_is_the_last_values(
+        size in 1usize..12,
+        threshold in 0.0f64..=1.0,
+        lags in proptest::collection::vec(0u64..20, 1..200),
+    ) {
+        let mut f = filter_with(SamplePolicy::SlidingWindow, size, threshold);
+        let mut history = Vec::new();
+        for lag in &lags {
+            let index = f.clock().saturating_sub(*lag);
+            history.push(f.clock() - index + 1);
+            f.push(&[0.1, -0.1], index).unwrap();
+            let mut last: Vec<u64> = history.iter().rev().take(size).copied().collect();
+            last.sort_unstable();
+            prop_assert_eq!(f.sample(), last);
         }
     }
 }

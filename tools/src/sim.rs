@@ -20,7 +20,7 @@ use thiserror::Error;
 use gradlane::ps::baselines::{Asgd, NaiveMomentumAsgd, SyncMomentum};
 use gradlane::ps::{
     ConfigError, Disposition, OrderedMomentum, OrderedMomentumConfig, ParameterServer, PullError,
-    PushError, StragglerConfig, StragglerFilter,
+    PushError, SamplePolicy, StragglerConfig, StragglerFilter,
 };
 
 use gradlane_core::rng::SplitMix64;
@@ -334,6 +334,8 @@ pub enum Algorithm {
         sample_size: usize,
         /// Rank threshold.
         rank_threshold: f64,
+        /// Which value leaves the full sample.
+        sample_policy: SamplePolicy,
     },
 }
 
@@ -377,11 +379,13 @@ pub fn run_algorithm(
             learning_rate,
             sample_size,
             rank_threshold,
+            sample_policy,
         } => {
             let c = StragglerConfig {
                 learning_rate,
                 sample_size,
                 rank_threshold,
+                sample_policy,
             };
             run(&mut StragglerFilter::new(c, w0)?, problem, cfg)
         }

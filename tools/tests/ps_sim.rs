@@ -101,6 +101,7 @@ fn straggler_filter_lowers_staleness_of_applied_updates() {
                 learning_rate: lr,
                 sample_size: 16,
                 rank_threshold: threshold,
+                sample_policy: gradlane::ps::SamplePolicy::EvictLargest,
             },
             &problem,
             &cfg,

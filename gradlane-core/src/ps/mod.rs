@@ -28,7 +28,7 @@ pub mod straggler;
 
 pub use error::{ConfigError, PullError, PushError, ReleaseError};
 pub use ordered_momentum::{OrderedMomentum, OrderedMomentumConfig};
-pub use straggler::{StragglerConfig, StragglerFilter, StragglerStats};
+pub use straggler::{SamplePolicy, StragglerConfig, StragglerFilter, StragglerStats};
 
 /// Parameters handed to a worker together with the index it must push back.
 #[derive(Debug, Clone, Copy, PartialEq)]

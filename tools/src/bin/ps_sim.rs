@@ -134,6 +134,7 @@ fn main() {
                 learning_rate: asgd_lr,
                 sample_size: a.sample,
                 rank_threshold: threshold,
+                sample_policy: gradlane::ps::SamplePolicy::EvictLargest,
             },
             &problem,
             &cfg,

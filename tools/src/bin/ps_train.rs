@@ -254,6 +254,7 @@ async fn serve(a: ServerArgs) -> Result<(), BoxError> {
                 learning_rate: t.lr,
                 sample_size: a.sample,
                 rank_threshold: a.threshold,
+                sample_policy: gradlane::ps::SamplePolicy::EvictLargest,
             };
             serve_with(&a, &model, &test, StragglerFilter::new(cfg, w0)?, |s| {
                 Some(s.stats().mean_applied_staleness())
