@@ -5,7 +5,8 @@
 //! a minibatch gradient *on the parameters it pulled* (right away, so the
 //! gradient is exactly as stale as the parameters), and pushes it when its
 //! compute time has elapsed. Worker k takes `base * speed_k` ticks, with speeds
-//! spread evenly from 1x to `slowest`x, times a seeded jitter. Everything
+//! spread evenly from 1x to `slowest`x (or, with a straggler, the last worker
+//! at its own factor and the others spread), times a seeded jitter. Everything
 //! random comes from one [`SplitMix64`] stream consumed in event order, so a
 //! run is a pure function of its inputs.
 //!
@@ -202,8 +203,12 @@ pub struct SimConfig {
     pub batch: usize,
     /// Compute time of the fastest worker, in ticks.
     pub base_compute: u64,
-    /// Slowest worker's compute time relative to the fastest (e.g. 4.0).
+    /// Slowest worker's compute time relative to the fastest (e.g. 4.0);
+    /// the workers' speeds are spread evenly from 1 to this.
     pub slowest: f64,
+    /// A straggler: the last worker computes this many times slower than
+    /// the fastest, and the spread from 1 to `slowest` covers the others.
+    pub straggler: Option<f64>,
     /// Relative jitter on every compute time, in `[0, 1)`.
     pub jitter: f64,
     /// Stop after this many pushes.
@@ -223,6 +228,30 @@ pub struct Step {
     pub loss: f64,
 }
 
+/// What one worker's pushes came to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerTrace {
+    /// Pushes this worker made.
+    pub pushes: u64,
+    /// Of them, dropped by the server.
+    pub dropped: u64,
+    /// Of them, applied.
+    pub applied: u64,
+    /// Sum of the staleness of its applied pushes.
+    pub applied_staleness_sum: u64,
+}
+
+impl WorkerTrace {
+    /// Share of this worker's pushes the server dropped (0 when it made none).
+    pub fn dropped_share(&self) -> f64 {
+        if self.pushes == 0 {
+            0.0
+        } else {
+            self.dropped as f64 / self.pushes as f64
+        }
+    }
+}
+
 /// What a run recorded.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Trace {
@@ -237,6 +266,8 @@ pub struct Trace {
     pub pushes: u64,
     /// Pushes the server dropped.
     pub dropped: u64,
+    /// Per worker (index = worker number, the straggler last).
+    pub per_worker: Vec<WorkerTrace>,
     /// The loss blew up (non-finite or 1e6 times the initial loss).
     pub diverged: bool,
 }
@@ -272,6 +303,19 @@ impl Trace {
         }
     }
 
+    /// The workers' counts summed over `workers` (e.g. all but the
+    /// straggler: `0..k-1`).
+    pub fn workers_total(&self, workers: std::ops::Range<usize>) -> WorkerTrace {
+        let mut t = WorkerTrace::default();
+        for w in self.per_worker.get(workers).unwrap_or(&[]) {
+            t.pushes += w.pushes;
+            t.dropped += w.dropped;
+            t.applied += w.applied;
+            t.applied_staleness_sum += w.applied_staleness_sum;
+        }
+        t
+    }
+
     /// Loss after the last step (initial loss if none).
     pub fn final_loss(&self) -> f64 {
         self.steps.last().map_or(self.initial_loss, |s| s.loss)
@@ -291,7 +335,8 @@ pub enum SimError {
     /// recorded as divergence).
     #[error("push: {0}")]
     Push(#[from] PushError),
-    /// Workers or batch size zero, or jitter outside `[0, 1)`.
+    /// Workers or batch size zero, jitter outside `[0, 1)`, or a speed
+    /// factor below 1 or not finite.
     #[error("bad simulation config")]
     BadConfig,
 }
@@ -404,22 +449,21 @@ pub fn run<S: ParameterServer + ?Sized>(
     problem: &LeastSquares,
     cfg: &SimConfig,
 ) -> Result<Trace, SimError> {
-    if cfg.workers == 0 || cfg.batch == 0 || !(0.0..1.0).contains(&cfg.jitter) {
+    let factor_ok = |f: f64| f.is_finite() && f >= 1.0;
+    if cfg.workers == 0
+        || cfg.batch == 0
+        || !(0.0..1.0).contains(&cfg.jitter)
+        || !factor_ok(cfg.slowest)
+        || !cfg.straggler.is_none_or(factor_ok)
+    {
         return Err(SimError::BadConfig);
     }
     let mut rng = SplitMix64::new(cfg.seed);
     let k = cfg.workers;
-    let speeds: Vec<f64> = (0..k)
-        .map(|i| {
-            if k > 1 {
-                1.0 + (cfg.slowest - 1.0) * i as f64 / (k - 1) as f64
-            } else {
-                1.0
-            }
-        })
-        .collect();
+    let speeds = speeds(k, cfg.slowest, cfg.straggler);
     let mut trace = Trace {
         initial_loss: problem.loss(server.params()),
+        per_worker: vec![WorkerTrace::default(); k],
         ..Trace::default()
     };
     let blowup = 1e6 * trace.initial_loss.max(1e-12);
@@ -473,13 +517,18 @@ pub fn run<S: ParameterServer + ?Sized>(
             Err(e) => return Err(e.into()),
         };
         trace.pushes += 1;
+        let mine = &mut trace.per_worker[worker];
+        mine.pushes += 1;
         let changed = match outcome.disposition {
             Disposition::Applied { staleness } => {
                 trace.applied_staleness.push(staleness);
+                mine.applied += 1;
+                mine.applied_staleness_sum += staleness;
                 true
             }
             Disposition::Dropped { .. } => {
                 trace.dropped += 1;
+                mine.dropped += 1;
                 false
             }
             Disposition::Buffered => false,
@@ -519,6 +568,30 @@ pub fn run<S: ParameterServer + ?Sized>(
     Ok(trace)
 }
 
+/// Compute-time factors of `k` workers: evenly from 1 to `slowest`, or
+/// with a straggler, the last one at `straggler` and the others spread.
+pub fn speeds(k: usize, slowest: f64, straggler: Option<f64>) -> Vec<f64> {
+    let spread = |n: usize| -> Vec<f64> {
+        (0..n)
+            .map(|i| {
+                if n > 1 {
+                    1.0 + (slowest - 1.0) * i as f64 / (n - 1) as f64
+                } else {
+                    1.0
+                }
+            })
+            .collect()
+    };
+    match straggler {
+        Some(s) if k > 0 => {
+            let mut v = spread(k - 1);
+            v.push(s);
+            v
+        }
+        _ => spread(k),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,6 +618,14 @@ mod tests {
         p.gradient(&w, &all, &mut g);
         assert!(g.iter().any(|v| v.abs() > 1e-3));
         assert!(p.optimum() < p.loss(&w));
+    }
+
+    #[test]
+    fn speeds_spread_and_straggle() {
+        assert_eq!(speeds(3, 2.0, None), vec![1.0, 1.5, 2.0]);
+        assert_eq!(speeds(4, 1.5, Some(4.0)), vec![1.0, 1.25, 1.5, 4.0]);
+        assert_eq!(speeds(1, 4.0, Some(4.0)), vec![4.0]);
+        assert_eq!(speeds(1, 4.0, None), vec![1.0]);
     }
 
     #[test]
