@@ -29,6 +29,9 @@ pub mod codes {
     pub const BAD_HELLO: u32 = 0x4703;
     /// Stream reset: the sender gave up on a round before its end.
     pub const ROUND_ABANDONED: u32 = 0x4704;
+    /// The server gave up on the session for a reason it states (a
+    /// parameter server whose synchronous round cannot fill, say).
+    pub const ABORTED: u32 = 0x4705;
 }
 
 /// Largest control message accepted (a layout of ~100k tensors fits).

@@ -5,7 +5,9 @@ use gradlane::codes;
 use gradlane::generate_certs;
 use gradlane::ps::baselines::SyncMomentum;
 use gradlane::ps::{Disposition, OrderedMomentum, OrderedMomentumConfig, ParameterServer};
-use gradlane::ps_net::{self, Compression, Params, ServeStats, ServerHandle, Worker, WorkerError};
+use gradlane::ps_net::{
+    self, Compression, Params, ServeStats, ServerHandle, Worker, WorkerError, WorkerInfo,
+};
 use gradlane::{Config, Endpoint, Faults};
 use gradlane::{Layout, TensorSpec};
 use gradlane_core::rng::SplitMix64;
@@ -48,6 +50,14 @@ fn start_with<S: ParameterServer + Send + 'static>(
     server: S,
     config: Config,
 ) -> Running<S> {
+    start_handle(tag, ServerHandle::new(server), config)
+}
+
+fn start_handle<S: ParameterServer + Send + 'static>(
+    tag: &str,
+    handle: ServerHandle<S>,
+    config: Config,
+) -> Running<S> {
     let dir = cert_dir(tag);
     let endpoint = Endpoint::server(
         "127.0.0.1:0".parse().unwrap(),
@@ -57,7 +67,6 @@ fn start_with<S: ParameterServer + Send + 'static>(
     )
     .unwrap();
     let addr = endpoint.local_addr().unwrap();
-    let handle = ServerHandle::new(server);
     let (stop, stopped) = oneshot::channel::<()>();
     let h = handle.clone();
     let done = tokio::spawn(async move { ps_net::run(&endpoint, h, stopped).await });
@@ -645,4 +654,84 @@ async fn poll_once<F: std::future::Future>(
     mut f: std::pin::Pin<&mut F>,
 ) -> std::task::Poll<F::Output> {
     std::future::poll_fn(|cx| std::task::Poll::Ready(f.as_mut().poll(cx))).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_get_the_welcome_and_learn_why_the_server_gives_up() {
+    let (p, layout) = problem();
+    let handle = ServerHandle::with_welcome(small_ormo(3, p.dim()), b"seed 11".to_vec());
+    let run = start_handle("welcome", handle, quick());
+    let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
+    let join = |name: &'static str| {
+        Worker::join_as(
+            &ep,
+            run.addr,
+            "localhost",
+            &layout,
+            Compression::Rounds,
+            name,
+        )
+    };
+    let mut a = join("a").await.unwrap();
+    let mut b = Worker::join(&ep, run.addr, "localhost", &layout, Compression::Rounds)
+        .await
+        .unwrap();
+    assert_eq!(a.welcome(), b"seed 11");
+    assert_eq!(b.welcome(), b"seed 11");
+    let named = |name: &str, connected| WorkerInfo {
+        name: Some(name.into()),
+        connected,
+    };
+    // Both hellos were answered, so both are recorded.
+    assert_eq!(
+        run.handle.workers(),
+        vec![named("a", true), named("", true)]
+    );
+    // A name too long never leaves the worker.
+    let long = "x".repeat(gradlane::ps::messages::MAX_NAME + 1);
+    assert!(matches!(
+        Worker::join_as(
+            &ep,
+            run.addr,
+            "localhost",
+            &layout,
+            Compression::Rounds,
+            &long
+        )
+        .await,
+        Err(WorkerError::NameTooLong(_))
+    ));
+
+    let params = a.pull().await.unwrap();
+    let why = "round 0 cannot fill: worker c never joined";
+    run.handle.close_workers(why);
+    for result in [
+        a.push(params.index, &[vec![0.0f32; p.dim()]])
+            .await
+            .map(|_| ()),
+        b.pull().await.map(|_| ()),
+    ] {
+        match result {
+            Err(WorkerError::Link(gradlane::LinkError::Rejected { code, reason }))
+            | Err(WorkerError::Stream(gradlane::ps_net::StreamError::Link(
+                gradlane::LinkError::Rejected { code, reason },
+            ))) => {
+                assert_eq!(code, u64::from(codes::ABORTED));
+                assert_eq!(reason, why);
+            }
+            other => panic!("expected the server's reason, got {other:?}"),
+        }
+    }
+    let handle = run.handle.clone();
+    assert!(
+        eventually(Duration::from_secs(15), || handle
+            .workers()
+            .iter()
+            .all(|w| !w.connected))
+        .await,
+        "{:?}",
+        handle.workers()
+    );
+    run.stop.send(()).unwrap();
+    run.done.await.unwrap().unwrap();
 }

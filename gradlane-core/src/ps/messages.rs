@@ -2,8 +2,10 @@
 //! decoding, no sockets.
 //!
 //! A worker opens one bidirectional QUIC stream on its link and sends
-//! [`Request`]s; the server answers each pull and each push with one
-//! [`Reply`]. Every message is a u32 little-endian length and a body whose
+//! [`Request`]s; the server answers each with one [`Reply`]. The first
+//! request is a [`Request::Hello`] naming the worker, and the server's
+//! [`Reply::Welcome`] carries what the application wants every worker to
+//! know before it starts (the dataset seed, say). Every message is a u32 little-endian length and a body whose
 //! first byte is a tag. Parameters travel here, reliably and exactly, as raw
 //! little-endian f32; gradients travel either as a gradlane round on the
 //! same link (the request only names the round) or, compressed, as a codec
@@ -20,9 +22,11 @@ use thiserror::Error;
 const TAG_PULL: u8 = 1;
 const TAG_PUSH_ROUND: u8 = 2;
 const TAG_PUSH_CODEC: u8 = 3;
+const TAG_HELLO: u8 = 4;
 
 const TAG_PARAMS: u8 = 1;
 const TAG_REFUSED: u8 = 2;
+const TAG_WELCOME: u8 = 3;
 
 const DISP_NONE: u8 = 0;
 const DISP_APPLIED: u8 = 1;
@@ -33,9 +37,21 @@ const DISP_BUFFERED: u8 = 3;
 /// disposition kind, staleness.
 pub const PARAMS_HEADER_LEN: usize = 1 + 8 + 8 + 1 + 8;
 
+/// Longest worker name accepted in a [`Request::Hello`], in bytes.
+pub const MAX_NAME: usize = 256;
+
+/// Longest welcome accepted in a [`Reply::Welcome`], in bytes.
+pub const MAX_WELCOME: usize = 4096;
+
 /// What a worker asks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
+    /// Here I am, under this name; tell me what I need to know.
+    Hello {
+        /// The worker's name, for the server's messages (at most
+        /// [`MAX_NAME`] bytes of UTF-8).
+        name: String,
+    },
     /// Hand me parameters and a ticket index.
     Pull,
     /// My gradient for ticket `index` is gradlane round `round` on this link.
@@ -78,6 +94,9 @@ pub enum Reply {
     /// The request was refused (bad index, gradient rejected, no slot); the
     /// worker's ticket, if it had one, is unchanged.
     Refused(String),
+    /// The answer to a hello: the application's bytes for every worker (at
+    /// most [`MAX_WELCOME`]).
+    Welcome(Vec<u8>),
 }
 
 /// Why a message could not be decoded.
@@ -118,6 +137,9 @@ pub enum MessageError {
     /// A refusal reason that is not UTF-8.
     #[error("refusal reason is not utf-8")]
     BadReason,
+    /// A worker name that is not UTF-8 or longer than [`MAX_NAME`].
+    #[error("worker name is not utf-8 of at most {MAX_NAME} bytes")]
+    BadName,
 }
 
 /// Largest request a server accepts for a model of `params` values: a codec
@@ -131,6 +153,10 @@ impl Request {
     pub fn encode(&self) -> Vec<u8> {
         let mut body = Vec::new();
         match self {
+            Request::Hello { name } => {
+                body.push(TAG_HELLO);
+                body.extend_from_slice(name.as_bytes());
+            }
             Request::Pull => body.push(TAG_PULL),
             Request::PushRound { index, round } => {
                 body.push(TAG_PUSH_ROUND);
@@ -152,6 +178,16 @@ impl Request {
         let (&tag, rest) = body.split_first().ok_or(MessageError::Empty)?;
         let mut r = Reader::new(rest);
         let req = match tag {
+            TAG_HELLO => {
+                let name = r.rest();
+                if name.len() > MAX_NAME {
+                    return Err(MessageError::BadName);
+                }
+                let name = std::str::from_utf8(name).map_err(|_| MessageError::BadName)?;
+                Request::Hello {
+                    name: name.to_owned(),
+                }
+            }
             TAG_PULL => Request::Pull,
             TAG_PUSH_ROUND => Request::PushRound {
                 index: r.u64()?,
@@ -228,6 +264,31 @@ pub fn encode_refused(reason: &str) -> Vec<u8> {
     prefixed(body)
 }
 
+/// The framed welcome message. `welcome` longer than [`MAX_WELCOME`] is
+/// cut there (a worker would refuse it whole).
+pub fn encode_welcome(welcome: &[u8]) -> Vec<u8> {
+    let welcome = &welcome[..welcome.len().min(MAX_WELCOME)];
+    let mut body = Vec::with_capacity(1 + welcome.len());
+    body.push(TAG_WELCOME);
+    body.extend_from_slice(welcome);
+    prefixed(body)
+}
+
+/// Decodes a welcome body (tag included).
+pub fn decode_welcome(body: &[u8]) -> Result<Vec<u8>, MessageError> {
+    match body.split_first() {
+        Some((&TAG_WELCOME, welcome)) if welcome.len() > MAX_WELCOME => {
+            Err(MessageError::TooLarge {
+                len: body.len(),
+                cap: MAX_WELCOME + 1,
+            })
+        }
+        Some((&TAG_WELCOME, welcome)) => Ok(welcome.to_vec()),
+        Some((&t, _)) => Err(MessageError::UnknownTag(t)),
+        None => Err(MessageError::Empty),
+    }
+}
+
 /// What the first byte of a reply body says follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplyKind {
@@ -235,6 +296,8 @@ pub enum ReplyKind {
     Params,
     /// A refusal reason.
     Refused,
+    /// The welcome that answers a hello.
+    Welcome,
 }
 
 /// Classifies a reply body by its tag.
@@ -242,6 +305,7 @@ pub fn reply_kind(tag: u8) -> Result<ReplyKind, MessageError> {
     match tag {
         TAG_PARAMS => Ok(ReplyKind::Params),
         TAG_REFUSED => Ok(ReplyKind::Refused),
+        TAG_WELCOME => Ok(ReplyKind::Welcome),
         t => Err(MessageError::UnknownTag(t)),
     }
 }
@@ -258,7 +322,7 @@ pub fn decode_refused(body: &[u8]) -> Result<String, MessageError> {
 }
 
 /// Checks a reply's announced length against the model: a params reply
-/// must carry exactly `params` values; a refusal is short.
+/// must carry exactly `params` values; a refusal and a welcome are short.
 pub fn check_reply_len(kind: ReplyKind, len: usize, params: usize) -> Result<(), MessageError> {
     match kind {
         ReplyKind::Params => {
@@ -277,6 +341,11 @@ pub fn check_reply_len(kind: ReplyKind, len: usize, params: usize) -> Result<(),
             cap: MAX_REASON + 1,
         }),
         ReplyKind::Refused => Ok(()),
+        ReplyKind::Welcome if len > MAX_WELCOME + 1 => Err(MessageError::TooLarge {
+            len,
+            cap: MAX_WELCOME + 1,
+        }),
+        ReplyKind::Welcome => Ok(()),
     }
 }
 
@@ -309,6 +378,12 @@ mod tests {
     #[test]
     fn requests_round_trip() {
         for r in [
+            Request::Hello {
+                name: "worker 3".into(),
+            },
+            Request::Hello {
+                name: String::new(),
+            },
             Request::Pull,
             Request::PushRound {
                 index: u64::MAX,
@@ -336,6 +411,33 @@ mod tests {
             Err(MessageError::Truncated)
         );
         assert_eq!(Request::decode(&[TAG_PULL, 0]), Err(MessageError::Trailing));
+        assert_eq!(
+            Request::decode(&[TAG_HELLO, 0xff]),
+            Err(MessageError::BadName)
+        );
+        let mut long = vec![TAG_HELLO];
+        long.resize(2 + MAX_NAME, b'a');
+        assert_eq!(Request::decode(&long), Err(MessageError::BadName));
+    }
+
+    #[test]
+    fn welcomes_round_trip_and_are_bounded() {
+        let f = encode_welcome(b"seed 7");
+        assert_eq!(reply_kind(body(&f)[0]), Ok(ReplyKind::Welcome));
+        assert_eq!(decode_welcome(body(&f)), Ok(b"seed 7".to_vec()));
+        assert_eq!(decode_welcome(body(&encode_welcome(&[]))), Ok(vec![]));
+        let long = encode_welcome(&vec![1; MAX_WELCOME + 10]);
+        assert_eq!(body(&long).len(), MAX_WELCOME + 1);
+        assert!(check_reply_len(ReplyKind::Welcome, MAX_WELCOME + 2, 1).is_err());
+        assert_eq!(
+            check_reply_len(ReplyKind::Welcome, MAX_WELCOME + 1, 1),
+            Ok(())
+        );
+        assert_eq!(
+            decode_welcome(&[TAG_REFUSED]),
+            Err(MessageError::UnknownTag(2))
+        );
+        assert_eq!(decode_welcome(&[]), Err(MessageError::Empty));
     }
 
     #[test]
@@ -398,6 +500,7 @@ mod tests {
             let _ = Request::decode(&bytes);
             let _ = ParamsHeader::decode(&bytes);
             let _ = decode_refused(&bytes);
+            let _ = decode_welcome(&bytes);
         }
     }
 }

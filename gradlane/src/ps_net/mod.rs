@@ -15,6 +15,13 @@
 //!   [`Compression::Codec`] — as a sparse log-quantized codec frame on the
 //!   request stream.
 //!
+//! A worker starts with a hello that names it; the server answers with a
+//! welcome, bytes the application chose ([`ServerHandle::with_welcome`]),
+//! so workers can take what they must share with the server (a dataset
+//! seed) from the server instead of from their own flags. The server
+//! lists the workers it has seen ([`ServerHandle::workers`]) and can close
+//! them all with a reason ([`ServerHandle::close_workers`]).
+//!
 //! A worker that disconnects gives its ticket back
 //! ([`ParameterServer::leave`](gradlane_core::ps::ParameterServer::leave)); the
 //! others go on. A synchronous server shrinks its round to the workers left.
@@ -77,6 +84,6 @@ mod server;
 mod stream;
 mod worker;
 
-pub use server::{run, ServeError, ServeStats, ServerHandle};
+pub use server::{run, ServeError, ServeStats, ServerHandle, WorkerInfo};
 pub use stream::StreamError;
 pub use worker::{Compression, Params, PushReply, Worker, WorkerError};

@@ -90,9 +90,29 @@ enum SessionError {
     RoundMismatch { expected: u32, got: u32 },
 }
 
+/// A worker as the server knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerInfo {
+    /// The name from its hello (`None` until the hello came).
+    pub name: Option<String>,
+    /// Its link is still being served.
+    pub connected: bool,
+}
+
+/// One accepted link: the worker's name once it said hello, and its
+/// connection while the session lasts (to close it from outside).
+struct Seat {
+    name: Option<String>,
+    conn: Option<quinn::Connection>,
+}
+
 struct Shared<S> {
     server: Mutex<S>,
     stats: Mutex<ServeStats>,
+    /// What every worker gets in answer to its hello.
+    welcome: Vec<u8>,
+    /// Every link accepted in this run, in order.
+    seats: Mutex<Vec<Seat>>,
     /// Woken whenever the server's state moves (a push, a worker leaving):
     /// sessions waiting for a synchronous round to complete try again.
     changed: Notify,
@@ -120,15 +140,53 @@ impl<S> Clone for ServerHandle<S> {
 }
 
 impl<S: ParameterServer> ServerHandle<S> {
-    /// Wraps a server.
+    /// Wraps a server; workers get an empty welcome.
     pub fn new(server: S) -> Self {
+        Self::with_welcome(server, Vec::new())
+    }
+
+    /// Wraps a server; every worker gets `welcome` in answer to its hello
+    /// ([`Worker::welcome`](super::Worker::welcome)), at most
+    /// [`messages::MAX_WELCOME`] bytes of it. This is where the application
+    /// tells workers what they must agree on with the server, such as the
+    /// dataset seed.
+    pub fn with_welcome(server: S, mut welcome: Vec<u8>) -> Self {
+        welcome.truncate(messages::MAX_WELCOME);
         Self {
             shared: Arc::new(Shared {
                 server: Mutex::new(server),
                 stats: Mutex::new(ServeStats::default()),
+                welcome,
+                seats: Mutex::new(Vec::new()),
                 changed: Notify::new(),
                 pool: Arc::default(),
             }),
+        }
+    }
+
+    /// Every worker link accepted so far, in order of arrival, with the
+    /// name its hello gave.
+    pub fn workers(&self) -> Vec<WorkerInfo> {
+        lock(&self.shared.seats)
+            .iter()
+            .map(|s| WorkerInfo {
+                name: s.name.clone(),
+                connected: s.conn.is_some(),
+            })
+            .collect()
+    }
+
+    /// Closes every connected worker's link with [`codes::ABORTED`] and
+    /// `reason` (workers see it as
+    /// [`LinkError::Rejected`](crate::LinkError::Rejected)). For a server
+    /// that gives up, e.g. on a synchronous round that cannot fill: the
+    /// workers learn why instead of waiting. Serving goes on until the
+    /// shutdown future given to [`run`] resolves.
+    pub fn close_workers(&self, reason: &str) {
+        for seat in lock(&self.shared.seats).iter() {
+            if let Some(conn) = &seat.conn {
+                conn.close(VarInt::from_u32(codes::ABORTED), reason.as_bytes());
+            }
         }
     }
 
@@ -179,12 +237,12 @@ where
                 Some(incoming) => {
                     let shared = handle.shared.clone();
                     sessions.spawn(async move {
-                        if let Some(link) = admit(incoming.finish().await, &shared, dim) {
+                        if let Some((link, seat)) = admit(incoming.finish().await, &shared, dim) {
                             let span = tracing::info_span!(
                                 "ps_session",
                                 remote = %link.connection().remote_address()
                             );
-                            session(link, shared, dim).instrument(span).await;
+                            session(link, shared, dim, seat).instrument(span).await;
                         }
                     });
                 }
@@ -196,13 +254,13 @@ where
     result.map(|()| handle.stats())
 }
 
-/// Takes a new link into service, or refuses it (failed handshake, wrong
-/// model size).
+/// Takes a new link into service and gives it a seat, or refuses it
+/// (failed handshake, wrong model size).
 fn admit<S: ParameterServer>(
     finished: Result<Link, IncomingError>,
     shared: &Shared<S>,
     dim: usize,
-) -> Option<Link> {
+) -> Option<(Link, usize)> {
     let link = match finished {
         Ok(link) => link,
         Err(e) => {
@@ -221,13 +279,25 @@ fn admit<S: ParameterServer>(
         return None;
     }
     lock(&shared.stats).workers_joined += 1;
-    Some(link)
+    let mut seats = lock(&shared.seats);
+    seats.push(Seat {
+        name: None,
+        conn: Some(link.connection().clone()),
+    });
+    let seat = seats.len() - 1;
+    drop(seats);
+    Some((link, seat))
 }
 
 /// One worker's session; gives its ticket back however it ends.
-async fn session<S: ParameterServer>(mut link: Link, shared: Arc<Shared<S>>, dim: usize) {
+async fn session<S: ParameterServer>(
+    mut link: Link,
+    shared: Arc<Shared<S>>,
+    dim: usize,
+    seat: usize,
+) {
     let mut held = None;
-    let why = serve_worker(&mut link, &shared, dim, &mut held).await;
+    let why = serve_worker(&mut link, &shared, dim, seat, &mut held).await;
     match &why {
         Ok(()) => tracing::info!("worker finished"),
         Err(e) => tracing::info!(%e, "worker gone"),
@@ -249,6 +319,9 @@ async fn session<S: ParameterServer>(mut link: Link, shared: Arc<Shared<S>>, dim
     if let Err(e) = lock(&shared.server).leave(held) {
         tracing::warn!(%e, "could not release the worker's ticket");
     }
+    if let Some(s) = lock(&shared.seats).get_mut(seat) {
+        s.conn = None;
+    }
     lock(&shared.stats).workers_left += 1;
     shared.changed.notify_waiters();
 }
@@ -257,6 +330,7 @@ async fn serve_worker<S: ParameterServer>(
     link: &mut Link,
     shared: &Shared<S>,
     dim: usize,
+    seat: usize,
     held: &mut Option<u64>,
 ) -> Result<(), SessionError> {
     let conn = link.connection().clone();
@@ -268,6 +342,15 @@ async fn serve_worker<S: ParameterServer>(
             return Ok(());
         };
         let (index, source) = match Request::decode(&body)? {
+            Request::Hello { name } => {
+                tracing::info!(%name, "worker said hello");
+                if let Some(s) = lock(&shared.seats).get_mut(seat) {
+                    s.name = Some(name);
+                }
+                let welcome = messages::encode_welcome(&shared.welcome);
+                write_bytes(&mut send, Bytes::from(welcome)).await?;
+                continue;
+            }
             Request::Pull => {
                 if held.is_some() {
                     refuse(&mut send, shared, "pull while holding a ticket").await?;

@@ -102,6 +102,9 @@ pub enum WorkerError {
     /// The server answered a push with a pull's reply or the other way round.
     #[error("unexpected reply: {0}")]
     UnexpectedReply(&'static str),
+    /// The worker's name is longer than [`messages::MAX_NAME`] bytes.
+    #[error("worker name of {0} bytes, at most {max} allowed", max = messages::MAX_NAME)]
+    NameTooLong(usize),
 }
 
 /// A reply as the reader task hands it over: parameters (with the
@@ -140,6 +143,8 @@ pub struct Worker {
     spare: Arc<Mutex<Vec<f32>>>,
     /// Flat gradient for the codec.
     flat: Vec<f32>,
+    /// The server's answer to the hello.
+    welcome: Vec<u8>,
 }
 
 /// Stops the reply reader with the session: it holds the receive half,
@@ -163,8 +168,8 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
-    /// Connects to the server at `addr` with the model's `layout` and opens
-    /// the request stream.
+    /// Connects to the server at `addr` with the model's `layout`, opens
+    /// the request stream and says hello without a name.
     pub async fn join(
         endpoint: &Endpoint,
         addr: SocketAddr,
@@ -172,12 +177,36 @@ impl Worker {
         layout: &Layout,
         compression: Compression,
     ) -> Result<Self, WorkerError> {
+        Self::join_as(endpoint, addr, server_name, layout, compression, "").await
+    }
+
+    /// [`join`](Self::join) under `name`, which the server uses when it
+    /// speaks of this worker ([`ServerHandle::workers`](super::ServerHandle::workers)).
+    /// Returns once the server's welcome is in ([`welcome`](Self::welcome)).
+    pub async fn join_as(
+        endpoint: &Endpoint,
+        addr: SocketAddr,
+        server_name: &str,
+        layout: &Layout,
+        compression: Compression,
+        name: &str,
+    ) -> Result<Self, WorkerError> {
+        if name.len() > messages::MAX_NAME {
+            return Err(WorkerError::NameTooLong(name.len()));
+        }
         let link = endpoint.connect(addr, server_name, layout).await?;
-        let (send, recv) = link
+        let (mut send, mut recv) = link
             .connection()
             .open_bi()
             .await
             .map_err(LinkError::from_conn)?;
+        // The hello goes before the reader and writer tasks start: nothing
+        // else is in flight, so its reply is the first on the stream.
+        let hello = Request::Hello {
+            name: name.to_owned(),
+        };
+        write_bytes(&mut send, Bytes::from(hello.encode())).await?;
+        let welcome = read_welcome(&mut recv, &link).await?;
         let dim = layout.total_values() as usize;
         let spare = Arc::new(Mutex::new(Vec::new()));
         let (requests, queue) = mpsc::unbounded_channel();
@@ -202,7 +231,14 @@ impl Worker {
             next_round: 0,
             spare,
             flat: Vec::new(),
+            welcome,
         })
+    }
+
+    /// What the server said in answer to the hello (empty if it had nothing
+    /// to say): whatever its application hands every worker.
+    pub fn welcome(&self) -> &[u8] {
+        &self.welcome
     }
 
     /// The link under this session (statistics, layout).
@@ -429,6 +465,43 @@ async fn read_replies(
     }
 }
 
+/// Reads the welcome that answers the hello (or the refusal that takes its
+/// place).
+async fn read_welcome(recv: &mut RecvStream, link: &Link) -> Result<Vec<u8>, WorkerError> {
+    let len = match read_len(recv).await? {
+        Some(len) => len,
+        // The server finished the stream without a word: it is closing
+        // the connection, and the close says why.
+        None => {
+            return Err(match link.connection().close_reason() {
+                Some(e) => WorkerError::Link(LinkError::from_conn(e)),
+                None => WorkerError::Stream(StreamError::Truncated),
+            })
+        }
+    };
+    if len == 0 {
+        return Err(StreamError::Message(messages::MessageError::Empty).into());
+    }
+    let mut tag = [0u8; 1];
+    read_into(recv, &mut tag).await?;
+    let kind = messages::reply_kind(tag[0]).map_err(StreamError::from)?;
+    if kind == ReplyKind::Params {
+        return Err(WorkerError::UnexpectedReply(
+            "params in answer to the hello",
+        ));
+    }
+    messages::check_reply_len(kind, len, 0).map_err(StreamError::from)?;
+    let mut body = vec![0u8; len];
+    body[0] = tag[0];
+    read_into(recv, &mut body[1..]).await?;
+    match kind {
+        ReplyKind::Refused => Err(WorkerError::Refused(
+            messages::decode_refused(&body).map_err(StreamError::from)?,
+        )),
+        _ => Ok(messages::decode_welcome(&body).map_err(StreamError::from)?),
+    }
+}
+
 /// Reads one reply of `len` bytes (its length prefix read): parameters
 /// (with the disposition of a push), or a refusal as an error.
 async fn read_reply(
@@ -445,6 +518,9 @@ async fn read_reply(
     let kind = messages::reply_kind(tag[0]).map_err(StreamError::from)?;
     messages::check_reply_len(kind, len, dim).map_err(StreamError::from)?;
     match kind {
+        ReplyKind::Welcome => Err(WorkerError::UnexpectedReply(
+            "a welcome where no hello was sent",
+        )),
         ReplyKind::Refused => {
             let mut body = vec![0u8; len];
             body[0] = tag[0];
