@@ -12,16 +12,23 @@
 //! server process and K worker processes (itself, with `server` and
 //! `worker`) on loopback, with seeded injected loss on every worker's link
 //! and per-worker speed skew (worker i computes `skew_i` times slower, 1x to
-//! 4x by default). The model is a small MLP ([`gradlane_tools::mlp`]) on a
+//! 4x by default, or one `--straggler` among workers spread up to
+//! `--slowest`). The model is a small MLP ([`gradlane_tools::mlp`]) on a
 //! synthetic classification problem that a linear model cannot solve. The
 //! server evaluates the parameters on a held-out set every `--eval-ms` and
 //! prints them; this process collects those lines into a loss/accuracy
-//! table over time and a summary (updates applied and dropped, staleness,
-//! time to target).
+//! table over time and a summary (updates applied and dropped, each
+//! worker's share dropped, staleness, steps and time to target). The
+//! straggler filter runs once per `--policies` x `--thresholds`. A worker
+//! or server that fails ends the run at once, naming it.
 //!
 //! Across hosts: run `ps_train server --listen 0.0.0.0:4433 --algo ormo`
-//! on one machine and `ps_train worker --connect HOST:4433 --id i` on
-//! others, with certificates from `cargo run --bin certs`.
+//! on one machine and `ps_train worker --connect HOST:4433 --id i` (i from
+//! 0 to K-1) on others, with certificates from `cargo run --bin certs`.
+//! The server hands every worker the dataset seed and batch size when it
+//! joins. Under SSGD a round that does not fill within `--round-timeout`
+//! seconds ends the run with a message naming the workers that never
+//! joined; a worker stops at `--seconds` whatever it is waiting for.
 
 use gradlane_tools::cli as common;
 
@@ -30,16 +37,18 @@ use common::BoxError;
 use gradlane::generate_certs;
 use gradlane::ps::baselines::{Asgd, SyncMomentum};
 use gradlane::ps::{
-    Disposition, OrderedMomentum, OrderedMomentumConfig, ParameterServer, StragglerConfig,
-    StragglerFilter,
+    ConfigError, Disposition, OrderedMomentum, OrderedMomentumConfig, ParameterServer,
+    SamplePolicy, StragglerConfig, StragglerFilter,
 };
-use gradlane::ps_net::{self, Compression, ServerHandle, Worker};
+use gradlane::ps_net::{self, Compression, ServerHandle, Worker, WorkerInfo};
 use gradlane::{Config, Faults};
 use gradlane_core::rng::SplitMix64;
 use gradlane_tools::mlp::{Dataset, Mlp};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use thiserror::Error;
 
 /// Train an MLP through the gradlane parameter server.
 #[derive(Debug, Parser)]
@@ -83,10 +92,39 @@ impl Algo {
     }
 }
 
-/// Options both roles must agree on.
+/// Which value leaves the straggler filter's full sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Policy {
+    /// Evict the oldest value: the sample is the last pushes' staleness.
+    SlidingWindow,
+    /// Evict the largest value (the seed's claim 1b as written): drops
+    /// nearly every push with another update in between.
+    EvictLargest,
+}
+
+impl Policy {
+    fn name(self) -> &'static str {
+        match self {
+            Policy::SlidingWindow => "sliding-window",
+            Policy::EvictLargest => "evict-largest",
+        }
+    }
+}
+
+impl From<Policy> for SamplePolicy {
+    fn from(p: Policy) -> Self {
+        match p {
+            Policy::SlidingWindow => SamplePolicy::SlidingWindow,
+            Policy::EvictLargest => SamplePolicy::EvictLargest,
+        }
+    }
+}
+
+/// What the server trains; the workers get the seed and the batch size
+/// from it when they join.
 #[derive(Debug, Clone, ClapArgs)]
 struct Training {
-    /// Workers K.
+    /// Workers K (named 0 to K-1 by their `--id`).
     #[arg(long, default_value_t = 3)]
     workers: usize,
     /// Seed of the dataset and the initial parameters.
@@ -118,15 +156,38 @@ struct AllArgs {
         default_value = "ormo,asgd,ssgd,filter"
     )]
     algos: Vec<Algo>,
-    /// Injected loss on each worker's link, each direction.
-    #[arg(long, default_value_t = 0.05)]
+    /// Straggler filter: sample policies to run (comma separated).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "sliding-window"
+    )]
+    policies: Vec<Policy>,
+    /// Straggler filter: rank thresholds to run, each in [0, 1] (comma
+    /// separated).
+    #[arg(long, value_delimiter = ',', default_value = "0.9")]
+    thresholds: Vec<f64>,
+    /// Straggler filter: sample size.
+    #[arg(long, default_value_t = 16)]
+    sample: usize,
+    /// Injected loss on each worker's link, each direction, in [0, 1].
+    #[arg(long, default_value_t = 0.05, value_parser = common::probability)]
     loss: f64,
     /// One-way delay added by each worker, milliseconds.
     #[arg(long, default_value_t = 1)]
     delay_ms: u64,
-    /// Slowdown of each worker (comma separated); default spreads 1x..4x.
-    #[arg(long, value_delimiter = ',')]
+    /// Slowdown of each worker (comma separated, one per worker); without
+    /// it the workers spread from 1x to `--slowest`.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["slowest", "straggler"])]
     skew: Vec<f64>,
+    /// Slowdown of the slowest worker when they spread evenly from 1x.
+    #[arg(long, default_value_t = 4.0)]
+    slowest: f64,
+    /// Make the last worker a straggler this many times slower than the
+    /// fastest; the others spread from 1x to `--slowest`.
+    #[arg(long)]
+    straggler: Option<f64>,
     /// Compute time of one step on the fastest worker, milliseconds.
     #[arg(long, default_value_t = 10)]
     compute_ms: u64,
@@ -139,12 +200,15 @@ struct AllArgs {
     /// Target test accuracy for the time-to-target column.
     #[arg(long, default_value_t = 0.9)]
     target_accuracy: f64,
-    /// Target test loss for the time-to-target column.
+    /// Target test loss for the steps- and time-to-target columns.
     #[arg(long, default_value_t = 0.3)]
     target_loss: f64,
     /// Send gradients as codec frames (top 10%) instead of gradlane rounds.
     #[arg(long)]
     codec: bool,
+    /// SSGD: seconds a round may go without filling before the run ends.
+    #[arg(long, default_value_t = 30)]
+    round_timeout: u64,
 }
 
 #[derive(Debug, Clone, ClapArgs)]
@@ -162,9 +226,13 @@ struct ServerArgs {
     /// Straggler filter: sample size.
     #[arg(long, default_value_t = 16)]
     sample: usize,
-    /// Straggler filter: rank threshold.
-    #[arg(long, default_value_t = 0.8)]
+    /// Straggler filter: drop a push whose staleness ranks above this
+    /// fraction of the sample, in [0, 1].
+    #[arg(long, default_value_t = 0.9)]
     threshold: f64,
+    /// Straggler filter: which value leaves the full sample.
+    #[arg(long, value_enum, default_value_t = Policy::SlidingWindow)]
+    policy: Policy,
     /// How long the server waits for a gradient round's lossy datagrams
     /// after its important chunks are in, milliseconds (loopback needs
     /// little; a WAN path wants a few RTTs).
@@ -173,28 +241,42 @@ struct ServerArgs {
     /// Give up this many seconds after start even if workers remain.
     #[arg(long, default_value_t = 600)]
     max_seconds: u64,
+    /// SSGD: end the run when a round has not filled for this many
+    /// seconds since the first worker joined or the last step, naming the
+    /// workers that never joined, and tell every worker why.
+    #[arg(long, default_value_t = 30)]
+    round_timeout: u64,
 }
 
 #[derive(Debug, Clone, ClapArgs)]
 struct WorkerArgs {
     #[command(flatten)]
-    training: Training,
-    #[command(flatten)]
     client: common::ClientFlags,
-    /// Worker number (seeds its minibatches and its injected loss).
+    /// Worker number, 0 to K-1 (its name at the server; seeds its
+    /// minibatches and its injected loss).
     #[arg(long, default_value_t = 0)]
     id: u64,
+    /// The dataset seed this worker expects. The server hands its seed to
+    /// every worker; with this flag a different one is an error instead of
+    /// being taken.
+    #[arg(long)]
+    seed: Option<u64>,
     /// This worker's slowdown.
     #[arg(long, default_value_t = 1.0)]
     skew: f64,
     /// Compute time of one step at skew 1, milliseconds.
     #[arg(long, default_value_t = 10)]
     compute_ms: u64,
-    /// Seconds to train.
+    /// Seconds to train. The worker stops then even if the server holds a
+    /// push (a synchronous round short of workers).
     #[arg(long, default_value_t = 10)]
     seconds: u64,
-    /// Injected loss, each direction.
-    #[arg(long, default_value_t = 0.0)]
+    /// Stop after this many answered pushes (if `--seconds` does not come
+    /// first).
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Injected loss, each direction, in [0, 1].
+    #[arg(long, default_value_t = 0.0, value_parser = common::probability)]
     loss: f64,
     /// One-way injected delay, milliseconds.
     #[arg(long, default_value_t = 0)]
@@ -202,6 +284,70 @@ struct WorkerArgs {
     /// Send gradients as codec frames (top 10%).
     #[arg(long)]
     codec: bool,
+}
+
+/// Why a run of ps_train failed, in words a user can act on.
+#[derive(Debug, Error)]
+enum TrainError {
+    /// A flag's value cannot work; found before anything was started.
+    #[error("{0}")]
+    Invalid(String),
+    /// A training setting the server would refuse.
+    #[error("{what}: {source}")]
+    Config {
+        /// Which setting.
+        what: String,
+        /// The server's objection.
+        source: ConfigError,
+    },
+    /// The server's welcome is not what this program sends.
+    #[error("the server's welcome {0:?} is not ps_train's (another program, or another version?)")]
+    BadWelcome(String),
+    /// The worker was told to expect another dataset.
+    #[error(
+        "this worker's --seed {mine} differs from the server's dataset seed {server}; \
+         drop --seed to train on the server's data"
+    )]
+    SeedMismatch {
+        /// `--seed`.
+        mine: u64,
+        /// The server's.
+        server: u64,
+    },
+    /// Time ran out before the server answered any push.
+    #[error(
+        "--seconds {seconds} ran out before the server answered a push (it held one for \
+         {waited:.1} s: a synchronous round short of workers?)"
+    )]
+    NothingAnswered {
+        /// `--seconds`.
+        seconds: u64,
+        /// How long the last request waited.
+        waited: f64,
+    },
+    /// A synchronous round did not fill in time.
+    #[error("{0}")]
+    RoundStuck(String),
+    /// A worker process ended with an error.
+    #[error("{run}: worker {index} failed ({status}) after {after:.1} s; its message is above")]
+    WorkerFailed {
+        /// Which run.
+        run: String,
+        /// Worker number.
+        index: usize,
+        /// How it ended.
+        status: ExitStatus,
+        /// Seconds since the workers were started.
+        after: f64,
+    },
+    /// The server process ended with an error.
+    #[error("{run}: the server failed ({status}); its message is above")]
+    ServerFailed {
+        /// Which run.
+        run: String,
+        /// How it ended.
+        status: ExitStatus,
+    },
 }
 
 fn main() -> ExitCode {
@@ -219,22 +365,123 @@ fn main() -> ExitCode {
     }
 }
 
-/// The model and data, the same in every process.
-fn problem(t: &Training) -> Result<(Mlp, Dataset, Dataset), BoxError> {
-    let (train, test) = Dataset::demo(t.seed)?;
-    Ok((Mlp::demo(), train, test))
-}
-
 fn momentum_lr(t: &Training) -> f64 {
     t.lr * t.workers as f64 * (1.0 - t.momentum)
+}
+
+/// What a worker learns from the server when it joins: what it must agree
+/// on with the server to compute gradients that belong to this run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Welcome {
+    seed: u64,
+    batch: usize,
+    workers: usize,
+}
+
+const WELCOME_TAG: &str = "ps_train/1";
+
+impl Welcome {
+    fn encode(&self) -> Vec<u8> {
+        format!(
+            "{WELCOME_TAG} seed={} batch={} workers={}",
+            self.seed, self.batch, self.workers
+        )
+        .into_bytes()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, TrainError> {
+        let text = String::from_utf8_lossy(bytes);
+        let bad = || TrainError::BadWelcome(text.to_string());
+        let mut words = text.split(' ');
+        if words.next() != Some(WELCOME_TAG) {
+            return Err(bad());
+        }
+        let mut field = |key: &str| -> Result<u64, TrainError> {
+            words
+                .next()
+                .and_then(|w| w.strip_prefix(key))
+                .and_then(|w| w.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(bad)
+        };
+        let seed = field("seed")?;
+        let batch = field("batch")?;
+        let workers = field("workers")?;
+        Ok(Self {
+            seed,
+            batch: usize::try_from(batch).map_err(|_| bad())?,
+            workers: usize::try_from(workers).map_err(|_| bad())?,
+        })
+    }
+}
+
+/// The straggler filter's settings for one server.
+#[derive(Debug, Clone, Copy)]
+struct FilterChoice {
+    sample: usize,
+    threshold: f64,
+    policy: Policy,
+}
+
+impl FilterChoice {
+    fn config(&self, learning_rate: f64) -> StragglerConfig {
+        StragglerConfig {
+            learning_rate,
+            sample_size: self.sample,
+            rank_threshold: self.threshold,
+            sample_policy: self.policy.into(),
+        }
+    }
+}
+
+/// Builds `algo`'s server the way `serve` does, on one parameter, to find
+/// settings it would refuse before any process starts.
+fn check_settings(algo: Algo, t: &Training, filter: FilterChoice) -> Result<(), TrainError> {
+    let what = |s: &str| format!("{} {s}", algo.name());
+    let w0 = vec![0.0f32];
+    let checked = match algo {
+        Algo::Ormo => OrderedMomentum::new(
+            OrderedMomentumConfig {
+                workers: t.workers,
+                momentum: t.momentum,
+                learning_rate: momentum_lr(t),
+            },
+            w0,
+        )
+        .map(drop),
+        Algo::Asgd => Asgd::new(t.lr, w0).map(drop),
+        Algo::Ssgd => SyncMomentum::new(t.workers, momentum_lr(t), t.momentum, w0).map(drop),
+        Algo::Filter => StragglerFilter::new(filter.config(t.lr), w0).map(drop),
+    };
+    checked.map_err(|source| TrainError::Config {
+        what: what("settings (--lr, --momentum, --workers, --sample, --thresholds)"),
+        source,
+    })?;
+    if t.batch == 0 {
+        return Err(TrainError::Invalid("--batch must be at least 1".into()));
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------- server
 
 async fn serve(a: ServerArgs) -> Result<(), BoxError> {
-    let (model, _, test) = problem(&a.training)?;
-    let w0 = model.init(a.training.seed);
     let t = &a.training;
+    let filter = FilterChoice {
+        sample: a.sample,
+        threshold: a.threshold,
+        policy: a.policy,
+    };
+    check_settings(a.algo, t, filter)?;
+    let model = Mlp::demo();
+    let (_, test) = Dataset::demo(t.seed)?;
+    let w0 = model.init(t.seed);
+    let welcome = Welcome {
+        seed: t.seed,
+        batch: t.batch,
+        workers: t.workers,
+    }
+    .encode();
     match a.algo {
         Algo::Ormo => {
             let cfg = OrderedMomentumConfig {
@@ -242,35 +489,46 @@ async fn serve(a: ServerArgs) -> Result<(), BoxError> {
                 momentum: t.momentum,
                 learning_rate: momentum_lr(t),
             };
-            serve_with(&a, &model, &test, OrderedMomentum::new(cfg, w0)?, |_| None).await
+            let h = ServerHandle::with_welcome(OrderedMomentum::new(cfg, w0)?, welcome);
+            serve_with(&a, &model, &test, h, |_| None).await
         }
-        Algo::Asgd => serve_with(&a, &model, &test, Asgd::new(t.lr, w0)?, |_| None).await,
+        Algo::Asgd => {
+            let h = ServerHandle::with_welcome(Asgd::new(t.lr, w0)?, welcome);
+            serve_with(&a, &model, &test, h, |_| None).await
+        }
         Algo::Ssgd => {
             let s = SyncMomentum::new(t.workers, momentum_lr(t), t.momentum, w0)?;
-            serve_with(&a, &model, &test, s, |_| None).await
+            serve_with(
+                &a,
+                &model,
+                &test,
+                ServerHandle::with_welcome(s, welcome),
+                |_| None,
+            )
+            .await
         }
         Algo::Filter => {
-            let cfg = StragglerConfig {
-                learning_rate: t.lr,
-                sample_size: a.sample,
-                rank_threshold: a.threshold,
-                sample_policy: gradlane::ps::SamplePolicy::EvictLargest,
-            };
-            serve_with(&a, &model, &test, StragglerFilter::new(cfg, w0)?, |s| {
-                Some(s.stats().mean_applied_staleness())
-            })
+            let s = StragglerFilter::new(filter.config(t.lr), w0)?;
+            serve_with(
+                &a,
+                &model,
+                &test,
+                ServerHandle::with_welcome(s, welcome),
+                |s: &StragglerFilter| Some(s.stats().mean_applied_staleness()),
+            )
             .await
         }
     }
 }
 
 /// Serves until every worker that joined has left; prints `listening`,
-/// `eval` and `done` lines for the orchestrator.
+/// `eval` and `done` lines for the orchestrator. Under SSGD, gives up on a
+/// round that has not filled for `--round-timeout` seconds.
 async fn serve_with<S: ParameterServer + Send + 'static>(
     a: &ServerArgs,
     model: &Mlp,
     test: &Dataset,
-    server: S,
+    handle: ServerHandle<S>,
     filter_staleness: impl Fn(&S) -> Option<f64>,
 ) -> Result<(), BoxError> {
     let mut config = Config::default();
@@ -278,15 +536,17 @@ async fn serve_with<S: ParameterServer + Send + 'static>(
     let endpoint = a.server.endpoint(config).await?;
     println!("listening {}", endpoint.local_addr()?);
     std::io::stdout().flush()?;
-    let handle = ServerHandle::new(server);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let h = handle.clone();
     let serving = tokio::spawn(async move { ps_net::run(&endpoint, h, stopped).await });
 
     let start = Instant::now();
+    let round_timeout = Duration::from_secs(a.round_timeout);
     let mut tick = tokio::time::interval(Duration::from_millis(a.eval_ms.max(10)));
     let mut clock_started = None;
-    loop {
+    // The last time the parameters moved (or the first worker came).
+    let mut progress: Option<(Instant, u64)> = None;
+    let outcome = loop {
         tick.tick().await;
         let stats = handle.stats();
         // Time runs from the first worker's arrival, so process start-up
@@ -304,13 +564,30 @@ async fn serve_with<S: ParameterServer + Send + 'static>(
                 e.accuracy
             );
             std::io::stdout().flush()?;
+            if progress.is_none_or(|(_, s)| s != steps) {
+                progress = Some((Instant::now(), steps));
+            }
         }
         let all_left = stats.workers_joined >= a.training.workers as u64
             && stats.workers_left >= stats.workers_joined;
         if all_left || start.elapsed() > Duration::from_secs(a.max_seconds) {
-            break;
+            break Ok(());
         }
-    }
+        // Only a synchronous round waits for particular workers; the
+        // asynchronous servers go on with whoever is there.
+        if let (Algo::Ssgd, Some((since, round))) = (a.algo, progress) {
+            if since.elapsed() > round_timeout && stats.workers_left < stats.workers_joined {
+                let why = stuck_round(
+                    round,
+                    a.round_timeout,
+                    a.training.workers,
+                    &handle.workers(),
+                );
+                handle.close_workers(&why);
+                break Err(TrainError::RoundStuck(why));
+            }
+        }
+    };
     let _ = stop.send(());
     let stats = serving.await??;
     let filter = handle.with(|s| filter_staleness(s));
@@ -327,13 +604,46 @@ async fn serve_with<S: ParameterServer + Send + 'static>(
         stats.workers_joined,
         stats.workers_left
     );
-    Ok(())
+    Ok(outcome?)
+}
+
+/// Why a synchronous round cannot fill: the workers of `0..workers` that
+/// never said hello, or, if every one did, that one of them holds the
+/// round up.
+fn stuck_round(round: u64, seconds: u64, workers: usize, seen: &[WorkerInfo]) -> String {
+    let names: Vec<&str> = seen.iter().filter_map(|w| w.name.as_deref()).collect();
+    let missing: Vec<String> = (0..workers)
+        .map(|i| i.to_string())
+        .filter(|i| !names.contains(&i.as_str()))
+        .collect();
+    let joined = if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    };
+    if missing.is_empty() {
+        format!(
+            "synchronous round {round} has not filled in {seconds} s although all {workers} \
+             workers joined (joined: {joined}); one of them holds it up"
+        )
+    } else {
+        format!(
+            "synchronous round {round} has not filled in {seconds} s: it waits for {} {} of \
+             --workers {workers}, never joined (joined: {joined})",
+            if missing.len() == 1 {
+                "worker"
+            } else {
+                "workers"
+            },
+            missing.join(", ")
+        )
+    }
 }
 
 // ---------------------------------------------------------------- worker
 
 async fn work(a: WorkerArgs) -> Result<(), BoxError> {
-    let (model, train, _) = problem(&a.training)?;
+    let model = Mlp::demo();
     let addr = common::resolve(&a.client.connect).await?;
     let faults = (a.loss > 0.0 || a.delay_ms > 0).then(|| Faults {
         delay: Duration::from_millis(a.delay_ms),
@@ -351,66 +661,201 @@ async fn work(a: WorkerArgs) -> Result<(), BoxError> {
     } else {
         Compression::Rounds
     };
-    let mut worker = Worker::join(
+    let name = a.id.to_string();
+    let join = Worker::join_as(
         &endpoint,
         addr,
         &a.client.server_name,
         model.layout(),
         compression,
-    )
-    .await?;
-    let mut params = worker.pull().await?;
-    let mut rng = SplitMix64::new(a.training.seed ^ (a.id + 1).wrapping_mul(0x9E37));
+        &name,
+    );
+    let wait = Duration::from_secs(a.client.connect_timeout_secs);
+    let mut worker = tokio::time::timeout(wait, join)
+        .await
+        .map_err(|_| format!("no answer from {addr} within {wait:?}"))??;
+    let welcome = Welcome::decode(worker.welcome())?;
+    if let Some(mine) = a.seed.filter(|&s| s != welcome.seed) {
+        return Err(TrainError::SeedMismatch {
+            mine,
+            server: welcome.seed,
+        }
+        .into());
+    }
+    println!(
+        "worker {} joined: dataset seed {}, batch {}, from the server",
+        a.id, welcome.seed, welcome.batch
+    );
+    let (train, _) = Dataset::demo(welcome.seed)?;
+    let mut rng = SplitMix64::new(welcome.seed ^ (a.id + 1).wrapping_mul(0x9E37));
     let mut grad = vec![0f32; model.param_count()];
     let step = Duration::from_secs_f64(a.compute_ms as f64 * a.skew / 1e3);
-    let start = Instant::now();
+    let start = tokio::time::Instant::now();
+    let deadline = start + Duration::from_secs(a.seconds);
+    let budget = a.steps.unwrap_or(u64::MAX);
     let (mut pushes, mut dropped) = (0u64, 0u64);
-    while start.elapsed() < Duration::from_secs(a.seconds) {
-        let t = Instant::now();
-        let batch: Vec<usize> = (0..a.training.batch)
-            .map(|_| rng.below(train.len()))
-            .collect();
-        model.gradient(&params.values, &train, &batch, &mut grad)?;
+    // A request still unanswered at the deadline, and since when.
+    let mut unanswered = None;
+    let asked = tokio::time::Instant::now();
+    let mut params = match tokio::time::timeout_at(deadline, worker.pull()).await {
+        Ok(params) => Some(params?),
+        Err(_) => {
+            unanswered = Some(asked);
+            None
+        }
+    };
+    while let Some(p) = params.as_mut() {
+        if pushes >= budget || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        let t = tokio::time::Instant::now();
+        let batch: Vec<usize> = (0..welcome.batch).map(|_| rng.below(train.len())).collect();
+        model.gradient(&p.values, &train, &batch, &mut grad)?;
         // A slower device: wait out the rest of this worker's step time.
-        if let Some(rest) = step.checked_sub(t.elapsed()) {
-            tokio::time::sleep(rest).await;
+        tokio::time::sleep_until((t + step).min(deadline)).await;
+        if tokio::time::Instant::now() >= deadline {
+            break;
         }
-        let reply = worker.push_flat(params.index, &grad).await?;
-        pushes += 1;
-        if matches!(reply.disposition, Disposition::Dropped { .. }) {
-            dropped += 1;
+        let asked = tokio::time::Instant::now();
+        match tokio::time::timeout_at(deadline, worker.push_flat(p.index, &grad)).await {
+            Ok(reply) => {
+                let reply = reply?;
+                pushes += 1;
+                if matches!(reply.disposition, Disposition::Dropped { .. }) {
+                    dropped += 1;
+                }
+                worker.recycle(std::mem::replace(p, reply.params).values);
+            }
+            Err(_) => {
+                unanswered = Some(asked);
+                break;
+            }
         }
-        worker.recycle(std::mem::replace(&mut params, reply.params).values);
     }
     worker.leave().await;
     println!("worker {} pushes={pushes} dropped={dropped}", a.id);
+    if let Some(asked) = unanswered {
+        let waited = asked.elapsed().as_secs_f64();
+        if pushes == 0 {
+            return Err(TrainError::NothingAnswered {
+                seconds: a.seconds,
+                waited,
+            }
+            .into());
+        }
+        // A reply a few milliseconds late is the deadline cutting a normal
+        // push; a long wait is the server holding it, worth a word.
+        if waited > 1.0 {
+            eprintln!(
+                "ps_train worker {}: --seconds ran out with a push unanswered for {waited:.1} s",
+                a.id
+            );
+        }
+    }
     Ok(())
 }
 
 // ----------------------------------------------------------- orchestrator
 
-/// What one algorithm's server reported.
+/// One server run of the comparison: an algorithm, and for the filter its
+/// policy and threshold.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    algo: Algo,
+    filter: FilterChoice,
+}
+
+impl Run {
+    fn label(&self) -> String {
+        match self.algo {
+            Algo::Filter => format!(
+                "filter {} {}",
+                self.filter.policy.name(),
+                self.filter.threshold
+            ),
+            a => a.name().to_string(),
+        }
+    }
+}
+
+/// What one run's server and workers reported.
 #[derive(Debug, Default)]
 struct Outcome {
     evals: Vec<(f64, u64, f64, f64)>,
     done: String,
-    worker_pushes: Vec<String>,
+    /// Per worker: (pushes answered, of them dropped).
+    worker_pushes: Vec<Option<(u64, u64)>>,
+}
+
+/// Every check of the flags that needs no process: done before anything
+/// starts, so a bad value fails at once with the flag's name.
+fn validate(a: &AllArgs, runs: &[Run]) -> Result<Vec<f64>, TrainError> {
+    let k = a.training.workers;
+    if k == 0 {
+        return Err(TrainError::Invalid("--workers must be at least 1".into()));
+    }
+    if a.seconds == 0 {
+        return Err(TrainError::Invalid("--seconds must be at least 1".into()));
+    }
+    if let Some(t) = a.thresholds.iter().find(|t| !(0.0..=1.0).contains(*t)) {
+        return Err(TrainError::Invalid(format!(
+            "--thresholds: {t} is not in [0, 1]"
+        )));
+    }
+    let factor = |f: f64| f.is_finite() && f > 0.0;
+    if !factor(a.slowest) || a.slowest < 1.0 {
+        return Err(TrainError::Invalid(format!(
+            "--slowest {} must be at least 1",
+            a.slowest
+        )));
+    }
+    if let Some(s) = a.straggler.filter(|&s| !factor(s)) {
+        return Err(TrainError::Invalid(format!(
+            "--straggler {s} must be a positive number"
+        )));
+    }
+    if let Some(s) = a.skew.iter().find(|&&s| !factor(s)) {
+        return Err(TrainError::Invalid(format!(
+            "--skew {s} must be a positive number"
+        )));
+    }
+    for run in runs {
+        check_settings(run.algo, &a.training, run.filter)?;
+    }
+    if a.skew.is_empty() {
+        Ok(gradlane_tools::sim::speeds(k, a.slowest, a.straggler))
+    } else if a.skew.len() == k {
+        Ok(a.skew.clone())
+    } else {
+        Err(TrainError::Invalid(format!(
+            "--skew has {} values for {k} workers",
+            a.skew.len()
+        )))
+    }
 }
 
 fn orchestrate(a: AllArgs) -> Result<(), BoxError> {
-    let k = a.training.workers;
-    if k == 0 {
-        return Err("--workers must be at least 1".into());
+    let mut runs = Vec::new();
+    for &algo in &a.algos {
+        let mut filter = FilterChoice {
+            sample: a.sample,
+            threshold: 1.0,
+            policy: Policy::SlidingWindow,
+        };
+        if algo != Algo::Filter {
+            runs.push(Run { algo, filter });
+            continue;
+        }
+        for &policy in &a.policies {
+            for &threshold in &a.thresholds {
+                filter.policy = policy;
+                filter.threshold = threshold;
+                runs.push(Run { algo, filter });
+            }
+        }
     }
-    let skew: Vec<f64> = if a.skew.is_empty() {
-        (0..k)
-            .map(|i| 1.0 + 3.0 * i as f64 / (k.max(2) - 1) as f64)
-            .collect()
-    } else if a.skew.len() == k {
-        a.skew.clone()
-    } else {
-        return Err(format!("--skew has {} values for {k} workers", a.skew.len()).into());
-    };
+    let skew = validate(&a, &runs)?;
+    let k = a.training.workers;
     let dir = std::env::temp_dir().join(format!("gradlane-ps-train-{}", std::process::id()));
     let certs = generate_certs(&dir, &["localhost"])?;
     let exe = std::env::current_exe()?;
@@ -427,26 +872,14 @@ fn orchestrate(a: AllArgs) -> Result<(), BoxError> {
         t.momentum,
         if a.codec { "codec frames" } else { "gradlane rounds" }
     );
-    let common_args = |c: &mut Command| {
-        c.arg("--workers")
-            .arg(k.to_string())
-            .arg("--seed")
-            .arg(t.seed.to_string())
-            .arg("--lr")
-            .arg(t.lr.to_string())
-            .arg("--momentum")
-            .arg(t.momentum.to_string())
-            .arg("--batch")
-            .arg(t.batch.to_string());
-    };
     let mut outcomes = Vec::new();
-    for &algo in &a.algos {
-        println!("  {} ...", algo.name());
+    for run in &runs {
+        println!("  {} ...", run.label());
         let mut server = Command::new(&exe);
         server
             .arg("server")
             .arg("--algo")
-            .arg(algo.name())
+            .arg(run.algo.name())
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--cert")
@@ -456,14 +889,34 @@ fn orchestrate(a: AllArgs) -> Result<(), BoxError> {
             .arg("--eval-ms")
             .arg(a.eval_ms.to_string())
             .arg("--max-seconds")
-            .arg((a.seconds * 3 + 60).to_string());
-        common_args(&mut server);
-        let mut server = Guard(server.stdout(Stdio::piped()).spawn()?);
+            .arg((a.seconds * 3 + 60).to_string())
+            .arg("--round-timeout")
+            .arg(a.round_timeout.to_string())
+            .arg("--sample")
+            .arg(run.filter.sample.to_string())
+            .arg("--threshold")
+            .arg(run.filter.threshold.to_string())
+            .arg("--policy")
+            .arg(run.filter.policy.name())
+            .arg("--workers")
+            .arg(k.to_string())
+            .arg("--seed")
+            .arg(t.seed.to_string())
+            .arg("--lr")
+            .arg(t.lr.to_string())
+            .arg("--momentum")
+            .arg(t.momentum.to_string())
+            .arg("--batch")
+            .arg(t.batch.to_string());
+        let mut server = Guard::spawn(server.stdout(Stdio::piped()))?;
         let mut lines = BufReader::new(server.0.stdout.take().ok_or("no server stdout")?).lines();
         let addr = match lines.next() {
             Some(Ok(l)) if l.starts_with("listening ") => l["listening ".len()..].to_string(),
-            other => return Err(format!("server did not start: {other:?}").into()),
+            other => {
+                return Err(format!("the {} server did not start: {other:?}", run.label()).into())
+            }
         };
+        let lines = forward_lines(lines);
         let mut workers = Vec::new();
         for (i, s) in skew.iter().enumerate() {
             let mut w = Command::new(&exe);
@@ -487,48 +940,142 @@ fn orchestrate(a: AllArgs) -> Result<(), BoxError> {
             if a.codec {
                 w.arg("--codec");
             }
-            common_args(&mut w);
-            workers.push(Guard(w.stdout(Stdio::piped()).spawn()?));
+            workers.push(Guard::spawn(w.stdout(Stdio::piped()))?);
         }
+        let outputs: Vec<_> = workers
+            .iter_mut()
+            .map(|w| collect_output(w.0.stdout.take()))
+            .collect();
         let mut outcome = Outcome::default();
-        for line in lines {
-            let line = line?;
+        supervise(&run.label(), &mut server, lines, &mut workers, |line| {
             if let Some(rest) = line.strip_prefix("eval ") {
                 let f: Vec<&str> = rest.split(' ').collect();
                 if let [t, steps, loss, acc] = f[..] {
-                    outcome
-                        .evals
-                        .push((t.parse()?, steps.parse()?, loss.parse()?, acc.parse()?));
+                    if let (Ok(t), Ok(steps), Ok(loss), Ok(acc)) =
+                        (t.parse(), steps.parse(), loss.parse(), acc.parse())
+                    {
+                        outcome.evals.push((t, steps, loss, acc));
+                    }
                 }
             } else if let Some(rest) = line.strip_prefix("done ") {
                 outcome.done = rest.to_string();
             }
+        })?;
+        for (i, out) in outputs.into_iter().enumerate() {
+            let out = out.join().unwrap_or_default();
+            outcome.worker_pushes.push(worker_counts(&out, i));
         }
-        for w in &mut workers {
-            let mut out = String::new();
-            if let Some(o) = w.0.stdout.as_mut() {
-                std::io::Read::read_to_string(o, &mut out)?;
-            }
-            let status = w.0.wait()?;
-            if !status.success() {
-                return Err(format!("a {} worker failed ({status})", algo.name()).into());
-            }
-            outcome.worker_pushes.push(out.trim().to_string());
-        }
-        let status = server.0.wait()?;
-        if !status.success() {
-            return Err(format!("the {} server failed ({status})", algo.name()).into());
-        }
-        outcomes.push((algo, outcome));
+        outcomes.push((*run, outcome));
     }
-    report(&a, &outcomes);
+    report(&a, &skew, &outcomes);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// The server's stdout lines, read on a thread so the orchestrator can
+/// watch the workers while it waits for them; the channel closes when the
+/// server closes its stdout.
+fn forward_lines(
+    lines: impl Iterator<Item = std::io::Result<String>> + Send + 'static,
+) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// A worker's whole stdout, read on a thread so its pipe never fills.
+fn collect_output(out: Option<std::process::ChildStdout>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut o) = out {
+            let _ = o.read_to_string(&mut s);
+        }
+        s
+    })
+}
+
+/// Worker `i`'s `pushes=` and `dropped=` from its output.
+fn worker_counts(out: &str, i: usize) -> Option<(u64, u64)> {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("worker {i} pushes=")))?;
+    let pushes = field(line, "pushes").parse().ok()?;
+    let dropped = field(line, "dropped").parse().ok()?;
+    Some((pushes, dropped))
+}
+
+/// Hands the server's lines to `on_line` until the server closes its
+/// stdout, and meanwhile watches the workers: one that exits with an error
+/// ends the run at once, naming it (the caller's guards then stop the
+/// rest). Then waits for the server and reports its failure, if any.
+fn supervise(
+    run: &str,
+    server: &mut Guard,
+    lines: mpsc::Receiver<String>,
+    workers: &mut [Guard],
+    mut on_line: impl FnMut(&str),
+) -> Result<(), TrainError> {
+    let started = Instant::now();
+    let worker_failed = |workers: &mut [Guard]| -> Option<TrainError> {
+        workers
+            .iter_mut()
+            .enumerate()
+            .find_map(|(index, w)| match w.0.try_wait() {
+                Ok(Some(status)) if !status.success() => Some(TrainError::WorkerFailed {
+                    run: run.to_string(),
+                    index,
+                    status,
+                    after: started.elapsed().as_secs_f64(),
+                }),
+                _ => None,
+            })
+    };
+    loop {
+        match lines.recv_timeout(Duration::from_millis(50)) {
+            Ok(line) => on_line(&line),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if let Some(e) = worker_failed(workers) {
+            return Err(e);
+        }
+    }
+    let status = server
+        .0
+        .wait()
+        .map_err(|e| TrainError::Invalid(format!("{run}: cannot wait for the server: {e}")))?;
+    // A server that failed took its workers' links with it: it is the
+    // cause, whatever they report.
+    if !status.success() {
+        return Err(TrainError::ServerFailed {
+            run: run.to_string(),
+            status,
+        });
+    }
+    for w in workers.iter_mut() {
+        let _ = w.0.wait();
+    }
+    match worker_failed(workers) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Kills a child process that is still running when dropped (an error
 /// path), so no server outlives the example.
 struct Guard(Child);
+
+impl Guard {
+    fn spawn(command: &mut Command) -> std::io::Result<Self> {
+        command.spawn().map(Guard)
+    }
+}
 
 impl Drop for Guard {
     fn drop(&mut self) {
@@ -545,13 +1092,13 @@ fn field<'a>(done: &'a str, key: &str) -> &'a str {
         .unwrap_or("-")
 }
 
-fn report(a: &AllArgs, outcomes: &[(Algo, Outcome)]) {
-    // Loss and accuracy over time, one column per algorithm, sampled at
-    // whole seconds (the last evaluation at or before each mark).
+fn report(a: &AllArgs, skew: &[f64], outcomes: &[(Run, Outcome)]) {
+    // Loss and accuracy over time, one column per run, sampled at whole
+    // seconds (the last evaluation at or before each mark).
     println!();
     print!("| t (s) |");
-    for (algo, _) in outcomes {
-        print!(" {} acc / loss |", algo.name());
+    for (run, _) in outcomes {
+        print!(" {} acc / loss |", run.label());
     }
     println!();
     print!("|---:|");
@@ -569,34 +1116,183 @@ fn report(a: &AllArgs, outcomes: &[(Algo, Outcome)]) {
         }
         println!();
     }
+    // The slowest worker against the others: with --straggler, the
+    // straggler.
+    let slowest = skew
+        .iter()
+        .enumerate()
+        .max_by(|x, y| x.1.total_cmp(y.1))
+        .map_or(0, |(i, _)| i);
     println!();
     println!(
-        "| algorithm | server steps | applied | dropped | mean staleness | zero-filled KB | final acc | final loss | s to acc {} | s to loss {} |",
-        a.target_accuracy, a.target_loss
+        "| run | server steps | applied | dropped | mean staleness | worker {slowest} ({}x) dropped | others dropped | zero-filled KB | final acc | final loss | steps to loss {tl} | s to loss {tl} | s to acc {} |",
+        skew.get(slowest).copied().unwrap_or(1.0),
+        a.target_accuracy,
+        tl = a.target_loss,
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (algo, o) in outcomes {
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (run, o) in outcomes {
         let last = o.evals.last().copied().unwrap_or_default();
         let to_acc = o.evals.iter().find(|e| e.3 >= a.target_accuracy);
         let to_loss = o.evals.iter().find(|e| e.2 <= a.target_loss);
         let secs =
             |e: Option<&(f64, u64, f64, f64)>| e.map_or("-".into(), |e| format!("{:.1}", e.0));
         let zero: f64 = field(&o.done, "zero_filled").parse().unwrap_or(0.0);
+        let share = |pick: &dyn Fn(usize) -> bool| {
+            let (mut pushes, mut dropped) = (0, 0);
+            for (i, c) in o.worker_pushes.iter().enumerate() {
+                if let Some((p, d)) = c.filter(|_| pick(i)) {
+                    pushes += p;
+                    dropped += d;
+                }
+            }
+            if pushes == 0 {
+                "-".to_string()
+            } else {
+                format!(
+                    "{:.1}% ({dropped} of {pushes})",
+                    100.0 * dropped as f64 / pushes as f64
+                )
+            }
+        };
         println!(
-            "| {} | {} | {} | {} | {} | {:.1} | {:.3} | {:.3} | {} | {} |",
-            algo.name(),
+            "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {:.3} | {} | {} | {} |",
+            run.label(),
             last.1,
             field(&o.done, "applied"),
             field(&o.done, "dropped"),
             field(&o.done, "staleness"),
+            share(&|i| i == slowest),
+            share(&|i| i != slowest),
             zero / 1e3,
             last.3,
             last.2,
-            secs(to_acc),
+            to_loss.map_or("-".into(), |e| e.1.to_string()),
             secs(to_loss),
+            secs(to_acc),
         );
     }
-    for (algo, o) in outcomes {
-        println!("{}: {}", algo.name(), o.worker_pushes.join("; "));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str, stdout: Stdio) -> Guard {
+        Guard::spawn(Command::new("sh").arg("-c").arg(script).stdout(stdout)).unwrap()
+    }
+
+    /// A worker that dies is reported while the server still runs: the
+    /// server here would print nothing and close its stdout only when
+    /// killed, so `supervise` returning at all means it did not wait for it.
+    #[test]
+    fn a_dead_worker_ends_the_run_at_once() {
+        let mut server = sh("exec sleep 600", Stdio::piped());
+        let lines = BufReader::new(server.0.stdout.take().unwrap()).lines();
+        let mut workers = vec![
+            sh("exec sleep 600", Stdio::null()),
+            sh("exit 3", Stdio::null()),
+        ];
+        let mut seen = Vec::new();
+        let e = supervise(
+            "asgd",
+            &mut server,
+            forward_lines(lines),
+            &mut workers,
+            |l| seen.push(l.to_string()),
+        )
+        .unwrap_err();
+        match &e {
+            TrainError::WorkerFailed {
+                run, index, status, ..
+            } => {
+                assert_eq!((run.as_str(), *index), ("asgd", 1));
+                assert_eq!(status.code(), Some(3));
+            }
+            other => panic!("expected a failed worker, got {other:?}"),
+        }
+        assert!(e.to_string().starts_with("asgd: worker 1 failed"), "{e}");
+        assert!(seen.is_empty());
+        // The guards stop the server and the other worker.
+        drop(workers);
+        drop(server);
+    }
+
+    /// The server's lines reach the caller; a server that fails is named
+    /// once its output ends, even if its workers fail with it.
+    #[test]
+    fn server_lines_are_passed_on_and_its_failure_named() {
+        let mut server = sh(
+            "echo eval 0.1 2 0.5 0.8; echo done applied=2; exit 4",
+            Stdio::piped(),
+        );
+        let lines = BufReader::new(server.0.stdout.take().unwrap()).lines();
+        let mut workers = vec![sh("exit 0", Stdio::null())];
+        let mut seen = Vec::new();
+        let e = supervise(
+            "ssgd",
+            &mut server,
+            forward_lines(lines),
+            &mut workers,
+            |l| seen.push(l.to_string()),
+        )
+        .unwrap_err();
+        assert!(matches!(e, TrainError::ServerFailed { .. }), "{e:?}");
+        assert_eq!(seen, ["eval 0.1 2 0.5 0.8", "done applied=2"]);
+
+        let mut server = sh("echo done applied=0", Stdio::piped());
+        let lines = BufReader::new(server.0.stdout.take().unwrap()).lines();
+        let mut workers = vec![sh("exit 0", Stdio::null())];
+        supervise(
+            "asgd",
+            &mut server,
+            forward_lines(lines),
+            &mut workers,
+            |_| {},
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn welcome_round_trips_and_rejects_strangers() {
+        let w = Welcome {
+            seed: 11,
+            batch: 32,
+            workers: 3,
+        };
+        assert_eq!(Welcome::decode(&w.encode()).unwrap(), w);
+        for bad in [
+            &b""[..],
+            b"ps_train/2 seed=1 batch=1 workers=1",
+            b"ps_train/1 seed=x",
+            b"\xff",
+        ] {
+            assert!(matches!(
+                Welcome::decode(bad),
+                Err(TrainError::BadWelcome(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn a_stuck_round_names_the_workers_that_never_joined() {
+        let seen = |names: &[&str]| -> Vec<WorkerInfo> {
+            names
+                .iter()
+                .map(|n| WorkerInfo {
+                    name: Some(n.to_string()),
+                    connected: true,
+                })
+                .collect()
+        };
+        let why = stuck_round(0, 30, 3, &seen(&["1", "0"]));
+        assert!(why.contains("waits for worker 2 of --workers 3"), "{why}");
+        assert!(why.contains("joined: 1, 0"), "{why}");
+        let why = stuck_round(4, 30, 4, &seen(&["0"]));
+        assert!(why.contains("workers 1, 2, 3"), "{why}");
+        let why = stuck_round(4, 30, 2, &seen(&["0", "1"]));
+        assert!(why.contains("all 2 workers joined"), "{why}");
+        let why = stuck_round(0, 30, 1, &[]);
+        assert!(why.contains("joined: none"), "{why}");
     }
 }
