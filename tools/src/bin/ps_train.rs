@@ -1172,6 +1172,21 @@ fn report(a: &AllArgs, skew: &[f64], outcomes: &[(Run, Outcome)]) {
             secs(to_acc),
         );
     }
+    // Each worker's pushes show how much slower the slow ones really were
+    // (network and server time dilute the compute skew).
+    println!();
+    for (run, o) in outcomes {
+        let per: Vec<String> = o
+            .worker_pushes
+            .iter()
+            .map(|c| c.map_or("-".into(), |(p, d)| format!("{p}/{d}")))
+            .collect();
+        println!(
+            "{}: pushes/dropped per worker {}",
+            run.label(),
+            per.join(", ")
+        );
+    }
 }
 
 #[cfg(test)]
