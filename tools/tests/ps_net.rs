@@ -313,7 +313,17 @@ async fn a_cancelled_push_leaves_the_session_usable() {
 async fn a_push_dropped_while_awaiting_its_reply_leaves_the_session_in_step() {
     let (p, layout) = problem();
     let run = start("dropped-reply", small_ormo(1, p.dim()));
-    let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
+    // The worker's packets leave 20 ms late, so a push's reply cannot be
+    // in before the one poll that sent its request returns (that poll
+    // would have to be descheduled for 40 ms).
+    let delayed = Config {
+        faults: Some(Faults {
+            delay: Duration::from_millis(20),
+            ..Faults::default()
+        }),
+        ..quick()
+    };
+    let ep = Endpoint::client(run.dir.join("ca.pem"), delayed).unwrap();
     let codec = Compression::Codec {
         selection: Selection::TopK(32),
         base: DEFAULT_BASE,
@@ -324,10 +334,10 @@ async fn a_push_dropped_while_awaiting_its_reply_leaves_the_session_in_step() {
     let mut params = a.pull().await.unwrap();
     let grad = vec![0.25f32; p.dim()];
     // A codec push sends its request at once, then waits a round trip for
-    // the reply: polled once, it is under way, and dropped there. (On a
-    // loaded machine the test thread can be descheduled for longer than
-    // loopback's round trip between sending and looking for the reply:
-    // such a push is done, and the next one is tried.)
+    // the reply: polled once, it is under way, and dropped there. (Should
+    // the test thread be descheduled for longer than the round trip
+    // between sending and looking for the reply, that push is done, and
+    // the next one is tried.)
     let applied = push_until_one_is_dropped(&mut a, &mut params, &grad, 20).await;
     // The server applied the request that left. The next pull returns the
     // parameters and ticket of that push's reply (before, it read that
