@@ -21,11 +21,11 @@
 #   --queue-bytes B    QUEUE_BYTES, bfifo limit in front of it (default 1000000)
 #   --loss P           LOSS, drop probability on each rank's input (default 0)
 #   --port P           PORT, MASTER_PORT handed to the command (default 29500)
-#   --cc NAME          CC, TCP congestion control inside the namespaces:
+#   --cc NAME          TCP_CC, TCP congestion control inside the namespaces:
 #                      cubic (default) or bbr. Set explicitly, since a new
 #                      namespace inherits the host's default (bbr on this
 #                      host); if the host's tcp_allowed_congestion_control
-#                      lacks CC, it is added for the run and restored.
+#                      lacks TCP_CC, it is added for the run and restored.
 #   --dscp-priority    DSCP_PRIORITY=1: two HTB classes under the rate; packets
 #                      whose DSCP is in PRIORITY_DSCP (default "46", EF; a
 #                      space-separated list, as gradlane's --dscp marks) go
@@ -65,7 +65,7 @@ RATE=${RATE:-1gbit}
 QUEUE_BYTES=${QUEUE_BYTES:-1000000}
 LOSS=${LOSS:-0}
 PORT=${PORT:-29500}
-CC=${CC:-cubic}
+TCP_CC=${TCP_CC:-cubic}
 DSCP_PRIORITY=${DSCP_PRIORITY:-0}
 PRIORITY_DSCP=${PRIORITY_DSCP:-46}
 LOW_SHARE=${LOW_SHARE:-5}
@@ -90,7 +90,7 @@ while (($#)); do
         --queue-bytes) QUEUE_BYTES=${2:?--queue-bytes needs a value}; shift 2 ;;
         --loss) LOSS=${2:?--loss needs a value}; shift 2 ;;
         --port) PORT=${2:?--port needs a value}; shift 2 ;;
-        --cc) CC=${2:?--cc needs a value}; shift 2 ;;
+        --cc) TCP_CC=${2:?--cc needs a value}; shift 2 ;;
         --dscp-priority) DSCP_PRIORITY=1; shift ;;
         --log-dir) LOG_DIR=${2:?--log-dir needs a value}; shift 2 ;;
         --grace) GRACE=${2:?--grace needs a value}; shift 2 ;;
@@ -139,11 +139,11 @@ if ((${#missing[@]})); then
 fi
 
 # The congestion controller must be available (loaded) in the kernel.
-cc_available() { grep -qw -- "$CC" /proc/sys/net/ipv4/tcp_available_congestion_control; }
+cc_available() { grep -qw -- "$TCP_CC" /proc/sys/net/ipv4/tcp_available_congestion_control; }
 if ! cc_available; then
-    if command -v modprobe >/dev/null; then modprobe "tcp_$CC" 2>/dev/null || true; fi
-    cc_available || die "TCP congestion control '$CC' is not available in this kernel" \
-        "(available: $(cat /proc/sys/net/ipv4/tcp_available_congestion_control); modprobe tcp_$CC failed or is missing)"
+    if command -v modprobe >/dev/null; then modprobe "tcp_$TCP_CC" 2>/dev/null || true; fi
+    cc_available || die "TCP congestion control '$TCP_CC' is not available in this kernel" \
+        "(available: $(cat /proc/sys/net/ipv4/tcp_available_congestion_control); modprobe tcp_$TCP_CC failed or is missing)"
 fi
 
 # The lock is held on fd 9, which no child inherits.
@@ -250,12 +250,12 @@ remove_all
 
 # A namespace other than the host's may only make an algorithm its default
 # if the host lists it in tcp_allowed_congestion_control (EPERM otherwise;
-# this host allows "reno bbr"). If CC is not there it is added for the run
+# this host allows "reno bbr"). If TCP_CC is not there it is added for the run
 # and the list restored on exit; the host's own default is left alone.
-if ! grep -qw -- "$CC" "$ALLOWED_FILE"; then
+if ! grep -qw -- "$TCP_CC" "$ALLOWED_FILE"; then
     ALLOWED_BEFORE=$(cat "$ALLOWED_FILE")
-    echo "testbed: adding $CC to the host's $ALLOWED_FILE ($ALLOWED_BEFORE) for this run" >&2
-    echo "$ALLOWED_BEFORE $CC" >"$ALLOWED_FILE"
+    echo "testbed: adding $TCP_CC to the host's $ALLOWED_FILE ($ALLOWED_BEFORE) for this run" >&2
+    echo "$ALLOWED_BEFORE $TCP_CC" >"$ALLOWED_FILE"
 fi
 
 tcx() { ip netns exec "$ns" tc "$@"; } # tc in rank namespace $ns
@@ -274,7 +274,7 @@ for ((r = 0; r < RANKS; r++)); do
     ip netns add "$ns"
     # Only the 10.x addresses: no IPv6 chatter on the links.
     ip netns exec "$ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 2>/dev/null || true
-    ip netns exec "$ns" sysctl -qw "net.ipv4.tcp_congestion_control=$CC"
+    ip netns exec "$ns" sysctl -qw "net.ipv4.tcp_congestion_control=$TCP_CC"
     ip -n "$HUB" link add "$port" mtu 1500 type veth peer name "$DEV" netns "$ns" mtu 1500
     ip -n "$HUB" link set "$port" master "$BRIDGE"
     ip -n "$HUB" link set "$port" up
@@ -313,7 +313,7 @@ SETUP_DONE=1
 mode="one class"
 ((DSCP_PRIORITY)) && mode="priority class for DSCP ${PRIORITY_DSCP// /,} (rest ${LOW_SHARE}% assured)"
 echo "testbed: $RANKS ranks at $SUBNET.1-$RANKS via bridge in $HUB; egress HTB $RATE ($mode), queue $QUEUE_BYTES bytes;" \
-    "input loss $LOSS; tcp $CC; offloads $OFFLOADS" >&2
+    "input loss $LOSS; tcp $TCP_CC; offloads $OFFLOADS" >&2
 [[ -n $LOG_DIR ]] && mkdir -p "$LOG_DIR"
 
 # Every rank at once, each in a session of its own so that it and its

@@ -24,7 +24,7 @@ export LOSS=${LOSS:-0.05}
 SECONDS_TCP=${SECONDS_TCP:-5}
 DATAGRAMS=${DATAGRAMS:-20000}
 TOL=${TOL:-0.015}
-CC=${CC:-cubic}
+TCP_CC=${TCP_CC:-cubic}
 TB=scripts/testbed.sh
 
 PY=$(python3 -c 'import sys; print(sys.executable)')
@@ -224,7 +224,7 @@ run() {
     local name=$1 status=0
     shift
     echo "== $name" >&2
-    RANKS=2 RATE="$RATE" CC="$CC" bash "$TB" -- "$PY" "$PROBE" "$@" >"$WORK/$name.log" 2>&1 || status=$?
+    RANKS=2 RATE="$RATE" TCP_CC="$TCP_CC" bash "$TB" -- "$PY" "$PROBE" "$@" >"$WORK/$name.log" 2>&1 || status=$?
     sed 's/^/   /' "$WORK/$name.log" >&2
     leftovers
     return "$status"
@@ -259,7 +259,7 @@ if run tcp_loss tcp "$SECONDS_TCP"; then
     read -r d1 a1 < <(counters tcp_loss 1)
     f1=$(calc "($d1 + $a1) ? $d1 / ($d1 + $a1) : 0")
     verdict=$(calc "($d + $a >= 2000 && $f >= $LOSS - $TOL && $f <= $LOSS + $TOL) ? \"PASS\" : \"FAIL\"")
-    report "$verdict" "TCP at LOSS $LOSS: rank 0 (data) dropped $d of $((d + a)) = $(printf %.4f "$f"), rank 1 (acks) $d1 of $((d1 + a1)) = $(printf %.4f "$f1"); goodput $(result tcp_loss mbit) Mbit/s ($CC)"
+    report "$verdict" "TCP at LOSS $LOSS: rank 0 (data) dropped $d of $((d + a)) = $(printf %.4f "$f"), rank 1 (acks) $d1 of $((d1 + a1)) = $(printf %.4f "$f1"); goodput $(result tcp_loss mbit) Mbit/s ($TCP_CC)"
 else
     report FAIL "TCP at LOSS $LOSS: the testbed run failed"
 fi

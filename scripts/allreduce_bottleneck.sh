@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# allreduce_bench behind a bottleneck: RANKS ranks, one process each, in
+# the namespaces of scripts/testbed.sh (each rank's egress an HTB class of
+# RATE, kernel random loss on each rank's input), once per loss rate in
+# LOSSES. The TCP ring meets the same loss as the QUIC variants. Rank 0's
+# table per loss rate goes to stdout.
+#
+#   sudo bash scripts/allreduce_bottleneck.sh                      # defaults below
+#   RATE=500mbit LOSSES="0 0.05" ROUNDS=3 sudo -E bash scripts/allreduce_bottleneck.sh --model resnet18
+#
+# Arguments after the options go to allreduce_bench (see its --help).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RANKS=${RANKS:-4}
+RATE=${RATE:-200mbit}
+LOSSES=${LOSSES:-0 0.01 0.05}
+ROUNDS=${ROUNDS:-4}
+TCP_CC=${TCP_CC:-cubic}
+
+cargo build --release --bin certs --bin allreduce_bench
+CERTS=$(mktemp -d)
+LOGS=$(mktemp -d)
+trap 'rm -rf "$CERTS" "$LOGS"' EXIT
+sans=()
+for r in $(seq 1 "$RANKS"); do sans+=(--san "10.77.0.$r"); done
+./target/release/certs --out-dir "$CERTS" "${sans[@]}" >/dev/null
+
+for loss in $LOSSES; do
+    echo "== $RANKS ranks, $RATE per rank, loss $loss (kernel, on input), TCP $TCP_CC"
+    GRADLANE_CERT_DIR=$CERTS RANKS=$RANKS RATE=$RATE LOSS=$loss TCP_CC=$TCP_CC LOG_DIR=$LOGS \
+        bash scripts/testbed.sh -- ./target/release/allreduce_bench \
+        --losses 0 --delay-ms 0 --rounds "$ROUNDS" --only "differentiated,exact,TCP" "$@"
+    grep -v "^loss" "$LOGS/rank0.log"
+done
