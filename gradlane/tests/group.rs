@@ -394,3 +394,31 @@ async fn rank_zero_may_start_after_the_others() {
     }
     join_all(groups.into_iter().map(|g| g.close())).await;
 }
+
+/// Ranks that listen on every interface (`0.0.0.0:0`, as a launcher that
+/// does not know the host's addresses would) tell rank 0 the address that
+/// routes to it, not the unspecified one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_listening_on_every_interface_advertise_a_reachable_address() {
+    let world = 3;
+    let dir = cert_dir("any-if");
+    let root = free_port();
+    let joins = (0..world).map(|r| {
+        let mut c = config(&dir, r, world, root);
+        c.rendezvous = Rendezvous::Root {
+            root,
+            listen: "0.0.0.0:0".parse().unwrap(),
+        };
+        Group::join(c)
+    });
+    let mut groups: Vec<Group> = join_all(joins)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap())
+        .collect();
+    let barriers = groups.iter_mut().map(|g| g.barrier());
+    for r in join_all(barriers).await {
+        r.unwrap();
+    }
+    join_all(groups.into_iter().map(|g| g.close())).await;
+}

@@ -258,7 +258,14 @@ async fn connect_to(
                 .local_addr()
                 .map_err(|e| GroupError::Setup(e.to_string()))?;
             let ip = match local.ip().is_unspecified() {
-                true => link.connection().local_ip().unwrap_or_else(|| local.ip()),
+                true => match link.connection().local_ip() {
+                    Some(ip) => ip,
+                    None => route_to(addr).map_err(|e| {
+                        GroupError::Setup(format!(
+                            "no local address routes to rank 0 at {addr}: {e}"
+                        ))
+                    })?,
+                },
                 false => local.ip(),
             };
             Some(SocketAddr::new(ip, local.port()))
@@ -274,6 +281,20 @@ async fn connect_to(
         .await
         .map_err(failed)?;
     Ok(link)
+}
+
+/// The local address this host sends from to reach `peer`: quinn knows a
+/// connection's local IP only on sockets that report it per packet, so
+/// ask the kernel's routing table with a connected UDP socket (a connect
+/// sends nothing).
+fn route_to(peer: SocketAddr) -> std::io::Result<std::net::IpAddr> {
+    let any: SocketAddr = match peer {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let probe = std::net::UdpSocket::bind(any)?;
+    probe.connect(peer)?;
+    Ok(probe.local_addr()?.ip())
 }
 
 /// Accepts links and reads each one's hello until every rank in
