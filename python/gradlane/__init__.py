@@ -1,0 +1,54 @@
+"""gradlane: gradient transport over QUIC, for Python.
+
+A :class:`Group` is one rank of a job: a QUIC link (mutual TLS) to every
+other rank, and the collectives among them on float32 buffers (numpy
+arrays, ``tensor.numpy()`` of CPU tensors), used in place without copies,
+with the GIL released while the network works:
+
+- exact collectives: ``barrier``, ``broadcast``, ``allreduce``,
+  ``allgather``, ``reduce_scatter``; every rank ends with the same bits;
+- the differentiated allreduce: ``register_bucket`` once, then
+  ``allreduce_differentiated`` each step; the important chunks of each
+  gradient travel exactly, the rest lossy;
+- ``sparse_allgather`` of rows of a matrix (embedding gradients).
+
+Certificates come from files that :func:`generate_certs` makes::
+
+    import numpy as np, gradlane
+    gradlane.generate_certs("/tmp/job-certs", ["127.0.0.1"])
+    with gradlane.Group(rank, world, root="127.0.0.1:29500",
+                        cert_dir="/tmp/job-certs") as g:
+        grad = np.ones(1000, dtype=np.float32)
+        g.allreduce(grad, op="mean")
+
+Errors of the group are :class:`GroupError` (a rank gone, out of step,
+never joined; ``err.rank`` names the rank); bad input from Python is a
+``ValueError`` or ``TypeError``.
+
+Processes that use gradlane should be started with multiprocessing's
+"spawn" (or "forkserver"): a fork does not copy gradlane's runtime threads.
+"""
+
+from gradlane._native import (
+    Group,
+    GroupClosedError,
+    GroupError,
+    GroupSetupError,
+    JoinTimeoutError,
+    OutOfStepError,
+    RankFailedError,
+    __version__,
+    generate_certs,
+)
+
+__all__ = [
+    "Group",
+    "GroupClosedError",
+    "GroupError",
+    "GroupSetupError",
+    "JoinTimeoutError",
+    "OutOfStepError",
+    "RankFailedError",
+    "generate_certs",
+    "__version__",
+]

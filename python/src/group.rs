@@ -1,0 +1,703 @@
+//! The `Group` class: one rank of a gradlane group, and its collectives on
+//! Python buffers.
+
+use crate::buffer::{disjoint, InBuf, OutBuf};
+use crate::errors::CallError;
+use crate::runtime;
+use gradlane::{
+    AllreduceReport, BucketId, Config, Faults, Group, GroupConfig, Layout, LossRecovery, ReduceOp,
+    Rendezvous, SparseAllgather, SparseRows, TensorSpec,
+};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyDict, PyTuple};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::runtime::Runtime;
+
+/// The environment variable naming the certificate directory when
+/// `cert_dir` is not given.
+const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
+
+/// One rank of a gradlane group: a QUIC link to every other rank, and the
+/// collectives among them.
+///
+/// Group(rank, world, *, root=None, addresses=None, listen="0.0.0.0:0",
+///       cert_dir=None, server_name=None, join_timeout=60.0,
+///       loss_tolerance=0.2, injected_loss=0.0, seed=0, idle_timeout=None)
+///
+/// The constructor joins the group (the GIL is released while it waits)
+/// and returns once this rank has a link to every other rank. Give exactly
+/// one of:
+/// - root: "host:port" of rank 0, which listens there; every other rank
+///   listens on `listen` (port 0 picks a free one; on 0.0.0.0 it listens
+///   on the address it reaches rank 0 from) and learns the others' addresses
+///   from rank 0 (torchrun's MASTER_ADDR:MASTER_PORT model);
+/// - addresses: every rank's "host:port", indexed by rank; each listens on
+///   its own.
+///
+/// cert_dir holds ca.pem, server.pem and server.key (generate_certs makes
+/// them; every rank uses the same files, mutual TLS); by default the
+/// directory named by the environment variable GRADLANE_CERT_DIR.
+/// server_name is the name peers' certificates must be valid for (by
+/// default the peer's IP address).
+///
+/// join_timeout (seconds): how long forming the group may take before the
+/// ranks that never came are a JoinTimeoutError. loss_tolerance: the share
+/// of each tensor's chunks (the least important) that the differentiated
+/// allreduce sends lossy, in [0, 1]. injected_loss and seed: drop that
+/// share of this rank's outgoing packets, seeded (for tests and demos).
+/// idle_timeout (seconds): a link silent this long fails, which is how a
+/// rank that died is noticed (default 30 s; None keeps the default).
+///
+/// Every rank must call the same collectives in the same order, as in any
+/// process group; a rank that calls something else, or dies, makes the
+/// others raise a GroupError naming it. Calls from several Python threads
+/// on one Group are serialized (a lock around the group): a collective
+/// is never interleaved with another on the same group. Do not touch a
+/// buffer from another thread while a call uses it.
+///
+/// Buffers: any object with a C-contiguous float32 buffer (numpy arrays,
+/// `tensor.numpy()` of a CPU tensor, array.array("f")), used in place
+/// without copying; a buffer that a call writes must be writable. A
+/// wrong element type is a TypeError; a strided view, a read-only output,
+/// a wrong size, an unknown option a ValueError.
+///
+/// A Group is a context manager: leaving the with block closes it.
+#[pyclass(module = "gradlane", name = "Group", frozen)]
+pub(crate) struct PyGroup {
+    rank: usize,
+    world: usize,
+    /// `None` once closed. A mutex, not a RefCell: calls from several
+    /// Python threads wait for each other (with the GIL released).
+    state: Mutex<Option<State>>,
+    /// Bytes sent when the group was closed, for `bytes_sent` afterwards.
+    bytes_at_close: AtomicU64,
+}
+
+/// A joined group and what was registered with it.
+struct State {
+    group: Group,
+    /// The registered buckets, by the index Python knows them by.
+    buckets: Vec<Bucket>,
+}
+
+/// A registered bucket.
+struct Bucket {
+    id: BucketId,
+    /// The values its flat buffer holds.
+    values: usize,
+}
+
+/// How a reduction combines the ranks' values, from Python's string.
+fn reduce_op(op: &str) -> PyResult<ReduceOp> {
+    match op {
+        "sum" => Ok(ReduceOp::Sum),
+        "mean" => Ok(ReduceOp::Mean),
+        _ => Err(PyValueError::new_err(format!(
+            "unknown op {op:?}: expected \"sum\" or \"mean\""
+        ))),
+    }
+}
+
+/// A bucket's loss recovery, from Python's string.
+fn loss_recovery(recovery: &str) -> PyResult<LossRecovery> {
+    match recovery {
+        "zero_fill" => Ok(LossRecovery::ZeroFill),
+        "rescale" => Ok(LossRecovery::Rescale),
+        "error_feedback" => Ok(LossRecovery::ErrorFeedback),
+        _ => Err(PyValueError::new_err(format!(
+            "unknown recovery {recovery:?}: expected \"zero_fill\", \"rescale\" or \
+             \"error_feedback\""
+        ))),
+    }
+}
+
+/// A duration in seconds from Python: finite and positive.
+fn seconds(what: &str, s: f64) -> PyResult<Duration> {
+    match Duration::try_from_secs_f64(s) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err(PyValueError::new_err(format!(
+            "{what} must be a positive number of seconds, not {s}"
+        ))),
+    }
+}
+
+/// Resolves "host:port" (an IP address or a host name) to its first
+/// address. Runs with the GIL released: a name lookup may wait.
+fn resolve(what: &str, addr: &str) -> Result<SocketAddr, CallError> {
+    if let Ok(a) = addr.parse() {
+        return Ok(a);
+    }
+    let bad = |why: String| CallError::Value(format!("{what} {addr:?}: {why}"));
+    addr.to_socket_addrs()
+        .map_err(|e| bad(format!("not host:port or not found ({e})")))?
+        .next()
+        .ok_or_else(|| bad("the name has no address".into()))
+}
+
+/// `listen` with an unspecified IP (0.0.0.0, ::) replaced by the address
+/// this host reaches `root` from, which is what the other ranks will be
+/// told to connect to. gradlane's own replacement asks the QUIC connection
+/// for its local IP, which these sockets do not report: without this, a
+/// rank would advertise 0.0.0.0. Finding the route sends nothing (a UDP
+/// connect only picks it); where it fails, `listen` is left as it was.
+fn route_to(root: SocketAddr, listen: SocketAddr) -> SocketAddr {
+    if !listen.ip().is_unspecified() {
+        return listen;
+    }
+    let any: SocketAddr = match root {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let local = std::net::UdpSocket::bind(any).and_then(|s| {
+        s.connect(root)?;
+        s.local_addr()
+    });
+    match local {
+        Ok(local) => SocketAddr::new(local.ip(), listen.port()),
+        Err(_) => listen,
+    }
+}
+
+/// The Rust layout of a bucket from Python's `(name, shape, kind)` tuples.
+fn bucket_layout(shapes: Vec<(String, Vec<i64>, String)>) -> PyResult<Layout> {
+    let mut tensors = Vec::with_capacity(shapes.len());
+    for (name, shape, kind) in shapes {
+        let dims: Vec<usize> = shape
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<Result<_, _>>()
+            .map_err(|_| {
+                PyValueError::new_err(format!("tensor {name:?}: negative dimension in {shape:?}"))
+            })?;
+        let spec = match kind.as_str() {
+            "conv2d" => match <[usize; 4]>::try_from(dims.as_slice()) {
+                Ok(dims) => TensorSpec::conv2d(name, dims),
+                Err(_) => {
+                    return Err(PyValueError::new_err(format!(
+                        "tensor {name:?} is conv2d but has shape {shape:?}, not \
+                         [out, in, kh, kw]"
+                    )))
+                }
+            },
+            "dense" => TensorSpec::dense(name, dims),
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "tensor {name:?}: unknown kind {kind:?}: expected \"conv2d\" or \"dense\""
+                )))
+            }
+        };
+        tensors.push(spec);
+    }
+    Layout::new(tensors).map_err(|e| PyValueError::new_err(format!("bucket: {e}")))
+}
+
+/// The statistics of a differentiated allreduce, as Python sees them.
+fn report_dict<'py>(py: Python<'py>, report: &AllreduceReport) -> PyResult<Bound<'py, PyDict>> {
+    let sent = report.sent.iter().flatten();
+    let sent_important: u64 = sent.clone().map(|s| s.important_bytes).sum();
+    let sent_lossy: u64 = sent.map(|s| s.lossy_bytes.iter().sum::<u64>()).sum();
+    let received: Vec<_> = report.received.iter().flatten().collect();
+    let important = |f: fn(&gradlane::ClassStats) -> u64| -> u64 {
+        received.iter().map(|r| f(&r.classes[0])).sum()
+    };
+    let lossy = |f: fn(&gradlane::ClassStats) -> u64| -> u64 {
+        received.iter().map(|r| f(&r.lossy())).sum()
+    };
+    let out = PyDict::new(py);
+    out.set_item("sent_important_bytes", sent_important)?;
+    out.set_item("sent_lossy_bytes", sent_lossy)?;
+    out.set_item("received_important_bytes", important(|c| c.received_bytes))?;
+    out.set_item("received_lossy_bytes", lossy(|c| c.received_bytes))?;
+    out.set_item(
+        "zero_filled_important_bytes",
+        important(|c| c.zero_filled_bytes),
+    )?;
+    out.set_item("zero_filled_lossy_bytes", lossy(|c| c.zero_filled_bytes))?;
+    out.set_item("late_important_bytes", important(|c| c.late_merged_bytes))?;
+    out.set_item("late_lossy_bytes", lossy(|c| c.late_merged_bytes))?;
+    let missing = report.missing.iter().flatten();
+    out.set_item("missing_ranges", missing.clone().count())?;
+    out.set_item("missing_values", missing.map(|r| r.len()).sum::<usize>())?;
+    out.set_item("lost_ranges", report.lost.len())?;
+    out.set_item(
+        "lost_values",
+        report.lost.iter().map(|r| r.len()).sum::<usize>(),
+    )?;
+    Ok(out)
+}
+
+impl PyGroup {
+    /// Runs `f` on the joined group with the GIL released, holding the
+    /// group's lock; a closed group is a GroupClosedError.
+    fn with_state<T, F>(&self, py: Python<'_>, f: F) -> PyResult<T>
+    where
+        F: FnOnce(&mut State, &'static Runtime) -> Result<T, CallError> + Send,
+        T: Send,
+    {
+        py.detach(|| {
+            let rt = runtime()?;
+            let mut guard = self.state.lock().map_err(|_| CallError::Poisoned)?;
+            let state = guard.as_mut().ok_or(CallError::Closed)?;
+            f(state, rt)
+        })
+        .map_err(|e| e.into_py(py))
+    }
+}
+
+#[pymethods]
+impl PyGroup {
+    #[new]
+    #[pyo3(signature = (
+        rank,
+        world,
+        *,
+        root = None,
+        addresses = None,
+        listen = "0.0.0.0:0",
+        cert_dir = None,
+        server_name = None,
+        join_timeout = 60.0,
+        loss_tolerance = 0.2,
+        injected_loss = 0.0,
+        seed = 0,
+        idle_timeout = None,
+    ))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
+    fn new(
+        py: Python<'_>,
+        rank: i64,
+        world: i64,
+        root: Option<String>,
+        addresses: Option<Vec<String>>,
+        listen: &str,
+        cert_dir: Option<PathBuf>,
+        server_name: Option<String>,
+        join_timeout: f64,
+        loss_tolerance: f64,
+        injected_loss: f64,
+        seed: u64,
+        idle_timeout: Option<f64>,
+    ) -> PyResult<Self> {
+        let world = usize::try_from(world)
+            .ok()
+            .filter(|&w| w > 0)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!("world must be at least 1, not {world}"))
+            })?;
+        let rank = usize::try_from(rank)
+            .ok()
+            .filter(|&r| r < world)
+            .ok_or_else(|| PyValueError::new_err(format!("rank {rank} is not in 0..{world}")))?;
+        if root.is_some() == addresses.is_some() {
+            return Err(PyValueError::new_err(
+                "give exactly one of root (rank 0's host:port) and addresses (every rank's)",
+            ));
+        }
+        if let Some(a) = &addresses {
+            if a.len() != world {
+                return Err(PyValueError::new_err(format!(
+                    "{} addresses for a group of {world}",
+                    a.len()
+                )));
+            }
+        }
+        let cert_dir = match cert_dir {
+            Some(d) => d,
+            None => std::env::var_os(CERT_DIR_ENV)
+                .map(PathBuf::from)
+                .ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "no cert_dir given and {CERT_DIR_ENV} is not set (gradlane.generate_certs \
+                     makes the files)"
+                    ))
+                })?,
+        };
+        if !(0.0..=1.0).contains(&injected_loss) {
+            return Err(PyValueError::new_err(format!(
+                "injected_loss {injected_loss} is not in [0, 1]"
+            )));
+        }
+        let join_timeout = seconds("join_timeout", join_timeout)?;
+        let mut link = Config {
+            loss_tolerance,
+            ..Config::default()
+        };
+        if injected_loss > 0.0 {
+            link.faults = Some(Faults {
+                loss_out: injected_loss,
+                seed,
+                ..Faults::default()
+            });
+        }
+        if let Some(idle) = idle_timeout {
+            let idle = seconds("idle_timeout", idle)?;
+            link.quic.max_idle_timeout = Some(idle);
+            // Keep-alives must come well within the idle timeout, or a
+            // quiet but healthy link (ranks between steps) would time out.
+            link.quic.keep_alive = link.quic.keep_alive.map(|k| k.min(idle / 4));
+        }
+        link.validate()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let listen = listen.to_owned();
+        let joined = py.detach(move || {
+            let rendezvous = match (root, addresses) {
+                (Some(root), _) => {
+                    let root = resolve("root", &root)?;
+                    Rendezvous::Root {
+                        root,
+                        listen: route_to(root, resolve("listen", &listen)?),
+                    }
+                }
+                (None, Some(addresses)) => Rendezvous::Addresses(
+                    addresses
+                        .iter()
+                        .map(|a| resolve("address", a))
+                        .collect::<Result<_, _>>()?,
+                ),
+                (None, None) => return Err(CallError::Value("no rendezvous".into())),
+            };
+            let mut config = GroupConfig::new(
+                rank,
+                world,
+                rendezvous,
+                cert_dir.join("server.pem"),
+                cert_dir.join("server.key"),
+                cert_dir.join("ca.pem"),
+            );
+            config.server_name = server_name;
+            config.link = link;
+            config.join_timeout = join_timeout;
+            Ok(runtime()?.block_on(Group::join(config))?)
+        });
+        let group = joined.map_err(|e| e.into_py(py))?;
+        Ok(Self {
+            rank,
+            world,
+            state: Mutex::new(Some(State {
+                group,
+                buckets: Vec::new(),
+            })),
+            bytes_at_close: AtomicU64::new(0),
+        })
+    }
+
+    /// This rank, in 0..world.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// How many ranks the group has.
+    #[getter]
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    /// Bytes this rank has sent on all its links so far (UDP payload, from
+    /// QUIC's counters: data, headers, retransmissions, acknowledgements).
+    /// After close(): the count at closing. Waits for a collective that
+    /// another thread is running on this group.
+    #[getter]
+    fn bytes_sent(&self, py: Python<'_>) -> u64 {
+        py.detach(|| {
+            let guard = match self.state.lock() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            match guard.as_ref() {
+                Some(state) => state.group.bytes_sent(),
+                None => self.bytes_at_close.load(Ordering::Relaxed),
+            }
+        })
+    }
+
+    /// Whether close() was called.
+    #[getter]
+    fn closed(&self, py: Python<'_>) -> bool {
+        py.detach(|| match self.state.lock() {
+            Ok(g) => g.is_none(),
+            Err(poisoned) => poisoned.into_inner().is_none(),
+        })
+    }
+
+    /// Returns once every rank has called barrier().
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_state(py, |s, rt| Ok(rt.block_on(s.group.barrier())?))
+    }
+
+    /// Makes `buf` on every rank equal to `buf` on rank `root`, bit for bit.
+    /// Every rank's buf has the same length; it is written on every rank
+    /// but root, and must be writable on every rank.
+    #[pyo3(signature = (root, buf))]
+    fn broadcast(&self, py: Python<'_>, root: i64, buf: &Bound<'_, PyAny>) -> PyResult<()> {
+        let root = usize::try_from(root)
+            .ok()
+            .filter(|&r| r < self.world)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!("root {root} is not in 0..{}", self.world))
+            })?;
+        let mut buf = OutBuf::<f32>::get(buf, "buf", "float32")?;
+        let values = buf.as_mut_slice();
+        self.with_state(
+            py,
+            |s, rt| Ok(rt.block_on(s.group.broadcast(root, values))?),
+        )
+    }
+
+    /// Reduces `buf` across the ranks in place: op "sum" or "mean" (the sum
+    /// divided by world). Each value is summed in rank order by one rank
+    /// and sent back exactly, so every rank ends with the same bits.
+    #[pyo3(signature = (buf, op = "sum"))]
+    fn allreduce(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, op: &str) -> PyResult<()> {
+        let op = reduce_op(op)?;
+        let mut buf = OutBuf::<f32>::get(buf, "buf", "float32")?;
+        let values = buf.as_mut_slice();
+        self.with_state(py, |s, rt| Ok(rt.block_on(s.group.allreduce(values, op))?))
+    }
+
+    /// Gathers every rank's `input` into `output` in rank order: `output`
+    /// holds world times input's values, rank r's at [r*n, (r+1)*n). The
+    /// two must not share memory.
+    #[pyo3(signature = (input, output))]
+    fn allgather(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let input = InBuf::<f32>::get(input, "input", "float32")?;
+        let mut output = OutBuf::<f32>::get(output, "output", "float32")?;
+        disjoint(&input, &output)?;
+        let (input, output) = (input.as_slice(), output.as_mut_slice());
+        self.with_state(py, |s, rt| {
+            Ok(rt.block_on(s.group.allgather(input, output))?)
+        })
+    }
+
+    /// `input` holds world parts of output's length, part r for rank r;
+    /// `output` on rank r becomes the reduction ("sum" or "mean") of every
+    /// rank's part r, summed in rank order. The two must not share memory.
+    #[pyo3(signature = (input, output, op = "sum"))]
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+        op: &str,
+    ) -> PyResult<()> {
+        let op = reduce_op(op)?;
+        let input = InBuf::<f32>::get(input, "input", "float32")?;
+        let mut output = OutBuf::<f32>::get(output, "output", "float32")?;
+        disjoint(&input, &output)?;
+        let (input, output) = (input.as_slice(), output.as_mut_slice());
+        self.with_state(py, |s, rt| {
+            Ok(rt.block_on(s.group.reduce_scatter(input, output, op))?)
+        })
+    }
+
+    /// Registers a gradient bucket for allreduce_differentiated: a flat
+    /// float32 buffer holding the tensors `shapes` describes, in order.
+    /// Each is (name, shape, kind): kind "conv2d" for a convolution weight
+    /// of shape [out, in, kh, kw] (chunked per kernel) or "dense" for any
+    /// other shape (chunked in 1 KiB blocks); names are unique within the
+    /// bucket. `recovery` says what becomes of a lossy chunk that did not
+    /// arrive: "zero_fill" (counted as zero; late chunks added into the
+    /// next call), "rescale" (each value's sum scaled up to all ranks from
+    /// those whose part arrived) or "error_feedback" (the rank keeps what
+    /// it lost and adds it into its next gradient of this bucket).
+    ///
+    /// This is a collective: every rank registers the same buckets in the
+    /// same order. Returns the bucket's id (0, 1, ... in registration
+    /// order).
+    #[pyo3(signature = (shapes, recovery = "zero_fill"))]
+    fn register_bucket(
+        &self,
+        py: Python<'_>,
+        shapes: Vec<(String, Vec<i64>, String)>,
+        recovery: &str,
+    ) -> PyResult<usize> {
+        let recovery = loss_recovery(recovery)?;
+        let layout = bucket_layout(shapes)?;
+        let values = usize::try_from(layout.total_values())
+            .map_err(|_| PyValueError::new_err("bucket too large for this machine"))?;
+        self.with_state(py, |s, rt| {
+            let id = rt.block_on(s.group.register_bucket(&layout, recovery))?;
+            s.buckets.push(Bucket { id, values });
+            Ok(s.buckets.len() - 1)
+        })
+    }
+
+    /// Reduces `buf`, the flat buffer of registered bucket `bucket`, across
+    /// the ranks in place: each rank's important chunks exact, the rest
+    /// (loss_tolerance of them) lossy, what was lost handled by the
+    /// bucket's recovery. Every rank ends with the same bits. op: "mean"
+    /// or "sum".
+    ///
+    /// Returns this rank's statistics of the call, all ints:
+    /// - sent_important_bytes, sent_lossy_bytes: payload this rank sent to
+    ///   the owners of the other shards, reliably and lossy;
+    /// - received_important_bytes, received_lossy_bytes: payload that
+    ///   reached this rank (the owner of its shard) from the other ranks in
+    ///   time, summed over them;
+    /// - zero_filled_important_bytes (always 0: important chunks are
+    ///   exact), zero_filled_lossy_bytes: payload sent to this rank that
+    ///   was not there in time;
+    /// - late_important_bytes, late_lossy_bytes: bytes of earlier calls
+    ///   that arrived late and were added into this one (zero_fill and
+    ///   rescale only);
+    /// - missing_ranges, missing_values: chunks (and their float32 values)
+    ///   of other ranks' parts of this rank's shard that did not count,
+    ///   whole chunks (a chunk counts whole or not at all);
+    /// - lost_ranges, lost_values: chunks (values) of this rank's own
+    ///   gradient that did not reach their owners in time (kept for the
+    ///   next call with error_feedback).
+    #[pyo3(signature = (bucket, buf, op = "mean"))]
+    fn allreduce_differentiated<'py>(
+        &self,
+        py: Python<'py>,
+        bucket: usize,
+        buf: &Bound<'py, PyAny>,
+        op: &str,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let op = reduce_op(op)?;
+        let mut buf = OutBuf::<f32>::get(buf, "buf", "float32")?;
+        let len = buf.len();
+        let values = buf.as_mut_slice();
+        let report = self.with_state(py, |s, rt| {
+            let b = s.buckets.get(bucket).ok_or_else(|| {
+                CallError::Value(format!(
+                    "no bucket {bucket}: {} registered",
+                    s.buckets.len()
+                ))
+            })?;
+            if b.values != len {
+                return Err(CallError::Value(format!(
+                    "bucket {bucket} holds {} values, buf has {len}",
+                    b.values
+                )));
+            }
+            let id = b.id;
+            Ok(rt.block_on(s.group.allreduce_differentiated(id, values, op))?)
+        })?;
+        report_dict(py, &report)
+    }
+
+    /// Gathers every rank's sparse rows of a height x width matrix: `rows`
+    /// a uint64 buffer of row indexes (each below height), `values` a
+    /// float32 buffer of len(rows) * width values, row by row. Every rank
+    /// passes the same height and width. Returns every rank's rows and
+    /// values in rank order, as bytearrays of native-endian uint64 and
+    /// float32 (numpy.frombuffer(rows, numpy.uint64) reads them; rows that
+    /// several ranks hold appear once per rank). how: "allgatherv" (every
+    /// rank's rows to every other at once) or "broadcast_in_order" (one
+    /// rank after the other) when the ranks' row counts differ; equal
+    /// counts always take one allgather of rows and one of values.
+    ///
+    /// The inputs are copied once (the Rust call takes owned rows).
+    #[pyo3(signature = (rows, values, height, width, how = "allgatherv"))]
+    fn sparse_allgather<'py>(
+        &self,
+        py: Python<'py>,
+        rows: &Bound<'py, PyAny>,
+        values: &Bound<'py, PyAny>,
+        height: u64,
+        width: usize,
+        how: &str,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let how = match how {
+            "allgatherv" => SparseAllgather::Allgatherv,
+            "broadcast_in_order" => SparseAllgather::BroadcastInOrder,
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown how {how:?}: expected \"allgatherv\" or \"broadcast_in_order\""
+                )))
+            }
+        };
+        let rows = InBuf::<u64>::get(rows, "rows", "uint64")?;
+        let values = InBuf::<f32>::get(values, "values", "float32")?;
+        let mine = SparseRows {
+            height,
+            width,
+            rows: rows.as_slice().to_vec(),
+            values: values.as_slice().to_vec(),
+        };
+        // Bad shapes are bad input: refused here, before the call counts
+        // as a collective.
+        mine.check()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let (all, _report) = self.with_state(py, |s, rt| {
+            Ok(rt.block_on(s.group.sparse_allgather(&mine, how))?)
+        })?;
+        let rows = PyByteArray::new(py, &bytes_of(&all.rows, u64::to_ne_bytes));
+        let values = PyByteArray::new(py, &bytes_of(&all.values, f32::to_ne_bytes));
+        PyTuple::new(py, [rows, values])
+    }
+
+    /// Closes every link in order (each waits for its peer to confirm, at
+    /// most a few seconds) and releases the socket. Calling it again does
+    /// nothing; every other call afterwards raises GroupClosedError.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let taken = match self.state.lock() {
+                Ok(mut g) => g.take(),
+                Err(poisoned) => poisoned.into_inner().take(),
+            };
+            let Some(state) = taken else {
+                return Ok(());
+            };
+            self.bytes_at_close
+                .store(state.group.bytes_sent(), Ordering::Relaxed);
+            runtime()?.block_on(state.group.close());
+            Ok(())
+        })
+        .map_err(|e: CallError| e.into_py(py))
+    }
+
+    /// Returns the group itself.
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Closes the group; exceptions propagate.
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let closed = if self.closed(py) { ", closed" } else { "" };
+        format!("Group(rank={}, world={}{closed})", self.rank, self.world)
+    }
+}
+
+impl Drop for PyGroup {
+    /// A group dropped without close(): its links are dropped inside the
+    /// runtime (their tasks live there) without waiting for the peers.
+    fn drop(&mut self) {
+        let state = match self.state.get_mut() {
+            Ok(s) => s.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        let Some(state) = state else { return };
+        match runtime() {
+            Ok(rt) => {
+                let _entered = rt.enter();
+                drop(state);
+            }
+            // A forked child: the runtime's threads are not here, and
+            // dropping what belongs to them could wait forever.
+            Err(_) => std::mem::forget(state),
+        }
+    }
+}
+
+/// The values as native-endian bytes.
+fn bytes_of<T: Copy, const N: usize>(values: &[T], to_bytes: fn(T) -> [u8; N]) -> Vec<u8> {
+    values.iter().flat_map(|&v| to_bytes(v)).collect()
+}

@@ -1,0 +1,103 @@
+//! `gradlane._native`: gradlane's [`Group`](gradlane::Group) for Python.
+//!
+//! The pure-Python package `gradlane` (python/gradlane) re-exports what is
+//! here; users import `gradlane`, never `gradlane._native`.
+//!
+//! - `group`: the `Group` class and its collectives.
+//! - `buffer`: Python buffers as Rust slices without a copy (the only
+//!   unsafe code, with its safety argument).
+//! - `errors`: the exception classes and the mapping of Rust errors.
+//!
+//! Every network call runs on one tokio runtime per process (two worker
+//! threads, made at the first call) with the GIL released, so other Python
+//! threads run meanwhile. Nothing here panics on bad input from Python:
+//! every check is an exception.
+
+mod buffer;
+mod errors;
+mod group;
+
+use errors::CallError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use tokio::runtime::Runtime;
+
+/// The process's runtime and the id of the process that made it.
+static RUNTIME: OnceLock<Result<(u32, Runtime), String>> = OnceLock::new();
+
+/// The process's tokio runtime, made at the first call: two worker threads
+/// (the machine gradlane is tuned for has two cores; quinn's drivers and
+/// the links' tasks run there, the collective itself on the calling
+/// thread).
+///
+/// A fork copies the runtime's memory but not its threads: in a forked
+/// child of a process that had already used gradlane the runtime is dead,
+/// and using it would hang. That is an error instead.
+pub(crate) fn runtime() -> Result<&'static Runtime, CallError> {
+    let made = RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("gradlane")
+            .enable_all()
+            .build()
+            .map(|rt| (std::process::id(), rt))
+            .map_err(|e| e.to_string())
+    });
+    match made {
+        Ok((pid, rt)) if *pid == std::process::id() => Ok(rt),
+        Ok(_) => Err(CallError::Runtime(
+            "gradlane was used before this process was forked, and a fork does not copy \
+             its runtime's threads: start ranks with multiprocessing's \"spawn\" or \
+             \"forkserver\", or use gradlane only after forking"
+                .into(),
+        )),
+        Err(e) => Err(CallError::Runtime(format!(
+            "cannot start gradlane's runtime: {e}"
+        ))),
+    }
+}
+
+/// Makes a fresh CA and a certificate signed by it for a job, valid for
+/// every name in `names` (IP addresses or DNS names: those the ranks reach
+/// each other by, e.g. "127.0.0.1" on one machine), and writes ca.pem,
+/// ca.key, server.pem and server.key into `dir` (created if needed; keys
+/// with mode 0600). Existing files are overwritten.
+///
+/// Give every rank the same directory (`Group(cert_dir=...)` or the
+/// environment variable GRADLANE_CERT_DIR); ca.key is needed by nobody
+/// after this call.
+///
+/// Returns a dict of the paths written: "ca_cert", "ca_key",
+/// "server_cert", "server_key".
+///
+/// Raises ValueError for no names or a name that is neither an IP address
+/// nor a DNS name, OSError when the files cannot be written.
+#[pyfunction]
+fn generate_certs<'py>(
+    py: Python<'py>,
+    dir: PathBuf,
+    names: Vec<String>,
+) -> PyResult<Bound<'py, PyDict>> {
+    // Key generation takes milliseconds: let other threads run meanwhile.
+    let files = py
+        .detach(|| gradlane::generate_certs(&dir, &names))
+        .map_err(errors::certs_error)?;
+    let out = PyDict::new(py);
+    out.set_item("ca_cert", files.ca_cert)?;
+    out.set_item("ca_key", files.ca_key)?;
+    out.set_item("server_cert", files.server_cert)?;
+    out.set_item("server_key", files.server_key)?;
+    Ok(out)
+}
+
+/// The native module of the `gradlane` package.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(generate_certs, m)?)?;
+    m.add_class::<group::PyGroup>()?;
+    errors::register(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

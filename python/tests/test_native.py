@@ -1,0 +1,466 @@
+"""Tests of gradlane's native Python package (numpy only, no torch).
+
+Groups of three ranks run as three processes (multiprocessing "spawn") on
+loopback, with certificates made by gradlane.generate_certs. Each rank
+reports what it computed through a queue; the test process checks it
+against numpy, bit for bit. Every wait is bounded (a queue timeout), and
+nothing waits for time to pass: a rank that should fail fails by QUIC's
+idle timeout, which the test sets short.
+"""
+
+import multiprocessing
+import os
+import socket
+import traceback
+
+import numpy as np
+import pytest
+
+import gradlane
+
+WORLD = 3
+# Sizes of the exact collectives: empty, one value, odd sizes that do not
+# split evenly over three ranks.
+SIZES = [0, 1, 7, 1001]
+# A bucket like a small CNN's: conv kernels (chunked per kernel) and dense
+# tensors (chunked in 1 KiB blocks).
+BUCKET = [
+    ("conv1.weight", [16, 8, 3, 3], "conv2d"),
+    ("conv1.bias", [16], "dense"),
+    ("fc.weight", [10, 300], "dense"),
+    ("fc.bias", [10], "dense"),
+]
+BUCKET_VALUES = sum(int(np.prod(shape)) for _, shape, _ in BUCKET)
+# A larger one for the lossy runs (473 KB): its lossy fifth makes some
+# seventy datagrams per rank and step, so that at 5% loss some are lost
+# (at least one in 630 all but surely: 0.95^630 < 1e-14).
+LOSSY_BUCKET = [
+    ("conv.weight", [64, 32, 3, 3], "conv2d"),
+    ("fc.weight", [100, 1000], "dense"),
+]
+LOSSY_BUCKET_VALUES = sum(int(np.prod(shape)) for _, shape, _ in LOSSY_BUCKET)
+# Generous bounds on a whole scenario: they only turn a hang into a
+# failure, they are not what any test measures.
+RESULT_TIMEOUT = 180.0
+
+
+def values(rank, size, salt=0):
+    """Rank `rank`'s deterministic float32 input of `size` values."""
+    rng = np.random.default_rng(10_000 * salt + 100 * rank + size)
+    return (rng.standard_normal(size) * 3.0).astype(np.float32)
+
+
+def gradient(rank, step, n=BUCKET_VALUES):
+    """A rank's gradient of `n` values: magnitudes that differ by chunk,
+    so that the important chunks differ between ranks."""
+    rng = np.random.default_rng(7919 * rank + step)
+    scales = np.exp(rng.uniform(0.0, 8.0, size=n // 64 + 1))
+    scale = np.repeat(scales, 64)[:n]
+    return ((rng.uniform(size=n) - 0.5) * scale).astype(np.float32)
+
+
+def rank_sum(parts):
+    """The sum of `parts` in rank order, in float32, as gradlane sums."""
+    acc = np.zeros_like(parts[0], dtype=np.float32)
+    for p in parts:
+        acc += p
+    return acc
+
+
+def bits(a):
+    """The raw bits of a float32 array, for exact comparisons."""
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def assert_same_bits(got, want, what):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    differ = np.flatnonzero(bits(got) != bits(want))
+    assert differ.size == 0, (
+        f"{what}: {differ.size} of {got.size} values differ, first at "
+        f"{differ[:5].tolist()}: {got[differ[:5]]} vs {want[differ[:5]]}"
+    )
+
+
+def free_port():
+    """A loopback UDP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- ranks
+# Each scenario runs in every rank's process and returns what the test
+# checks (plain Python objects and bytes, so they cross the queue as they
+# are).
+
+
+def scenario_exact(g):
+    """Every exact collective at every size, a bad call before each (which
+    must fail locally without putting the ranks out of step), and the
+    differentiated allreduce without loss next to the exact one."""
+    rank = g.rank
+    out = {"bad": []}
+
+    def bad(call):
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out["bad"].append((type(e).__name__, str(e)))
+        else:
+            out["bad"].append(("no error", ""))
+
+    for n in SIZES:
+        x = values(rank, n)
+        bad(lambda: g.allreduce(x.astype(np.float64)))
+        a = x.copy()
+        g.allreduce(a, op="sum")
+        out[f"allreduce_sum_{n}"] = a.tobytes()
+        a = x.copy()
+        g.allreduce(a, op="mean")
+        out[f"allreduce_mean_{n}"] = a.tobytes()
+        b = x.copy() if rank == 1 else np.full(n, np.nan, np.float32)
+        g.broadcast(1, b)
+        out[f"broadcast_{n}"] = b.tobytes()
+        gathered = np.empty(n * WORLD, np.float32)
+        bad(lambda: g.allgather(x, np.empty(n * WORLD + 1, np.float32)))
+        g.allgather(x, gathered)
+        out[f"allgather_{n}"] = gathered.tobytes()
+        parts = values(rank, n * WORLD, salt=1)
+        scattered = np.empty(n, np.float32)
+        g.reduce_scatter(parts, scattered, op="sum")
+        out[f"reduce_scatter_{n}"] = scattered.tobytes()
+        g.barrier()
+
+    bucket = g.register_bucket(BUCKET, recovery="zero_fill")
+    grad = gradient(rank, 0)
+    d = grad.copy()
+    stats = g.allreduce_differentiated(bucket, d, op="mean")
+    e = grad.copy()
+    g.allreduce(e, op="mean")
+    out["differentiated"] = d.tobytes()
+    out["exact_mean"] = e.tobytes()
+    out["stats"] = stats
+    out["bytes_sent"] = g.bytes_sent
+    return out
+
+
+def scenario_lossy(g):
+    """Three steps of the differentiated allreduce with seeded loss on
+    every rank's outgoing packets."""
+    bucket = g.register_bucket(LOSSY_BUCKET, recovery="zero_fill")
+    steps, stats = [], []
+    for step in range(3):
+        buf = gradient(g.rank, step, LOSSY_BUCKET_VALUES)
+        stats.append(g.allreduce_differentiated(bucket, buf, op="mean"))
+        steps.append(buf.tobytes())
+    return {"steps": steps, "stats": stats}
+
+
+def scenario_dies(g):
+    """Rank 2 leaves without a word (no close: its process ends at once);
+    the others' next collectives must fail naming it."""
+    g.barrier()
+    if g.rank == 2:
+        os._exit(0)
+    try:
+        g.barrier()
+        g.allreduce(values(g.rank, 1 << 16))
+    except gradlane.GroupError as e:
+        return {
+            "type": type(e).__name__,
+            "is_group_error": isinstance(e, gradlane.GroupError),
+            "rank": e.rank,
+            "message": str(e),
+        }
+    return {"type": None}
+
+
+SCENARIOS = {
+    "exact": scenario_exact,
+    "lossy": scenario_lossy,
+    "dies": scenario_dies,
+}
+
+
+def rank_main(scenario, rank, root, cert_dir, options, results, done):
+    """One rank's process: join, run the scenario, report, and keep the
+    group open until the test has every rank's report (so that no rank's
+    closing reaches another before that one has reported)."""
+    try:
+        g = gradlane.Group(
+            rank, WORLD, root=f"127.0.0.1:{root}", cert_dir=cert_dir, **options
+        )
+        out = SCENARIOS[scenario](g)
+        results.put((rank, "ok", out))
+    except BaseException:  # noqa: BLE001 - reported to the test
+        results.put((rank, "error", traceback.format_exc()))
+        return
+    done.wait(RESULT_TIMEOUT)
+    g.close()
+
+
+def run_ranks(scenario, cert_dir, options=None, expect=WORLD):
+    """Runs `scenario` on WORLD ranks and returns the reports of the first
+    `expect` ranks to report, by rank."""
+    ctx = multiprocessing.get_context("spawn")
+    results, done = ctx.Queue(), ctx.Event()
+    root = free_port()
+    procs = [
+        ctx.Process(
+            target=rank_main,
+            args=(scenario, r, root, cert_dir, options or {}, results, done),
+            daemon=True,
+        )
+        for r in range(WORLD)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        got = {}
+        for _ in range(expect):
+            rank, status, out = results.get(timeout=RESULT_TIMEOUT)
+            assert status == "ok", f"rank {rank} failed:\n{out}"
+            got[rank] = out
+        return got
+    finally:
+        done.set()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+
+# ---------------------------------------------------------------- tests
+
+
+@pytest.fixture(scope="module")
+def cert_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("certs")
+    gradlane.generate_certs(str(d), ["127.0.0.1"])
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def exact(cert_dir):
+    return run_ranks("exact", cert_dir)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_exact_collectives_equal_numpy_bit_for_bit(exact, n):
+    inputs = [values(r, n) for r in range(WORLD)]
+    total = rank_sum(inputs)
+    parts = [values(r, n * WORLD, salt=1) for r in range(WORLD)]
+    for r in range(WORLD):
+        got = {k: np.frombuffer(v, np.float32) for k, v in exact[r].items()
+               if isinstance(v, bytes)}
+        assert_same_bits(got[f"allreduce_sum_{n}"], total, f"rank {r} sum")
+        assert_same_bits(
+            got[f"allreduce_mean_{n}"], total / np.float32(WORLD), f"rank {r} mean"
+        )
+        assert_same_bits(got[f"broadcast_{n}"], inputs[1], f"rank {r} broadcast")
+        assert_same_bits(
+            got[f"allgather_{n}"], np.concatenate(inputs), f"rank {r} allgather"
+        )
+        want = rank_sum([p[r * n:(r + 1) * n] for p in parts])
+        assert_same_bits(got[f"reduce_scatter_{n}"], want, f"rank {r} reduce_scatter")
+
+
+def test_differentiated_allreduce_without_loss_equals_exact(exact):
+    want = rank_sum([gradient(r, 0) for r in range(WORLD)]) / np.float32(WORLD)
+    for r in range(WORLD):
+        d = np.frombuffer(exact[r]["differentiated"], np.float32)
+        e = np.frombuffer(exact[r]["exact_mean"], np.float32)
+        assert_same_bits(d, e, f"rank {r}: differentiated vs exact")
+        assert_same_bits(d, want, f"rank {r}: differentiated vs numpy")
+        stats = exact[r]["stats"]
+        assert stats["missing_ranges"] == stats["lost_ranges"] == 0, stats
+        assert stats["zero_filled_lossy_bytes"] == 0, stats
+        # The lossy share did travel as such (loss_tolerance 0.2).
+        assert stats["sent_lossy_bytes"] > 0, stats
+        assert stats["sent_important_bytes"] > stats["sent_lossy_bytes"], stats
+        assert exact[r]["bytes_sent"] > 0
+
+
+def test_bad_calls_fail_locally_and_keep_ranks_in_step(exact):
+    # Each rank made a float64 allreduce and a wrong-size allgather before
+    # the good calls, which all succeeded (checked above).
+    for r in range(WORLD):
+        kinds = {k for k, _ in exact[r]["bad"]}
+        assert kinds == {"TypeError", "ValueError"}, exact[r]["bad"]
+
+
+def test_with_injected_loss_every_rank_ends_with_the_same_bits(cert_dir):
+    got = {}
+    # Each rank drops 5% of its outgoing packets, seeded per rank.
+    for r, out in run_ranks("lossy", cert_dir, {"injected_loss": 0.05}).items():
+        got[r] = out
+    for step in range(3):
+        first = np.frombuffer(got[0]["steps"][step], np.float32)
+        assert np.isfinite(first).all()
+        for r in range(1, WORLD):
+            assert_same_bits(
+                np.frombuffer(got[r]["steps"][step], np.float32),
+                first,
+                f"step {step}: rank {r} vs rank 0",
+            )
+    stats = [s for r in range(WORLD) for s in got[r]["stats"]]
+    assert all(s["sent_lossy_bytes"] > 0 for s in stats)
+    # Loss did happen, and every rank was told of what it lost: the
+    # chunks owners missed are the chunks senders lost.
+    missing = sum(s["missing_ranges"] for s in stats)
+    assert missing > 0, stats
+    assert missing == sum(s["lost_ranges"] for s in stats), stats
+
+
+def test_a_rank_that_exits_is_named_by_the_others(cert_dir):
+    # A 3 s idle timeout: a silent link fails after 3 s; the queue timeout
+    # bounds the whole test.
+    got = run_ranks("dies", cert_dir, {"idle_timeout": 3.0}, expect=WORLD - 1)
+    assert set(got) == {0, 1}
+    for r, out in got.items():
+        assert out["type"] == "RankFailedError", (r, out)
+        assert out["is_group_error"]
+        assert out["rank"] == 2, (r, out)
+        assert "rank 2" in out["message"], (r, out)
+
+
+# ------------------------------------------- input checks on one rank
+# A group of one rank runs every check of the input without a network.
+
+
+@pytest.fixture
+def solo(cert_dir):
+    with gradlane.Group(0, 1, root=f"127.0.0.1:{free_port()}", cert_dir=cert_dir) as g:
+        yield g
+
+
+def test_bad_buffers_are_type_and_value_errors(solo):
+    good = np.zeros(6, np.float32)
+    with pytest.raises(TypeError, match="float32"):
+        solo.allreduce(np.zeros(6, np.float64))
+    with pytest.raises(TypeError):
+        solo.allreduce([1.0, 2.0])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        solo.allreduce(good[::2])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        solo.allreduce(np.zeros((4, 3), np.float32).T)
+    read_only = np.zeros(6, np.float32)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        solo.allreduce(read_only)
+    with pytest.raises(ValueError, match="read-only"):
+        solo.allgather(good, read_only)
+    solo.allgather(read_only, good)  # a read-only input is fine
+    with pytest.raises(ValueError, match="needs 6"):
+        solo.allgather(good, np.zeros(5, np.float32))
+    with pytest.raises(ValueError, match="needs"):
+        solo.reduce_scatter(good, np.zeros(5, np.float32))
+    with pytest.raises(ValueError, match="share memory"):
+        solo.allgather(good, good)
+    with pytest.raises(ValueError, match="unknown op"):
+        solo.allreduce(good, op="max")
+    with pytest.raises(ValueError, match="unknown op"):
+        solo.reduce_scatter(good, np.zeros(6, np.float32), op="avg")
+    with pytest.raises(ValueError, match="root"):
+        solo.broadcast(1, good)
+    # A C-contiguous 2-d array is taken as its flat values.
+    solo.allreduce(np.zeros((2, 3), np.float32))
+
+
+def test_bad_buckets_and_sparse_rows_are_value_errors(solo):
+    with pytest.raises(ValueError, match="unknown recovery"):
+        solo.register_bucket(BUCKET, recovery="drop")
+    with pytest.raises(ValueError, match="unknown kind"):
+        solo.register_bucket([("w", [4], "conv")])
+    with pytest.raises(ValueError, match="conv2d"):
+        solo.register_bucket([("w", [4, 4], "conv2d")])
+    with pytest.raises(ValueError, match="negative"):
+        solo.register_bucket([("w", [-1], "dense")])
+    b = solo.register_bucket(BUCKET, recovery="error_feedback")
+    with pytest.raises(ValueError, match="holds"):
+        solo.allreduce_differentiated(b, np.zeros(BUCKET_VALUES + 1, np.float32))
+    with pytest.raises(ValueError, match="no bucket"):
+        solo.allreduce_differentiated(b + 1, np.zeros(BUCKET_VALUES, np.float32))
+    with pytest.raises(ValueError, match="unknown op"):
+        solo.allreduce_differentiated(b, np.zeros(BUCKET_VALUES, np.float32), op="max")
+    grad = gradient(0, 0)
+    stats = solo.allreduce_differentiated(b, grad.copy(), op="sum")
+    assert stats["lost_ranges"] == 0
+    rows = np.array([3, 1], np.uint64)
+    vals = np.arange(4, dtype=np.float32)
+    with pytest.raises(ValueError, match="outside"):
+        solo.sparse_allgather(rows, vals, 2, 2)
+    with pytest.raises(ValueError, match="need"):
+        solo.sparse_allgather(rows, vals[:3], 5, 2)
+    with pytest.raises(TypeError, match="uint64"):
+        solo.sparse_allgather(rows.astype(np.float64), vals, 5, 2)
+    with pytest.raises(ValueError, match="unknown how"):
+        solo.sparse_allgather(rows, vals, 5, 2, how="gather")
+    got_rows, got_vals = solo.sparse_allgather(rows, vals, 5, 2)
+    assert np.frombuffer(got_rows, np.uint64).tolist() == [3, 1]
+    assert_same_bits(np.frombuffer(got_vals, np.float32), vals, "sparse values")
+
+
+def test_bad_group_arguments_are_value_errors(cert_dir):
+    root = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ValueError, match="exactly one"):
+        gradlane.Group(0, 1, cert_dir=cert_dir)
+    with pytest.raises(ValueError, match="exactly one"):
+        gradlane.Group(0, 1, root=root, addresses=[root], cert_dir=cert_dir)
+    with pytest.raises(ValueError, match="rank"):
+        gradlane.Group(1, 1, root=root, cert_dir=cert_dir)
+    with pytest.raises(ValueError, match="addresses"):
+        gradlane.Group(0, 2, addresses=[root], cert_dir=cert_dir)
+    with pytest.raises(ValueError, match="loss tolerance"):
+        gradlane.Group(0, 1, root=root, cert_dir=cert_dir, loss_tolerance=1.5)
+    with pytest.raises(ValueError, match="injected_loss"):
+        gradlane.Group(0, 1, root=root, cert_dir=cert_dir, injected_loss=-0.1)
+    with pytest.raises(ValueError, match="idle_timeout"):
+        gradlane.Group(0, 1, root=root, cert_dir=cert_dir, idle_timeout=0.0)
+    with pytest.raises(ValueError, match="root"):
+        gradlane.Group(0, 1, root="not an address", cert_dir=cert_dir)
+    with pytest.raises(gradlane.GroupSetupError):
+        gradlane.Group(0, 1, root=root, cert_dir=os.path.join(cert_dir, "absent"))
+    with pytest.raises(ValueError, match="names"):
+        gradlane.generate_certs(os.path.join(cert_dir, "none"), [])
+
+
+def test_cert_dir_comes_from_the_environment(cert_dir, monkeypatch):
+    monkeypatch.setenv("GRADLANE_CERT_DIR", cert_dir)
+    with gradlane.Group(0, 1, root=f"127.0.0.1:{free_port()}") as g:
+        g.barrier()
+    monkeypatch.delenv("GRADLANE_CERT_DIR")
+    with pytest.raises(ValueError, match="GRADLANE_CERT_DIR"):
+        gradlane.Group(0, 1, root=f"127.0.0.1:{free_port()}")
+
+
+def test_a_rank_that_never_comes_is_a_join_timeout_naming_it(cert_dir):
+    with pytest.raises(gradlane.JoinTimeoutError) as caught:
+        gradlane.Group(
+            0, 2, root=f"127.0.0.1:{free_port()}", cert_dir=cert_dir, join_timeout=0.5
+        )
+    assert isinstance(caught.value, gradlane.GroupError)
+    assert caught.value.rank == 1
+    assert caught.value.missing == [1]
+
+
+def test_a_closed_group_refuses_calls(cert_dir):
+    g = gradlane.Group(0, 1, root=f"127.0.0.1:{free_port()}", cert_dir=cert_dir)
+    g.barrier()
+    assert not g.closed
+    g.close()
+    g.close()  # again: nothing
+    assert g.closed
+    assert repr(g) == "Group(rank=0, world=1, closed)"
+    assert (g.rank, g.world) == (0, 1)
+    with pytest.raises(gradlane.GroupClosedError):
+        g.barrier()
+    with pytest.raises(gradlane.GroupError):
+        g.allreduce(np.zeros(1, np.float32))
+
+
+def test_errors_carry_no_rank_by_default():
+    assert gradlane.GroupError.rank is None
+    assert issubclass(gradlane.RankFailedError, gradlane.GroupError)
+    assert issubclass(gradlane.GroupError, Exception)
