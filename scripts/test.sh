@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# README's test command: every Rust test, then the Python package built
+# and tested in a venv of its own.
+#
+# 1. `cargo test --workspace --no-fail-fast` (every test binary runs even
+#    if one fails).
+# 2. A venv (default .venv-test in the repository; GRADLANE_TEST_VENV
+#    moves it; an existing one is reused), with maturin 1.x, pytest and
+#    numpy; the package (python/) built as a release wheel and installed
+#    into it; pytest on python/tests.
+#
+# Both halves always run; the exit status is nonzero if either failed.
+# Needs Python 3.11 or newer (PYTHON names the interpreter; default
+# python3) with its venv module.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${GRADLANE_TEST_VENV:-.venv-test}
+rust_status=0
+python_status=0
+
+echo "== cargo test --workspace --no-fail-fast"
+cargo test --workspace --no-fail-fast
+rust_status=$?
+
+python_tests() {
+    set -e
+    if [ ! -x "$VENV/bin/python" ]; then
+        echo "== making the venv $VENV"
+        "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "gradlane needs Python 3.11 or newer, this is " + sys.version'
+        "$PYTHON" -m venv "$VENV"
+    fi
+    echo "== pip install maturin pytest numpy (into $VENV)"
+    "$VENV/bin/python" -m pip install --quiet "maturin>=1.9,<2" pytest numpy
+
+    # ---- torch: the torch layer (python/gradlane/torch) installs torch
+    # ---- here, e.g. `"$VENV/bin/python" -m pip install --quiet torch`
+    # ---- (a CUDA build, about 2.5 GB; its import works on CPU).
+
+    echo "== building the package (maturin build --release)"
+    local wheels="$VENV/wheels"
+    rm -rf "$wheels"
+    # The venv's bin first, so that maturin builds for its interpreter.
+    PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$PWD/$VENV" \
+        "$VENV/bin/maturin" build --release -m python/Cargo.toml -o "$wheels"
+    "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$wheels"/gradlane-*.whl
+
+    echo "== pytest python/tests"
+    # The pytest script, not `python -m pytest`, which would put the
+    # working directory on sys.path: the tests import the installed wheel.
+    "$VENV/bin/pytest" python/tests
+}
+# A subshell not tested by || or &&: inside a tested one bash ignores
+# set -e, and a failed step would not stop the half.
+( python_tests )
+python_status=$?
+
+echo "== rust tests: $([ $rust_status = 0 ] && echo ok || echo "FAILED ($rust_status)");" \
+    "python tests: $([ $python_status = 0 ] && echo ok || echo "FAILED ($python_status)")"
+[ $rust_status = 0 ] && [ $python_status = 0 ]
