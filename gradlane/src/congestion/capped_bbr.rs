@@ -173,7 +173,11 @@ impl InflightCap {
     /// when the sender had less to send than it was allowed.
     pub(crate) fn on_ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool) {
         let rtt = now.saturating_duration_since(sent);
-        let mut changed = self.min_rtt.update(now, rtt, |a, b| a < b);
+        // An acknowledgement timed no later than its packet's send (quinn
+        // stamps both with per-batch times, and a loaded host can order
+        // them so) says nothing of the path: a zero minimum would stay for
+        // a whole filter span.
+        let mut changed = !rtt.is_zero() && self.min_rtt.update(now, rtt, |a, b| a < b);
         // The first acknowledgement of a period marks its start; what it
         // acknowledged was delivered before.
         let Some(start) = self.period_start else {
@@ -430,6 +434,15 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 0.02 * b
+    }
+
+    #[test]
+    fn an_acknowledgement_timed_at_its_send_is_no_rtt_sample() {
+        let mut cap = InflightCap::new(DEFAULT_GAIN, MTU);
+        let now = steady(&mut cap);
+        cap.on_ack(now, now, PACKET, false);
+        cap.on_ack(now + MS, now + 2 * MS, PACKET, false);
+        assert_eq!(cap.min_rtt(), Some(2 * MS));
     }
 
     #[test]

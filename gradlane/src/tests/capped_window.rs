@@ -36,11 +36,11 @@ async fn the_default_window_is_capped_by_the_path() {
     let cap = capped.gate().cap().expect("bandwidth and RTT measured");
     assert!(window <= cap, "window {window} above the cap {cap}");
     let rtt = capped.gate().min_rtt().unwrap();
-    // The client delays what it sends by 1 ms; the server does not.
-    assert!(
-        rtt >= Duration::from_millis(1),
-        "min RTT {rtt:?} below the injected 1 ms"
-    );
+    // The client delays what it sends by 1 ms, but quinn stamps a received
+    // datagram with the start of its receive batch, so on a loaded host
+    // an RTT sample can fall below that (0.64 ms has been seen), down to
+    // zero, which the gate ignores.
+    assert!(!rtt.is_zero(), "a zero RTT sample was kept");
     assert!(
         window < 16 << 20 && window < sent / 8,
         "window {window} after {sent} bytes sent (bandwidth {:?}, min RTT {rtt:?}, floor {})",
