@@ -187,13 +187,15 @@ async fn every_class_leaves_with_its_own_mark() {
         let (packets, _) = count(true, dscp);
         // One datagram per packet (see `layout`): each level's datagrams
         // in packets carrying its mark, on the wire and in the socket's
-        // count.
+        // count. The mark moves on once quinn's datagram queue is empty,
+        // which is when the last datagrams are packed, not sent: on a
+        // loaded host one or two of them leave under the next mark.
         assert!(
-            packets >= d,
+            packets + 2 >= d,
             "level {}: {packets} packets for {d} datagrams",
             l + 1
         );
-        assert!(sent.packets[usize::from(dscp)] >= d);
+        assert!(sent.packets[usize::from(dscp)] + 2 >= d);
         // A packet with that mark is a datagram of that level (or, now
         // and then, an acknowledgement sent meanwhile).
         assert!(

@@ -105,12 +105,15 @@ pub enum LinkError {
         /// The peer's reason.
         reason: String,
     },
-    /// Writing to a stream failed.
+    /// Writing to a stream failed (not because the connection closed: that
+    /// is [`LinkError::Rejected`], [`LinkError::PeerClosed`] or
+    /// [`LinkError::Connection`]).
     #[error("write: {0}")]
-    Write(#[from] quinn::WriteError),
-    /// Reading a stream failed.
+    Write(quinn::WriteError),
+    /// Reading a stream failed (not because the connection closed, as for
+    /// [`LinkError::Write`]).
     #[error("read: {0}")]
-    Read(#[from] quinn::ReadError),
+    Read(quinn::ReadError),
     /// A round of a layout this end never registered; nothing was sent.
     #[error("layout {0} is not registered on this link")]
     UnknownLayout(u16),
@@ -158,6 +161,20 @@ fn peer_closed_message(round: Option<u32>) -> String {
             format!("the peer closed the link before round {r}'s important part was complete")
         }
         None => "the peer closed the link".into(),
+    }
+}
+
+/// A stream error caused by the connection's close says why the
+/// connection closed, whichever stream saw it first.
+impl From<quinn::WriteError> for LinkError {
+    fn from(e: quinn::WriteError) -> Self {
+        write_error(e)
+    }
+}
+
+impl From<quinn::ReadError> for LinkError {
+    fn from(e: quinn::ReadError) -> Self {
+        read_error(e)
     }
 }
 
