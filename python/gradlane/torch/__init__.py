@@ -1,0 +1,32 @@
+"""gradlane for PyTorch: a torch.distributed backend and a DDP
+communication hook.
+
+The backend: with gradlane installed, ``dist.init_process_group("gradlane")``
+finds it through the entry point group ``torch.distributed.backends`` (no
+import needed in the script). Its collectives run on a
+:class:`gradlane.Group` over QUIC: allreduce (SUM, AVG), broadcast,
+allgather, allgather_into_tensor, reduce_scatter, reduce_scatter_tensor,
+barrier, on CPU tensors. Set GRADLANE_CERT_DIR to the certificates
+(:func:`gradlane.generate_certs`); torchrun's MASTER_ADDR, RANK,
+WORLD_SIZE as usual.
+
+The hook: ``model.register_comm_hook(HookState(loss_tolerance=0.2),
+ddp_hook)`` sends each gradient bucket through gradlane's differentiated
+allreduce (the important chunks exact, the rest lossy), with any process
+group (gradlane or gloo).
+"""
+
+from gradlane.torch._backend import (
+    BACKEND_NAME,
+    GradlaneProcessGroup,
+    GradlaneWork,
+    _register,
+    create_process_group,
+)
+
+__all__ = [
+    "BACKEND_NAME",
+    "GradlaneProcessGroup",
+    "GradlaneWork",
+    "create_process_group",
+]

@@ -1,0 +1,414 @@
+"""The torch.distributed backend "gradlane": a Python ProcessGroup over
+:class:`gradlane.Group`.
+
+Every collective runs to completion inside the call (the GIL released
+while the network works) and returns a :class:`GradlaneWork` that is
+already done: its ``wait()`` returns True at once and its
+``get_future()`` is a completed :class:`torch.futures.Future`.
+
+Tensors: CPU and contiguous. Reductions (allreduce, reduce_scatter) take
+float32 only, used in place through ``tensor.numpy()`` without copies.
+Pure data movement (broadcast, allgather) takes any dtype: the bytes are
+moved, viewed as float32 where the size allows (no copy), through a
+padded float32 copy otherwise. Anything else is a TypeError or a
+ValueError naming the tensor and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import weakref
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import gradlane
+
+BACKEND_NAME = "gradlane"
+#: The store key under which rank 0 publishes its "ip:port".
+ROOT_KEY = "gradlane/root"
+
+
+class GradlaneWork(dist._Work):
+    """A finished collective: ``wait()`` is True, ``get_future()`` holds
+    ``result`` (what torch expects of the op: the tensors it wrote)."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+        self._future = torch.futures.Future()
+        self._future.set_result(result)
+
+    def wait(self, timeout=None):  # noqa: ARG002 - the op is done already
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def result(self):
+        return self._result
+
+    def get_future(self):
+        return self._future
+
+
+# ------------------------------------------------------------ tensors
+
+
+def _check_tensor(t, what, *, float32):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"gradlane: {what} must be a torch.Tensor, not {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(
+            f"gradlane: {what} is on {t.device}; the gradlane backend takes CPU tensors only"
+        )
+    if float32 and t.dtype != torch.float32:
+        raise TypeError(
+            f"gradlane: {what} is {t.dtype}; gradlane reduces torch.float32 tensors only"
+        )
+    if t.is_sparse or t.layout != torch.strided:
+        raise ValueError(f"gradlane: {what} has layout {t.layout}; only dense tensors")
+    if not t.is_contiguous():
+        raise ValueError(
+            f"gradlane: {what} (shape {tuple(t.shape)}, stride {t.stride()}) is not "
+            "contiguous; pass tensor.contiguous()"
+        )
+
+
+def _f32(t):
+    """The float32 numpy view of a checked float32 CPU tensor (no copy)."""
+    return t.detach().numpy().reshape(-1)
+
+
+def _bytes_view(t):
+    """A float32 numpy view of a contiguous tensor's bytes, or None when its
+    size in bytes is not a multiple of 4 (then the caller pads a copy)."""
+    n = t.numel() * t.element_size()
+    if n % 4:
+        return None
+    if n == 0:
+        return np.empty(0, np.float32)
+    flat = t.detach().reshape(-1)
+    if flat.dtype == torch.float32:
+        return flat.numpy()
+    return flat.view(torch.uint8).view(torch.float32).numpy()
+
+
+def _padded(t):
+    """A zero-padded float32 copy of a tensor's bytes (sizes not a multiple
+    of 4 bytes), and its byte count."""
+    raw = t.detach().reshape(-1).view(torch.uint8).numpy()
+    buf = np.zeros((raw.size + 3) // 4, np.float32)
+    buf.view(np.uint8)[: raw.size] = raw
+    return buf, raw.size
+
+
+def _op_name(op, what):
+    if op == dist.ReduceOp.SUM:
+        return "sum"
+    if op == dist.ReduceOp.AVG:
+        return "mean"
+    raise ValueError(f"gradlane: {what} supports ReduceOp.SUM and ReduceOp.AVG, not {op}")
+
+
+def _one(tensors, what):
+    if len(tensors) != 1:
+        raise ValueError(
+            f"gradlane: {what} takes one tensor per process (CPU), got {len(tensors)}"
+        )
+    return tensors[0]
+
+
+# ------------------------------------------------------------- the group
+
+
+class GradlaneProcessGroup(dist.ProcessGroup):
+    """A torch ProcessGroup whose collectives run on a :class:`gradlane.Group`.
+
+    Made by :func:`create_process_group` (the creator torch calls for
+    ``init_process_group("gradlane")`` and ``new_group(backend="gradlane")``);
+    ``group`` is the joined :class:`gradlane.Group` it owns and closes.
+    """
+
+    def __init__(self, group: gradlane.Group, rank: int, size: int):
+        super().__init__(rank, size)
+        self.group = group
+        self._rank = rank
+        self._size = size
+        self._group_name = ""
+        self._group_desc = ""
+        _GROUPS.add(self)
+
+    # --- identity
+    def getBackendName(self):
+        return BACKEND_NAME
+
+    def getRank(self):
+        return self._rank
+
+    def getSize(self):
+        return self._size
+
+    def setGroupName(self, name):
+        self._group_name = name
+
+    def getGroupName(self):
+        return self._group_name
+
+    def setGroupDesc(self, desc):
+        self._group_desc = desc
+
+    def getGroupDesc(self):
+        return self._group_desc
+
+    def __repr__(self):
+        return f"GradlaneProcessGroup(rank={self._rank}, size={self._size})"
+
+    # --- reductions (float32)
+    def allreduce(self, tensors, opts=None):
+        """Sums (ReduceOp.SUM) or averages (ReduceOp.AVG) each tensor over
+        the ranks, in place; every rank ends with the same bits."""
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
+        for i, t in enumerate(tensors):
+            _check_tensor(t, f"allreduce tensor {i}", float32=True)
+        for t in tensors:
+            self.group.allreduce(_f32(t), op=op)
+        return GradlaneWork(tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
+        for i, t in enumerate(tensors):
+            _check_tensor(t, f"allreduce_coalesced tensor {i}", float32=True)
+        for t in tensors:
+            self.group.allreduce(_f32(t), op=op)
+        return GradlaneWork(tensors)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        """``input`` holds ``size`` equal parts; rank r's ``output`` becomes
+        the sum (or mean, ReduceOp.AVG) of every rank's part r."""
+        op = _op_name(
+            opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter"
+        )
+        _check_tensor(input, "reduce_scatter input", float32=True)
+        _check_tensor(output, "reduce_scatter output", float32=True)
+        if input.numel() != output.numel() * self._size:
+            raise ValueError(
+                f"gradlane: reduce_scatter input has {input.numel()} values, needs "
+                f"{output.numel()} x {self._size} ranks = {output.numel() * self._size}"
+            )
+        self.group.reduce_scatter(_f32(input), _f32(output), op=op)
+        return GradlaneWork([output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        """Each rank's ``input_tensors[0]`` is a list of ``size`` tensors;
+        rank r's output is the reduction of every rank's r-th one. The
+        parts are concatenated into one buffer (a copy)."""
+        output = _one(output_tensors, "reduce_scatter")
+        inputs = _one(input_tensors, "reduce_scatter")
+        _check_tensor(output, "reduce_scatter output", float32=True)
+        if len(inputs) != self._size:
+            raise ValueError(
+                f"gradlane: reduce_scatter takes {self._size} input tensors, got {len(inputs)}"
+            )
+        for i, t in enumerate(inputs):
+            _check_tensor(t, f"reduce_scatter input {i}", float32=True)
+            if t.numel() != output.numel():
+                raise ValueError(
+                    f"gradlane: reduce_scatter input {i} has {t.numel()} values, "
+                    f"the output {output.numel()}"
+                )
+        flat = torch.cat([t.reshape(-1) for t in inputs])
+        return self.reduce_scatter_single(output, flat, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        for o, i in zip(outputs, inputs, strict=True):
+            self.reduce_scatter_single(o, i, opts)
+        return GradlaneWork(outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # --- data movement (any dtype, bit for bit)
+    def broadcast(self, tensors, opts=None):
+        """Makes each tensor on every rank equal to rank ``opts.rootRank``'s."""
+        root = opts.rootRank if opts is not None else 0
+        for i, t in enumerate(tensors):
+            _check_tensor(t, f"broadcast tensor {i}", float32=False)
+        for t in tensors:
+            view = _bytes_view(t)
+            if view is not None:
+                self.group.broadcast(root, view)
+            else:
+                buf, n = _padded(t)
+                self.group.broadcast(root, buf)
+                t.detach().reshape(-1).view(torch.uint8).copy_(
+                    torch.from_numpy(buf.view(np.uint8)[:n])
+                )
+        return GradlaneWork(tensors)
+
+    def all_gather_single(self, output, input, opts=None):
+        """``output`` (``size`` times ``input``'s values, same dtype) becomes
+        every rank's ``input`` in rank order."""
+        _check_tensor(input, "allgather input", float32=False)
+        _check_tensor(output, "allgather output", float32=False)
+        if output.dtype != input.dtype:
+            raise TypeError(
+                f"gradlane: allgather output is {output.dtype}, its input {input.dtype}"
+            )
+        if output.numel() != input.numel() * self._size:
+            raise ValueError(
+                f"gradlane: allgather output has {output.numel()} values, needs "
+                f"{input.numel()} x {self._size} ranks = {input.numel() * self._size}"
+            )
+        inv, outv = _bytes_view(input), _bytes_view(output)
+        if inv is not None:
+            self.group.allgather(inv, outv)
+        else:
+            buf, n = _padded(input)
+            gathered = np.empty(buf.size * self._size, np.float32)
+            self.group.allgather(buf, gathered)
+            parts = gathered.view(np.uint8).reshape(self._size, -1)[:, :n]
+            output.detach().reshape(-1).view(torch.uint8).copy_(
+                torch.from_numpy(np.ascontiguousarray(parts).reshape(-1))
+            )
+        return GradlaneWork([output])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        for o, i in zip(outputs, inputs, strict=True):
+            self.all_gather_single(o, i, opts)
+        return GradlaneWork(outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        """``output_tensors[0]`` (a list of ``size`` tensors shaped like
+        ``input_tensors[0]``) becomes every rank's input, in rank order."""
+        outputs = _one(output_tensors, "allgather")
+        input = _one(input_tensors, "allgather")
+        if len(outputs) != self._size:
+            raise ValueError(
+                f"gradlane: allgather takes {self._size} output tensors, got {len(outputs)}"
+            )
+        _check_tensor(input, "allgather input", float32=False)
+        for i, o in enumerate(outputs):
+            _check_tensor(o, f"allgather output {i}", float32=False)
+            if o.numel() != input.numel() or o.dtype != input.dtype:
+                raise ValueError(
+                    f"gradlane: allgather output {i} is {o.numel()} x {o.dtype}, "
+                    f"the input {input.numel()} x {input.dtype}"
+                )
+        flat = torch.empty(input.numel() * self._size, dtype=input.dtype)
+        self.all_gather_single(flat, input.reshape(-1))
+        for o, part in zip(outputs, flat.chunk(self._size) if self._size else [], strict=True):
+            o.copy_(part.view(o.shape))
+        return GradlaneWork(output_tensors)
+
+    # --- synchronization
+    def barrier(self, opts=None):
+        """Returns once every rank has called barrier."""
+        self.group.barrier()
+        return GradlaneWork([])
+
+    def shutdown(self):
+        """Closes the gradlane Group (the links to the other ranks)."""
+        self.group.close()
+
+    def abort(self):
+        self.group.close()
+
+
+#: Live process groups, for the hook to find the Group of one.
+_GROUPS: weakref.WeakSet[GradlaneProcessGroup] = weakref.WeakSet()
+
+
+# ------------------------------------------------------------ rendezvous
+
+
+def _free_udp_port(host: str) -> int:
+    """A UDP port on `host` that was free a moment ago (rank 0 listens
+    there right after, and publishes it through the store)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def cert_dir_from_env() -> str:
+    """GRADLANE_CERT_DIR, or a ValueError saying how to set it."""
+    d = os.environ.get("GRADLANE_CERT_DIR")
+    if not d:
+        raise ValueError(
+            "gradlane: set GRADLANE_CERT_DIR to a directory with ca.pem, server.pem "
+            "and server.key (gradlane.generate_certs(dir, [hosts]) makes them; every "
+            "rank uses the same files)"
+        )
+    return d
+
+
+def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
+    """The creator torch calls for backend "gradlane": ``(store, rank, size,
+    timeout)``.
+
+    Rendezvous through ``store``: rank 0 listens on MASTER_ADDR (default
+    127.0.0.1) at a free UDP port and sets ``gradlane/root`` to that
+    "ip:port"; the other ranks read it and listen on GRADLANE_RANK_ADDR
+    (default 0.0.0.0:0). Certificates from GRADLANE_CERT_DIR. Forming the
+    group may take ``timeout``.
+    """
+    cert_dir = cert_dir_from_env()
+    if isinstance(timeout, datetime.timedelta):
+        join_timeout = timeout.total_seconds()
+    else:
+        join_timeout = float(timeout) if timeout else 60.0
+    if rank == 0:
+        host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        try:
+            ip = socket.gethostbyname(host)
+        except OSError as e:
+            raise ValueError(f"gradlane: MASTER_ADDR {host!r} does not resolve: {e}") from e
+        root = f"{ip}:{_free_udp_port(ip)}"
+        store.set(ROOT_KEY, root)
+        listen = root
+    else:
+        root = store.get(ROOT_KEY).decode()
+        listen = os.environ.get("GRADLANE_RANK_ADDR") or "0.0.0.0:0"
+    group = gradlane.Group(
+        rank,
+        size,
+        root=root,
+        listen=listen,
+        cert_dir=cert_dir,
+        join_timeout=join_timeout,
+    )
+    return GradlaneProcessGroup(group, rank, size)
+
+
+def _register():
+    """The entry point torch calls (group ``torch.distributed.backends``,
+    name "gradlane"): registers the backend for CPU tensors."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu"])
+
+
+def gradlane_group_of(pg) -> gradlane.Group | None:
+    """The :class:`gradlane.Group` under a torch process group of backend
+    "gradlane" (or the default group when ``pg`` is None), else None."""
+    if pg is None:
+        if not dist.is_initialized():
+            return None
+        pg = dist.distributed_c10d._get_default_group()
+    if isinstance(pg, GradlaneProcessGroup):
+        return pg.group
+    for g in list(_GROUPS):
+        if g is pg:
+            return g.group
+    return None

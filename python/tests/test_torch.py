@@ -1,0 +1,314 @@
+"""Tests of gradlane.torch: the torch.distributed backend "gradlane" and the
+DDP communication hook, on CPU ranks.
+
+Each scenario runs on WORLD ranks as processes (multiprocessing "spawn")
+with torchrun's environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
+and GRADLANE_CERT_DIR; each rank reports numpy arrays through a queue and
+the test process checks them against a single-process reference. Every
+wait is bounded by a queue timeout; nothing sleeps.
+
+This module imports neither torch nor gradlane.torch at its top level
+beyond what the skip needs: the children of the backend scenario check
+that ``init_process_group("gradlane")`` works without importing
+gradlane.torch (the entry point does it).
+"""
+
+import multiprocessing
+import os
+import socket
+import sys
+import traceback
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed (scripts/test.sh installs it into the venv)"
+)
+
+import gradlane  # noqa: E402
+
+WORLD = 2
+STEPS = 3
+BATCH = 4  # per rank
+LR = 0.1
+RESULT_TIMEOUT = 300.0
+
+
+def free_port(kind=socket.SOCK_STREAM):
+    """A loopback port (TCP by default, UDP with SOCK_DGRAM) that was free
+    a moment ago."""
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- models
+
+
+def small_cnn(seed):
+    """A conv layer and a linear layer on 1x8x8 images, 10 classes."""
+    nn = torch.nn
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(4 * 6 * 6, 10),
+    )
+
+
+def wide_cnn(seed):
+    """A larger model (about 300 KB of gradients) so that at 5% injected
+    loss some lossy datagrams are lost every few steps."""
+    nn = torch.nn
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(1, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(64 * 8 * 8, 16),
+    )
+
+
+def batch(step, rank, n=BATCH):
+    """Rank `rank`'s deterministic batch of step `step`."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(n, 1, 8, 8, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    return x, y
+
+
+def params_of(model):
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+# ---------------------------------------------------------------- ranks
+
+
+def scenario_backend(rank):
+    """DDP over init_process_group("gradlane") with no gradlane import,
+    then each collective through torch.distributed, then bad input."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    out = {"imported_before_init": "gradlane.torch" in sys.modules}
+    dist.init_process_group("gradlane")
+    out["backend"] = str(dist.get_backend())
+    # Each rank starts from different weights: DDP's broadcast at
+    # construction must make them rank 0's.
+    model = small_cnn(seed=100 + rank)
+    ddp = DDP(model)
+    out["initial"] = params_of(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    out["grads"], out["params"] = [], []
+    for step in range(STEPS):
+        x, y = batch(step, rank)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        out["grads"].append([p.grad.numpy().copy() for p in model.parameters()])
+        opt.step()
+        out["params"].append(params_of(model))
+
+    # Collectives through torch.distributed.
+    t = torch.arange(7, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(t)
+    out["all_reduce_sum"] = t.numpy().copy()
+    t = torch.arange(7, dtype=torch.float32) * (rank + 1)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    out["all_reduce_avg"] = t.numpy().copy()
+    b = torch.full((5,), float(rank)) if rank else torch.arange(5, dtype=torch.float32)
+    dist.broadcast(b, src=0)
+    out["broadcast"] = b.numpy().copy()
+    b = torch.arange(3, dtype=torch.int64) * 10 if rank == 1 else torch.zeros(3, dtype=torch.int64)
+    dist.broadcast(b, src=1)
+    out["broadcast_int64"] = b.numpy().copy()
+    b = torch.tensor([rank == 0] * 3, dtype=torch.bool)
+    dist.broadcast(b, src=0)
+    out["broadcast_bool"] = b.numpy().copy()
+    parts = [torch.empty(3) for _ in range(WORLD)]
+    dist.all_gather(parts, torch.full((3,), float(rank)))
+    out["all_gather"] = np.concatenate([p.numpy() for p in parts])
+    flat = torch.empty(3 * WORLD)
+    dist.all_gather_into_tensor(flat, torch.full((3,), float(rank) + 0.5))
+    out["all_gather_into_tensor"] = flat.numpy().copy()
+    inp = torch.arange(2 * WORLD, dtype=torch.float32) + 10 * rank
+    o = torch.empty(2)
+    dist.reduce_scatter_tensor(o, inp, op=dist.ReduceOp.AVG)
+    out["reduce_scatter_tensor_avg"] = o.numpy().copy()
+    o = torch.empty(2)
+    dist.reduce_scatter(o, list(inp.chunk(WORLD)))
+    out["reduce_scatter_sum"] = o.numpy().copy()
+    dist.barrier()
+
+    # Bad input: a clear exception, and the ranks stay in step (the
+    # checks run before any network traffic).
+    out["bad"] = []
+    for what, call in [
+        ("float64", lambda: dist.all_reduce(torch.zeros(4, dtype=torch.float64))),
+        ("non-contiguous", lambda: dist.all_reduce(torch.zeros(4, 4).t())),
+        ("max", lambda: dist.all_reduce(torch.zeros(4), op=dist.ReduceOp.MAX)),
+        ("wrong size", lambda: dist.all_gather_into_tensor(torch.empty(5), torch.zeros(2))),
+    ]:
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out["bad"].append((what, type(e).__name__, str(e)))
+        else:
+            out["bad"].append((what, "no error", ""))
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    out["after_bad"] = t.numpy().copy()
+    out["pg_name"] = dist.distributed_c10d._get_default_group().name()
+    dist.destroy_process_group()
+    return out
+
+
+SCENARIOS = {"backend": scenario_backend}
+
+
+def rank_main(scenario, rank, env, args, results):
+    try:
+        os.environ.update(env)
+        os.environ["RANK"] = str(rank)
+        out = SCENARIOS[scenario](rank, *args)
+        results.put((rank, "ok", out))
+    except BaseException:  # noqa: BLE001 - reported to the test
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(scenario, cert_dir, *args):
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(WORLD),
+        "GRADLANE_CERT_DIR": cert_dir,
+        "GRADLANE_PORT": str(free_port(socket.SOCK_DGRAM)),
+    }
+    procs = [
+        ctx.Process(target=rank_main, args=(scenario, r, env, args, results), daemon=True)
+        for r in range(WORLD)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        got = {}
+        for _ in range(WORLD):
+            rank, status, out = results.get(timeout=RESULT_TIMEOUT)
+            assert status == "ok", f"rank {rank} failed:\n{out}"
+            got[rank] = out
+        return got
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+
+# ---------------------------------------------------------------- tests
+
+
+@pytest.fixture(scope="module")
+def cert_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("certs")
+    gradlane.generate_certs(str(d), ["127.0.0.1"])
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def backend(cert_dir):
+    return run_ranks("backend", cert_dir)
+
+
+def reference_run():
+    """One process, the concatenated batches of every rank, rank 0's
+    initial weights: the gradients and parameters DDP must reproduce."""
+    import torch.nn.functional as F
+
+    model = small_cnn(seed=100)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    grads, params = [], []
+    for step in range(STEPS):
+        xs, ys = zip(*(batch(step, r) for r in range(WORLD)))
+        opt.zero_grad()
+        F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
+        grads.append([p.grad.numpy().copy() for p in model.parameters()])
+        opt.step()
+        params.append(params_of(model))
+    return params_of(small_cnn(seed=100)), grads, params
+
+
+def test_backend_is_found_through_the_entry_point(backend):
+    for r in range(WORLD):
+        assert not backend[r]["imported_before_init"]
+        assert backend[r]["backend"] == "gradlane"
+        assert backend[r]["pg_name"] == "gradlane"
+
+
+def test_ddp_broadcast_makes_every_rank_start_from_rank_0(backend):
+    initial, _, _ = reference_run()
+    for r in range(WORLD):
+        for got, want in zip(backend[r]["initial"], initial, strict=True):
+            assert np.array_equal(bits(got), bits(want)), f"rank {r}"
+
+
+def test_ddp_gradients_equal_the_single_process_reference(backend):
+    _, grads, params = reference_run()
+    for r in range(WORLD):
+        for step in range(STEPS):
+            for i, (got, want) in enumerate(zip(backend[r]["grads"][step], grads[step], strict=True)):
+                np.testing.assert_allclose(
+                    got, want, rtol=0, atol=1e-6, err_msg=f"rank {r} step {step} grad {i}"
+                )
+            for got, want in zip(backend[r]["params"][step], params[step], strict=True):
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    # Every rank's parameters are the same bits after every step.
+    for step in range(STEPS):
+        for r in range(1, WORLD):
+            for a, b in zip(backend[0]["params"][step], backend[r]["params"][step], strict=True):
+                assert np.array_equal(bits(a), bits(b)), f"step {step}: rank {r} vs 0"
+
+
+def test_collectives_through_torch_distributed(backend):
+    ar = [np.arange(7, dtype=np.float32) * (r + 1) for r in range(WORLD)]
+    total = sum(ar)
+    rs_in = [np.arange(2 * WORLD, dtype=np.float32) + 10 * r for r in range(WORLD)]
+    rs_sum = sum(rs_in)
+    for r in range(WORLD):
+        o = backend[r]
+        np.testing.assert_array_equal(o["all_reduce_sum"], total)
+        np.testing.assert_allclose(o["all_reduce_avg"], total / WORLD, rtol=1e-7)
+        np.testing.assert_array_equal(o["broadcast"], np.arange(5, dtype=np.float32))
+        np.testing.assert_array_equal(o["broadcast_int64"], np.arange(3) * 10)
+        np.testing.assert_array_equal(o["broadcast_bool"], [True] * 3)
+        np.testing.assert_array_equal(
+            o["all_gather"], np.repeat(np.arange(WORLD, dtype=np.float32), 3)
+        )
+        np.testing.assert_array_equal(
+            o["all_gather_into_tensor"], np.repeat(np.arange(WORLD, dtype=np.float32) + 0.5, 3)
+        )
+        np.testing.assert_allclose(
+            o["reduce_scatter_tensor_avg"], rs_sum[2 * r:2 * r + 2] / WORLD, rtol=1e-7
+        )
+        np.testing.assert_array_equal(o["reduce_scatter_sum"], rs_sum[2 * r:2 * r + 2])
+
+
+def test_bad_input_is_a_clear_exception(backend):
+    for r in range(WORLD):
+        bad = {what: (kind, msg) for what, kind, msg in backend[r]["bad"]}
+        assert bad["float64"][0] == "TypeError" and "float32" in bad["float64"][1], bad
+        assert bad["non-contiguous"][0] == "ValueError", bad
+        assert "contiguous" in bad["non-contiguous"][1], bad
+        assert bad["max"][0] == "ValueError" and "AVG" in bad["max"][1], bad
+        assert bad["wrong size"][0] == "ValueError" and "needs" in bad["wrong size"][1], bad
+        # The ranks stayed in step.
+        np.testing.assert_array_equal(backend[r]["after_bad"], np.full(3, WORLD, np.float32))
