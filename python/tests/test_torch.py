@@ -171,7 +171,43 @@ def scenario_backend(rank):
     return out
 
 
-SCENARIOS = {"backend": scenario_backend}
+def scenario_hook(rank, backend, injected_loss, steps):
+    """DDP over `backend`: a model with the gradlane hook next to the same
+    model with the backend's allreduce, on the same batches."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import gradlane.torch as gl
+
+    dist.init_process_group(backend)
+    hooked = wide_cnn(seed=7)
+    plain = wide_cnn(seed=7)
+    ddp_hooked = DDP(hooked)
+    state = gl.HookState(loss_tolerance=0.2, injected_loss=injected_loss, seed=11)
+    ddp_hooked.register_comm_hook(state, gl.ddp_hook)
+    ddp_plain = DDP(plain)
+    opts = [torch.optim.SGD(m.parameters(), lr=LR) for m in (ddp_hooked, ddp_plain)]
+    out = {"hooked": [], "plain": [], "stats": []}
+    for step in range(steps):
+        x, y = batch(step, rank, n=8)
+        for ddp, opt in zip((ddp_hooked, ddp_plain), opts):
+            opt.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        out["hooked"].append(params_of(hooked))
+        out["plain"].append(params_of(plain))
+        out["stats"].append(dict(state.last_stats))
+    out["steps"] = state.steps
+    out["totals"] = dict(state.totals)
+    out["buckets"] = len(state._buckets)
+    out["own_group"] = state._own_group
+    state.close()
+    dist.destroy_process_group()
+    return out
+
+
+SCENARIOS = {"backend": scenario_backend, "hook": scenario_hook}
 
 
 def rank_main(scenario, rank, env, args, results):
@@ -312,3 +348,59 @@ def test_bad_input_is_a_clear_exception(backend):
         assert bad["wrong size"][0] == "ValueError" and "needs" in bad["wrong size"][1], bad
         # The ranks stayed in step.
         np.testing.assert_array_equal(backend[r]["after_bad"], np.full(3, WORLD, np.float32))
+
+
+@pytest.mark.parametrize("backend", ["gloo", "gradlane"])
+def test_hook_without_loss_equals_the_exact_allreduce(cert_dir, backend):
+    steps = 3
+    got = run_ranks("hook", cert_dir, backend, 0.0, steps)
+    for r in range(WORLD):
+        o = got[r]
+        # Over gloo the hook joins its own Group; over gradlane it uses
+        # the backend's.
+        assert o["own_group"] == (backend == "gloo")
+        assert o["steps"] == steps
+        assert o["buckets"] >= 1
+        for step in range(steps):
+            for a, b in zip(o["hooked"][step], o["plain"][step], strict=True):
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=f"rank {r} step {step}")
+            s = o["stats"][step]
+            assert s["sent_lossy_bytes"] > 0 and s["zero_filled_lossy_bytes"] == 0, s
+            assert s["missing_ranges"] == 0, s
+
+
+def test_hook_with_injected_loss_keeps_every_rank_bit_identical(cert_dir):
+    steps = 4
+    got = run_ranks("hook", cert_dir, "gloo", 0.05, steps)
+    for step in range(steps):
+        for r in range(1, WORLD):
+            for a, b in zip(got[0]["hooked"][step], got[r]["hooked"][step], strict=True):
+                assert np.isfinite(a).all()
+                assert np.array_equal(bits(a), bits(b)), f"step {step}: rank {r} vs rank 0"
+    totals = [got[r]["totals"] for r in range(WORLD)]
+    # Loss did happen (so the check above saw lossy steps).
+    assert sum(t["missing_ranges"] for t in totals) > 0, totals
+
+
+def test_hook_state_rejects_unknown_options():
+    import gradlane.torch as gl
+
+    with pytest.raises(ValueError, match="unknown recovery"):
+        gl.HookState(recovery="drop")
+    with pytest.raises(ValueError, match="loss_tolerance"):
+        gl.HookState(loss_tolerance=1.5)
+    with pytest.raises(ValueError, match="injected_loss"):
+        gl.HookState(injected_loss=-0.1)
+    state = gl.HookState(0.1, "error_feedback")
+    assert (state.loss_tolerance, state.recovery, state.steps) == (0.1, "error_feedback", 0)
+    assert state.last_stats == {} and state.totals == {}
+
+
+def test_creator_without_cert_dir_says_what_to_set(monkeypatch):
+    import torch.distributed as dist
+
+    import gradlane.torch as gl
+
+    monkeypatch.delenv("GRADLANE_CERT_DIR", raising=False)
+    with pytest.raises(ValueError, match="GRADLANE_CERT_DIR"):
+        gl.create_process_group(dist.HashStore(), 0, 1, None)

@@ -23,10 +23,13 @@ from gradlane.torch._backend import (
     _register,
     create_process_group,
 )
+from gradlane.torch._hook import HookState, ddp_hook
 
 __all__ = [
     "BACKEND_NAME",
     "GradlaneProcessGroup",
     "GradlaneWork",
+    "HookState",
     "create_process_group",
+    "ddp_hook",
 ]
