@@ -5,8 +5,8 @@
 # 1. `cargo test --workspace --no-fail-fast` (every test binary runs even
 #    if one fails).
 # 2. A venv (default .venv-test in the repository; GRADLANE_TEST_VENV
-#    moves it; an existing one is reused), with maturin 1.x, pytest and
-#    numpy; the package (python/) built as a release wheel and installed
+#    moves it; an existing one is reused), with maturin 1.x, pytest,
+#    numpy and torch; the package (python/) built as a release wheel and installed
 #    into it; pytest on python/tests.
 #
 # Both halves always run; the exit status is nonzero if either failed.
@@ -34,9 +34,10 @@ python_tests() {
     echo "== pip install maturin pytest numpy (into $VENV)"
     "$VENV/bin/python" -m pip install --quiet "maturin>=1.9,<2" pytest numpy
 
-    # ---- torch: the torch layer (python/gradlane/torch) installs torch
-    # ---- here, e.g. `"$VENV/bin/python" -m pip install --quiet torch`
-    # ---- (a CUDA build, about 2.5 GB; its import works on CPU).
+    # torch, for gradlane.torch and its tests: PyPI serves a CUDA build
+    # (about 2.5 GB, a minute to download) whose import works on CPU.
+    echo "== pip install torch (into $VENV)"
+    "$VENV/bin/python" -m pip install --quiet torch
 
     echo "== building the package (maturin build --release)"
     local wheels="$VENV/wheels"
