@@ -207,7 +207,68 @@ def scenario_hook(rank, backend, injected_loss, steps):
     return out
 
 
-SCENARIOS = {"backend": scenario_backend, "hook": scenario_hook}
+def scenario_fsdp(rank):
+    """FSDP2's fully_shard over the gradlane backend: two steps, then
+    every rank's full parameters."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gradlane")
+    model = small_cnn(seed=100)
+    for layer in (model[0], model[3]):
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(2):
+        x, y = batch(step, rank)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    full = [p.full_tensor().detach().numpy().copy() for p in model.parameters()]
+    dist.destroy_process_group()
+    return {"params": full}
+
+
+def scenario_killed(rank):
+    """DDP over gradlane; rank 1 exits without a word after the first
+    step. Rank 0's next step must raise, naming it, within the idle
+    timeout (GRADLANE_IDLE_TIMEOUT, 3 s here)."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gradlane")
+    ddp = DDP(small_cnn(seed=100))
+    x, y = batch(0, rank)
+    F.cross_entropy(ddp(x), y).backward()
+    dist.barrier()
+    if rank == 1:
+        os._exit(0)
+    # Rank 0 alone: the barrier (which rank 1 may have left before its
+    # last packets reached rank 0) or the next step must fail.
+    try:
+        dist.barrier()
+        for step in range(1, 3):
+            x, y = batch(step, rank)
+            F.cross_entropy(ddp(x), y).backward()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        import gradlane
+
+        return {
+            "type": type(e).__name__,
+            "is_group_error": isinstance(e, gradlane.GroupError),
+            "message": str(e),
+        }
+    return {"type": None}
+
+
+SCENARIOS = {
+    "backend": scenario_backend,
+    "hook": scenario_hook,
+    "fsdp": scenario_fsdp,
+    "killed": scenario_killed,
+}
 
 
 def rank_main(scenario, rank, env, args, results):
@@ -220,7 +281,7 @@ def rank_main(scenario, rank, env, args, results):
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(scenario, cert_dir, *args):
+def run_ranks(scenario, cert_dir, *args, expect=WORLD, extra_env=None):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     env = {
@@ -229,6 +290,7 @@ def run_ranks(scenario, cert_dir, *args):
         "WORLD_SIZE": str(WORLD),
         "GRADLANE_CERT_DIR": cert_dir,
         "GRADLANE_PORT": str(free_port(socket.SOCK_DGRAM)),
+        **(extra_env or {}),
     }
     procs = [
         ctx.Process(target=rank_main, args=(scenario, r, env, args, results), daemon=True)
@@ -238,7 +300,7 @@ def run_ranks(scenario, cert_dir, *args):
         p.start()
     try:
         got = {}
-        for _ in range(WORLD):
+        for _ in range(expect):
             rank, status, out = results.get(timeout=RESULT_TIMEOUT)
             assert status == "ok", f"rank {rank} failed:\n{out}"
             got[rank] = out
@@ -404,3 +466,28 @@ def test_creator_without_cert_dir_says_what_to_set(monkeypatch):
     monkeypatch.delenv("GRADLANE_CERT_DIR", raising=False)
     with pytest.raises(ValueError, match="GRADLANE_CERT_DIR"):
         gl.create_process_group(dist.HashStore(), 0, 1, None)
+
+
+def test_fsdp2_fully_shard_trains_like_the_reference(cert_dir):
+    import torch.nn.functional as F
+
+    got = run_ranks("fsdp", cert_dir)
+    model = small_cnn(seed=100)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(2):
+        xs, ys = zip(*(batch(step, r) for r in range(WORLD)))
+        opt.zero_grad()
+        F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
+        opt.step()
+    want = params_of(model)
+    for r in range(WORLD):
+        for got_p, want_p in zip(got[r]["params"], want, strict=True):
+            np.testing.assert_allclose(got_p, want_p, rtol=0, atol=1e-6, err_msg=f"rank {r}")
+
+
+def test_a_killed_rank_is_an_exception_on_the_others(cert_dir):
+    got = run_ranks("killed", cert_dir, expect=1, extra_env={"GRADLANE_IDLE_TIMEOUT": "3"})
+    assert set(got) == {0}
+    out = got[0]
+    assert out["type"] is not None, out
+    assert "rank 1" in out["message"], out

@@ -202,7 +202,10 @@ class GradlaneProcessGroup(dist.ProcessGroup):
                 f"gradlane: reduce_scatter input has {input.numel()} values, needs "
                 f"{output.numel()} x {self._size} ranks = {output.numel() * self._size}"
             )
-        self.group.reduce_scatter(_f32(input), _f32(output), op=op)
+        inv, outv = _f32(input), _f32(output)
+        if np.shares_memory(inv, outv):
+            inv = inv.copy()  # in place: the Group takes separate buffers
+        self.group.reduce_scatter(inv, outv, op=op)
         return GradlaneWork([output])
 
     _reduce_scatter_base = reduce_scatter_single
@@ -269,6 +272,10 @@ class GradlaneProcessGroup(dist.ProcessGroup):
             )
         inv, outv = _bytes_view(input), _bytes_view(output)
         if inv is not None:
+            if np.shares_memory(inv, outv):
+                # In place (FSDP2 gathers from its own slot of the output):
+                # the Group takes separate buffers, so the input is copied.
+                inv = inv.copy()
             self.group.allgather(inv, outv)
         else:
             buf, n = _padded(input)
@@ -361,7 +368,9 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     127.0.0.1) at a free UDP port and sets ``gradlane/root`` to that
     "ip:port"; the other ranks read it and listen on GRADLANE_RANK_ADDR
     (default 0.0.0.0:0). Certificates from GRADLANE_CERT_DIR. Forming the
-    group may take ``timeout``.
+    group may take ``timeout``. GRADLANE_IDLE_TIMEOUT (seconds, default
+    30) is how long a silent link lasts before the ranks raise a
+    GroupError naming the rank that went away.
     """
     cert_dir = cert_dir_from_env()
     if isinstance(timeout, datetime.timedelta):
@@ -380,6 +389,11 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     else:
         root = store.get(ROOT_KEY).decode()
         listen = os.environ.get("GRADLANE_RANK_ADDR") or "0.0.0.0:0"
+    idle = os.environ.get("GRADLANE_IDLE_TIMEOUT")
+    try:
+        idle_timeout = float(idle) if idle else None
+    except ValueError:
+        raise ValueError(f"gradlane: GRADLANE_IDLE_TIMEOUT {idle!r} is not seconds") from None
     group = gradlane.Group(
         rank,
         size,
@@ -387,6 +401,7 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
         listen=listen,
         cert_dir=cert_dir,
         join_timeout=join_timeout,
+        idle_timeout=idle_timeout,
     )
     return GradlaneProcessGroup(group, rank, size)
 
