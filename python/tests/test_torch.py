@@ -7,9 +7,9 @@ and GRADLANE_CERT_DIR; each rank reports numpy arrays through a queue and
 the test process checks them against a single-process reference. Every
 wait is bounded by a queue timeout; nothing sleeps.
 
-This module imports neither torch nor gradlane.torch at its top level
-beyond what the skip needs: the children of the backend scenario check
-that ``init_process_group("gradlane")`` works without importing
+This module imports torch (the whole module is skipped without it) but
+not gradlane.torch at its top level: the children of the backend scenario
+check that ``init_process_group("gradlane")`` works without importing
 gradlane.torch (the entry point does it).
 """
 
