@@ -34,10 +34,11 @@ python_tests() {
     echo "== pip install maturin pytest numpy (into $VENV)"
     "$VENV/bin/python" -m pip install --quiet "maturin>=1.9,<2" pytest numpy
 
-    # torch, for gradlane.torch and its tests: PyPI serves a CUDA build
+    # torch (and scikit-learn, whose wheel ships the digits the example
+    # trains on), for gradlane.torch and its tests: PyPI serves a CUDA build
     # (about 2.5 GB, a minute to download) whose import works on CPU.
-    echo "== pip install torch (into $VENV)"
-    "$VENV/bin/python" -m pip install --quiet torch
+    echo "== pip install torch scikit-learn (into $VENV)"
+    "$VENV/bin/python" -m pip install --quiet torch scikit-learn
 
     echo "== building the package (maturin build --release)"
     local wheels="$VENV/wheels"
