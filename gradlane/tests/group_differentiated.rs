@@ -8,7 +8,8 @@ mod common;
 use common::group_with;
 use futures_util::future::join_all;
 use gradlane::{
-    AllreduceReport, BucketId, Faults, Group, Layout, LossRecovery, ReduceOp, TensorSpec,
+    AllreduceReport, BucketId, Faults, Group, Layout, LossRecovery, LossyCarrier, ReduceOp,
+    TensorSpec,
 };
 use gradlane_core::rng::SplitMix64;
 use std::ops::Range;
@@ -60,10 +61,15 @@ fn same_bits(a: &[f32], b: &[f32], what: &str) {
 /// Each rank drops a share `p` of what it sends, so every packet between
 /// two ranks meets loss `p` once (dropping on receipt too would make it
 /// 1-(1-p)^2). At 20% loss handshakes and retransmissions back off for
-/// seconds: these links allow 15 s of silence, not quick()'s 3 s.
+/// seconds: these links allow 15 s of silence, not quick()'s 3 s. The
+/// lossy part always rides datagrams: the adaptive carrier would put a
+/// round on streams (and lose nothing) until quinn has declared a loss.
 fn lossy(p: f64) -> impl Fn(usize, gradlane::Config) -> gradlane::Config {
     move |rank, mut c| {
         c.quic.max_idle_timeout = Some(std::time::Duration::from_secs(15));
+        if p > 0.0 {
+            c.timing.lossy_carrier = LossyCarrier::Datagrams;
+        }
         c.faults = (p > 0.0).then(|| Faults {
             loss_out: p,
             seed: 4242 + rank as u64,
