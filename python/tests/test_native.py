@@ -235,13 +235,6 @@ def run_ranks(scenario, cert_dir, options=None, expect=WORLD):
 
 
 @pytest.fixture(scope="module")
-def cert_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("certs")
-    gradlane.generate_certs(str(d), ["127.0.0.1"])
-    return str(d)
-
-
-@pytest.fixture(scope="module")
 def exact(cert_dir):
     return run_ranks("exact", cert_dir)
 

@@ -317,13 +317,6 @@ def run_ranks(scenario, cert_dir, *args, expect=WORLD, extra_env=None):
 
 
 @pytest.fixture(scope="module")
-def cert_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("certs")
-    gradlane.generate_certs(str(d), ["127.0.0.1"])
-    return str(d)
-
-
-@pytest.fixture(scope="module")
 def backend(cert_dir):
     return run_ranks("backend", cert_dir)
 

@@ -669,7 +669,12 @@ async fn poll_once<F: std::future::Future>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_get_the_welcome_and_learn_why_the_server_gives_up() {
     let (p, layout) = problem();
-    let handle = ServerHandle::with_welcome(small_ormo(3, p.dim()), b"seed 11".to_vec());
+    let too_long = vec![0u8; gradlane::ps::messages::MAX_WELCOME + 1];
+    assert!(matches!(
+        ServerHandle::with_welcome(small_ormo(3, p.dim()), too_long),
+        Err(ps_net::ServeError::WelcomeTooLarge(_))
+    ));
+    let handle = ServerHandle::with_welcome(small_ormo(3, p.dim()), b"seed 11".to_vec()).unwrap();
     let run = start_handle("welcome", handle, quick());
     let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
     let join = |name: &'static str| {

@@ -264,8 +264,9 @@ pub fn encode_refused(reason: &str) -> Vec<u8> {
     prefixed(body)
 }
 
-/// The framed welcome message. `welcome` longer than [`MAX_WELCOME`] is
-/// cut there (a worker would refuse it whole).
+/// The framed welcome message. Callers check `welcome` against
+/// [`MAX_WELCOME`] first (a worker refuses a longer one); this keeps the
+/// frame within it whatever they pass.
 pub fn encode_welcome(welcome: &[u8]) -> Vec<u8> {
     let welcome = &welcome[..welcome.len().min(MAX_WELCOME)];
     let mut body = Vec::with_capacity(1 + welcome.len());

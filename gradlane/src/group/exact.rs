@@ -15,11 +15,12 @@ pub(super) fn to_bytes(values: &[f32]) -> Bytes {
     Bytes::copy_from_slice(bytemuck::cast_slice(values))
 }
 
-/// Copies a message's body into `out`, which it must fill exactly.
-pub(super) fn copy_into(
+/// Copies a message's body into `out` (values or row indices), which it
+/// must fill exactly.
+pub(super) fn copy_into<T: bytemuck::Pod>(
     rank: usize,
     body: &[u8],
-    out: &mut [f32],
+    out: &mut [T],
     what: &str,
 ) -> Result<(), GroupError> {
     let want = std::mem::size_of_val(out);
@@ -29,7 +30,7 @@ pub(super) fn copy_into(
             what: format!("{what} of {} bytes, expected {want}", body.len()),
         });
     }
-    bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(body);
+    bytemuck::cast_slice_mut::<T, u8>(out).copy_from_slice(body);
     Ok(())
 }
 

@@ -190,7 +190,7 @@ impl Group {
                 let got = self.exchange(t, out, &from).await?;
                 for (r, body) in got.iter().enumerate() {
                     if let Some(body) = body {
-                        copy_rows(r, body, &mut rows[place(r)])?;
+                        copy_into(r, body, &mut rows[place(r)], "rows")?;
                     }
                 }
                 let t = tag(self.next_seq(), Kind::Values);
@@ -223,7 +223,7 @@ impl Group {
                         let p = place(r);
                         let (row_bytes, value_bytes) =
                             body.split_at(8 * p.len().min(body.len() / 8));
-                        copy_rows(r, row_bytes, &mut rows[p.clone()])?;
+                        copy_into(r, row_bytes, &mut rows[p.clone()], "rows")?;
                         copy_into(
                             r,
                             value_bytes,
@@ -254,7 +254,7 @@ impl Group {
                         let p = place(root);
                         let (row_bytes, value_bytes) =
                             body.split_at(8 * p.len().min(body.len() / 8));
-                        copy_rows(root, row_bytes, &mut rows[p.clone()])?;
+                        copy_into(root, row_bytes, &mut rows[p.clone()], "rows")?;
                         copy_into(
                             root,
                             value_bytes,
@@ -311,18 +311,6 @@ fn rows_and_values(rows: &SparseRows) -> Bytes {
     b.extend_from_slice(bytemuck::cast_slice(&rows.rows));
     b.extend_from_slice(bytemuck::cast_slice(&rows.values));
     b.into()
-}
-
-fn copy_rows(rank: usize, body: &[u8], out: &mut [u64]) -> Result<(), GroupError> {
-    let want = std::mem::size_of_val(out);
-    if body.len() != want {
-        return Err(GroupError::OutOfStep {
-            rank,
-            what: format!("rows of {} bytes, expected {want}", body.len()),
-        });
-    }
-    bytemuck::cast_slice_mut::<u64, u8>(out).copy_from_slice(body);
-    Ok(())
 }
 
 #[cfg(test)]

@@ -17,8 +17,8 @@
 //!
 //! A worker starts with a hello that names it; the server answers with a
 //! welcome, bytes the application chose ([`ServerHandle::with_welcome`]),
-//! so workers can take what they must share with the server (a dataset
-//! seed) from the server instead of from their own flags. The server
+//! so that what workers must share with the server (a dataset seed)
+//! comes from the server. The server
 //! lists the workers it has seen ([`ServerHandle::workers`]) and can close
 //! them all with a reason ([`ServerHandle::close_workers`]).
 //!

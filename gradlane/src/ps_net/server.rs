@@ -75,6 +75,10 @@ pub enum ServeError {
     /// The endpoint stopped accepting before shutdown was asked for.
     #[error("endpoint closed")]
     EndpointClosed,
+    /// A welcome longer than a worker accepts
+    /// ([`messages::MAX_WELCOME`] bytes).
+    #[error("a welcome of {0} bytes, at most {max} allowed", max = messages::MAX_WELCOME)]
+    WelcomeTooLarge(usize),
 }
 
 /// Why one worker's session ended.
@@ -142,16 +146,22 @@ impl<S> Clone for ServerHandle<S> {
 impl<S: ParameterServer> ServerHandle<S> {
     /// Wraps a server; workers get an empty welcome.
     pub fn new(server: S) -> Self {
-        Self::with_welcome(server, Vec::new())
+        Self::wrap(server, Vec::new())
     }
 
     /// Wraps a server; every worker gets `welcome` in answer to its hello
-    /// ([`Worker::welcome`](super::Worker::welcome)), at most
-    /// [`messages::MAX_WELCOME`] bytes of it. This is where the application
-    /// tells workers what they must agree on with the server, such as the
-    /// dataset seed.
-    pub fn with_welcome(server: S, mut welcome: Vec<u8>) -> Self {
-        welcome.truncate(messages::MAX_WELCOME);
+    /// ([`Worker::welcome`](super::Worker::welcome)). This is where the
+    /// application tells workers what they must agree on with the server,
+    /// such as the dataset seed. More than [`messages::MAX_WELCOME`] bytes
+    /// is [`ServeError::WelcomeTooLarge`]: a worker would refuse it.
+    pub fn with_welcome(server: S, welcome: Vec<u8>) -> Result<Self, ServeError> {
+        if welcome.len() > messages::MAX_WELCOME {
+            return Err(ServeError::WelcomeTooLarge(welcome.len()));
+        }
+        Ok(Self::wrap(server, welcome))
+    }
+
+    fn wrap(server: S, welcome: Vec<u8>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 server: Mutex::new(server),

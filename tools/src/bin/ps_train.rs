@@ -489,11 +489,11 @@ async fn serve(a: ServerArgs) -> Result<(), BoxError> {
                 momentum: t.momentum,
                 learning_rate: momentum_lr(t),
             };
-            let h = ServerHandle::with_welcome(OrderedMomentum::new(cfg, w0)?, welcome);
+            let h = ServerHandle::with_welcome(OrderedMomentum::new(cfg, w0)?, welcome)?;
             serve_with(&a, &model, &test, h, |_| None).await
         }
         Algo::Asgd => {
-            let h = ServerHandle::with_welcome(Asgd::new(t.lr, w0)?, welcome);
+            let h = ServerHandle::with_welcome(Asgd::new(t.lr, w0)?, welcome)?;
             serve_with(&a, &model, &test, h, |_| None).await
         }
         Algo::Ssgd => {
@@ -502,7 +502,7 @@ async fn serve(a: ServerArgs) -> Result<(), BoxError> {
                 &a,
                 &model,
                 &test,
-                ServerHandle::with_welcome(s, welcome),
+                ServerHandle::with_welcome(s, welcome)?,
                 |_| None,
             )
             .await
@@ -513,7 +513,7 @@ async fn serve(a: ServerArgs) -> Result<(), BoxError> {
                 &a,
                 &model,
                 &test,
-                ServerHandle::with_welcome(s, welcome),
+                ServerHandle::with_welcome(s, welcome)?,
                 |s: &StragglerFilter| Some(s.stats().mean_applied_staleness()),
             )
             .await

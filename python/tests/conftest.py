@@ -1,0 +1,14 @@
+"""Fixtures shared by the package's tests."""
+
+import pytest
+
+import gradlane
+
+
+@pytest.fixture(scope="module")
+def cert_dir(tmp_path_factory):
+    """Certificates for ranks on loopback (a CA and a certificate naming
+    127.0.0.1), made once per test module."""
+    d = tmp_path_factory.mktemp("certs")
+    gradlane.generate_certs(str(d), ["127.0.0.1"])
+    return str(d)
