@@ -35,6 +35,7 @@ class Group:
         injected_loss: float = 0.0,
         seed: int = 0,
         idle_timeout: float | None = None,
+        dscp: bool = False,
     ) -> None: ...
     @property
     def rank(self) -> int: ...

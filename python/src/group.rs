@@ -5,8 +5,8 @@ use crate::buffer::{disjoint, InBuf, OutBuf};
 use crate::errors::CallError;
 use crate::runtime;
 use gradlane::{
-    AllreduceReport, BucketId, Config, Faults, Group, GroupConfig, Layout, LossRecovery, ReduceOp,
-    Rendezvous, SparseAllgather, SparseRows, TensorSpec,
+    AllreduceReport, BucketId, Config, DscpMarks, Faults, Group, GroupConfig, Layout, LossRecovery,
+    ReduceOp, Rendezvous, SparseAllgather, SparseRows, TensorSpec,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -15,7 +15,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 
 /// The environment variable naming the certificate directory when
@@ -27,7 +27,8 @@ const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 ///
 /// Group(rank, world, *, root=None, addresses=None, listen="0.0.0.0:0",
 ///       cert_dir=None, server_name=None, join_timeout=60.0,
-///       loss_tolerance=0.2, injected_loss=0.0, seed=0, idle_timeout=None)
+///       loss_tolerance=0.2, injected_loss=0.0, seed=0, idle_timeout=None,
+///       dscp=False)
 ///
 /// The constructor joins the group (the GIL is released while it waits)
 /// and returns once this rank has a link to every other rank. Give exactly
@@ -52,6 +53,9 @@ const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 /// share of this rank's outgoing packets, seeded (for tests and demos).
 /// idle_timeout (seconds): a link silent this long fails, which is how a
 /// rank that died is noticed (default 30 s; None keeps the default).
+/// dscp: mark packets by class (the important class DSCP 56, the lossy
+/// levels below it), for networks whose queues serve the important class
+/// first; Linux only.
 ///
 /// Every rank must call the same collectives in the same order, as in any
 /// process group; a rank that calls something else, or dies, makes the
@@ -266,6 +270,7 @@ impl PyGroup {
         injected_loss = 0.0,
         seed = 0,
         idle_timeout = None,
+        dscp = false,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -282,6 +287,7 @@ impl PyGroup {
         injected_loss: f64,
         seed: u64,
         idle_timeout: Option<f64>,
+        dscp: bool,
     ) -> PyResult<Self> {
         let world = usize::try_from(world)
             .ok()
@@ -333,6 +339,9 @@ impl PyGroup {
                 seed,
                 ..Faults::default()
             });
+        }
+        if dscp {
+            link.dscp = Some(DscpMarks::authors(link.levels));
         }
         if let Some(idle) = idle_timeout {
             let idle = seconds("idle_timeout", idle)?;
@@ -555,7 +564,10 @@ impl PyGroup {
     ///   whole chunks (a chunk counts whole or not at all);
     /// - lost_ranges, lost_values: chunks (values) of this rank's own
     ///   gradient that did not reach their owners in time (kept for the
-    ///   next call with error_feedback).
+    ///   next call with error_feedback);
+    /// - network_ns: how long the Rust call took, from handing the buffer
+    ///   to the group to having the result in it (what the binding adds is
+    ///   the caller's time less this).
     #[pyo3(signature = (bucket, buf, op = "mean"))]
     fn allreduce_differentiated<'py>(
         &self,
@@ -582,9 +594,17 @@ impl PyGroup {
                 )));
             }
             let id = b.id;
-            Ok(rt.block_on(s.group.allreduce_differentiated(id, values, op))?)
+            let started = Instant::now();
+            let report = rt.block_on(s.group.allreduce_differentiated(id, values, op))?;
+            Ok((report, started.elapsed()))
         })?;
-        report_dict(py, &report)
+        let (report, took) = report;
+        let out = report_dict(py, &report)?;
+        out.set_item(
+            "network_ns",
+            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
+        )?;
+        Ok(out)
     }
 
     /// Gathers every rank's sparse rows of a height x width matrix: `rows`

@@ -92,23 +92,18 @@ def bits(a):
 # ---------------------------------------------------------------- ranks
 
 
-def scenario_backend(rank):
-    """DDP over init_process_group("gradlane") with no gradlane import,
-    then each collective through torch.distributed, then bad input."""
-    import torch.distributed as dist
+def ddp_steps(rank):
+    """STEPS steps of DDP on the default process group, each rank starting
+    from different weights (DDP's broadcast at construction must make them
+    rank 0's): the initial parameters, then each step's gradients and
+    parameters."""
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    out = {"imported_before_init": "gradlane.torch" in sys.modules}
-    dist.init_process_group("gradlane")
-    out["backend"] = str(dist.get_backend())
-    # Each rank starts from different weights: DDP's broadcast at
-    # construction must make them rank 0's.
     model = small_cnn(seed=100 + rank)
     ddp = DDP(model)
-    out["initial"] = params_of(model)
+    out = {"initial": params_of(model), "grads": [], "params": []}
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
-    out["grads"], out["params"] = [], []
     for step in range(STEPS):
         x, y = batch(step, rank)
         opt.zero_grad()
@@ -116,6 +111,28 @@ def scenario_backend(rank):
         out["grads"].append([p.grad.numpy().copy() for p in model.parameters()])
         opt.step()
         out["params"].append(params_of(model))
+    return out
+
+
+def scenario_ddp_gloo(rank):
+    """ddp_steps over gloo: the gradients the gradlane backend must match."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    out = ddp_steps(rank)
+    dist.destroy_process_group()
+    return out
+
+
+def scenario_backend(rank):
+    """DDP over init_process_group("gradlane") with no gradlane import,
+    then each collective through torch.distributed, then bad input."""
+    import torch.distributed as dist
+
+    out = {"imported_before_init": "gradlane.torch" in sys.modules}
+    dist.init_process_group("gradlane")
+    out["backend"] = str(dist.get_backend())
+    out.update(ddp_steps(rank))
 
     # Collectives through torch.distributed.
     t = torch.arange(7, dtype=torch.float32) * (rank + 1)
@@ -171,7 +188,7 @@ def scenario_backend(rank):
     return out
 
 
-def scenario_hook(rank, backend, injected_loss, steps):
+def scenario_hook(rank, backend, injected_loss, steps, dscp=False):
     """DDP over `backend`: a model with the gradlane hook next to the same
     model with the backend's allreduce, on the same batches."""
     import torch.distributed as dist
@@ -184,7 +201,7 @@ def scenario_hook(rank, backend, injected_loss, steps):
     hooked = wide_cnn(seed=7)
     plain = wide_cnn(seed=7)
     ddp_hooked = DDP(hooked)
-    state = gl.HookState(loss_tolerance=0.2, injected_loss=injected_loss, seed=11)
+    state = gl.HookState(loss_tolerance=0.2, injected_loss=injected_loss, seed=11, dscp=dscp)
     ddp_hooked.register_comm_hook(state, gl.ddp_hook)
     ddp_plain = DDP(plain)
     opts = [torch.optim.SGD(m.parameters(), lr=LR) for m in (ddp_hooked, ddp_plain)]
@@ -266,6 +283,7 @@ def scenario_killed(rank):
 
 SCENARIOS = {
     "backend": scenario_backend,
+    "ddp_gloo": scenario_ddp_gloo,
     "hook": scenario_hook,
     "fsdp": scenario_fsdp,
     "killed": scenario_killed,
@@ -370,6 +388,18 @@ def test_ddp_gradients_equal_the_single_process_reference(backend):
                 assert np.array_equal(bits(a), bits(b)), f"step {step}: rank {r} vs 0"
 
 
+def test_ddp_gradients_equal_gloos(backend, cert_dir):
+    gloo = run_ranks("ddp_gloo", cert_dir)
+    for r in range(WORLD):
+        for step in range(STEPS):
+            for i, (got, want) in enumerate(
+                zip(backend[r]["grads"][step], gloo[r]["grads"][step], strict=True)
+            ):
+                np.testing.assert_allclose(
+                    got, want, rtol=0, atol=1e-6, err_msg=f"rank {r} step {step} grad {i}"
+                )
+
+
 def test_collectives_through_torch_distributed(backend):
     ar = [np.arange(7, dtype=np.float32) * (r + 1) for r in range(WORLD)]
     total = sum(ar)
@@ -406,15 +436,15 @@ def test_bad_input_is_a_clear_exception(backend):
         np.testing.assert_array_equal(backend[r]["after_bad"], np.full(3, WORLD, np.float32))
 
 
-@pytest.mark.parametrize("backend", ["gloo", "gradlane"])
-def test_hook_without_loss_equals_the_exact_allreduce(cert_dir, backend):
+@pytest.mark.parametrize(("backend", "dscp"), [("gloo", False), ("gradlane", False), ("gradlane", True)])
+def test_hook_without_loss_equals_the_exact_allreduce(cert_dir, backend, dscp):
     steps = 3
-    got = run_ranks("hook", cert_dir, backend, 0.0, steps)
+    got = run_ranks("hook", cert_dir, backend, 0.0, steps, dscp)
     for r in range(WORLD):
         o = got[r]
         # Over gloo the hook joins its own Group; over gradlane it uses
-        # the backend's.
-        assert o["own_group"] == (backend == "gloo")
+        # the backend's, unless its settings (DSCP marks) differ.
+        assert o["own_group"] == (backend == "gloo" or dscp)
         assert o["steps"] == steps
         assert o["buckets"] >= 1
         for step in range(steps):
@@ -423,6 +453,8 @@ def test_hook_without_loss_equals_the_exact_allreduce(cert_dir, backend):
             s = o["stats"][step]
             assert s["sent_lossy_bytes"] > 0 and s["zero_filled_lossy_bytes"] == 0, s
             assert s["missing_ranges"] == 0, s
+            # The Rust call is timed inside the hook's own time.
+            assert s["hook_ns"] >= s["network_ns"] > 0, s
 
 
 def test_hook_with_injected_loss_keeps_every_rank_bit_identical(cert_dir):

@@ -1,0 +1,276 @@
+"""Time to accuracy: a ResNet-18 trained with DDP, one CSV row per evaluation.
+
+A ResNet-18 (BasicBlocks 2-2-2-2, widths 64-128-256-512 at the default
+``--width 64``: 11.2M parameters, a 45 MB gradient a step) adapted to the
+UCI handwritten digits (1,797 8x8 images that ship inside scikit-learn's
+wheel): a 3x3 stem of stride 1 and no max pool, so the 8x8 input becomes
+8, 4, 2 and 1 pixels across the four stages. The gradient is that of the
+full network, the compute a small part of it, so the network decides how
+long a step takes.
+
+Every ``--eval-every`` steps rank 0 measures test accuracy on a held-out
+20% split (fixed by ``--seed``) and appends a row to ``--csv``: train time
+(seconds of training so far, evaluations excluded), step, bytes this rank's
+interface sent, train loss and test accuracy. The run goes on to
+``--steps`` steps, or stops once ``--time-limit`` seconds of training are
+over (the rows say where it stopped). Every rank prints its parameters'
+checksum at the end.
+
+Run it under torchrun or ``scripts/testbed.sh`` (one process per rank)::
+
+    cargo run --release --bin certs -- --out-dir certs --san 127.0.0.1
+    GRADLANE_CERT_DIR=$PWD/certs torchrun --nproc-per-node 4 \\
+        examples/torch/train_tta.py --transport hook --csv hook.csv
+
+``--transport``: ``gloo`` (torch's backend, the reference), ``gradlane``
+(the gradlane backend, every collective exact) or ``hook`` (the gradlane
+backend with gradlane's DDP hook: the important chunks exact, the rest
+lossy; ``--loss-tolerance``, ``--recovery``, ``--dscp``). Needs
+``pip install "./python[torch]" scikit-learn``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--transport", choices=["gloo", "gradlane", "hook"], default="hook")
+    p.add_argument(
+        "--recovery",
+        choices=["zero_fill", "rescale", "error_feedback"],
+        default="zero_fill",
+        help="hook: what a lost chunk becomes",
+    )
+    p.add_argument("--loss-tolerance", type=float, default=0.2, help="hook: lossy share")
+    p.add_argument(
+        "--dscp", action="store_true", help="hook: mark packets by class (priority queues)"
+    )
+    p.add_argument(
+        "--width", type=int, default=64, help="channels of the first stage (64 is ResNet-18's)"
+    )
+    p.add_argument("--steps", type=int, default=120, help="training steps")
+    p.add_argument("--batch", type=int, default=32, help="per-rank batch size")
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=0.05,
+        help="peak SGD learning rate (momentum 0.9; 5 steps of warm-up, then cosine to 0)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="model, data split and batch seed")
+    p.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
+    p.add_argument(
+        "--target-acc", type=float, default=0.95, help="accuracy whose time is reported"
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=0.0,
+        help="stop once this many seconds of training are over (0: no limit)",
+    )
+    p.add_argument("--csv", help="rank 0 writes its evaluations here")
+    p.add_argument(
+        "--iface",
+        default=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+        help="interface whose sent bytes the CSV reports",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.batch < 1 or args.eval_every < 1 or args.width < 1:
+        p.error("--steps, --batch, --eval-every and --width must be positive")
+    if not 0.0 < args.target_acc <= 1.0:
+        p.error("--target-acc must be in (0, 1]")
+    return args
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 for small single-channel images: a 3x3 stem of stride 1,
+    no max pool, four stages of two BasicBlocks, global average pool."""
+
+    def __init__(self, width: int = 64, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(1, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()
+        )
+        layers, cin = [], width
+        for i, stride in enumerate((1, 2, 2, 2)):
+            cout = width * 2**i
+            layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layers(self.stem(x))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def digits(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The digits, standardized, split 80/20 with a fixed seed."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    x = (x - x.mean()) / x.std()
+    y = torch.tensor(data.target, dtype=torch.long)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    cut = int(0.8 * len(y))
+    train, test = order[:cut], order[cut:]
+    return x[train], y[train], x[test], y[test]
+
+
+def checksum(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def sent_bytes(iface: str) -> int | None:
+    try:
+        with open(f"/sys/class/net/{iface}/statistics/tx_bytes") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    backend = "gloo" if args.transport == "gloo" else "gradlane"
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    x_train, y_train, x_test, y_test = digits(args.seed)
+    net = ResNet18(args.width)
+    params = sum(p.numel() for p in net.parameters())
+    model = DDP(net)
+    state = None
+    if args.transport == "hook":
+        import gradlane.torch as gl
+
+        state = gl.HookState(
+            loss_tolerance=args.loss_tolerance, recovery=args.recovery, dscp=args.dscp
+        )
+        model.register_comm_hook(state, gl.ddp_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 5) * 0.5 * (1 + math.cos(math.pi * s / args.steps))
+    )
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    out = None
+    if rank == 0:
+        print(
+            f"{args.transport}: {world} ranks, {params / 1e6:.2f}M parameters "
+            f"({params * 4 / 1e6:.1f} MB a step)",
+            flush=True,
+        )
+        if args.csv:
+            out = open(args.csv, "w", newline="")
+            rows = csv.writer(out)
+            rows.writerow(["train_s", "step", "sent_bytes", "train_loss", "test_acc"])
+    sent0 = sent_bytes(args.iface)
+    train_s, reached, step_s = 0.0, None, []
+    stop = torch.zeros(1)
+    for step in range(1, args.steps + 1):
+        started = time.monotonic()
+        model.train()
+        idx = torch.randint(len(y_train), (args.batch,), generator=gen)
+        loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        schedule.step()
+        took = time.monotonic() - started
+        step_s.append(took)
+        train_s += took
+        if step % args.eval_every and step != args.steps:
+            continue
+        # Only rank 0 evaluates (every rank holds the same parameters); the
+        # others wait for its verdict in the broadcast.
+        if rank == 0:
+            model.eval()
+            with torch.no_grad():
+                acc = (model.module(x_test).argmax(1) == y_test).float().mean().item()
+            sent = sent_bytes(args.iface)
+            sent = "" if sent is None or sent0 is None else sent - sent0
+            if out is not None:
+                rows.writerow([f"{train_s:.3f}", step, sent, f"{loss.item():.4f}", f"{acc:.4f}"])
+                out.flush()
+            if reached is None and acc >= args.target_acc:
+                reached = train_s
+            print(
+                f"step {step}: {train_s:.1f} s, step {took:.2f} s, train loss "
+                f"{loss.item():.3f}, test accuracy {acc:.3f}",
+                flush=True,
+            )
+            over = args.time_limit > 0 and train_s >= args.time_limit
+            stop.fill_(1.0 if over else 0.0)
+        dist.broadcast(stop, 0)
+        if stop.item():
+            break
+    if rank == 0:
+        ordered = sorted(step_s)
+        p50 = ordered[len(ordered) // 2]
+        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        target = "not reached" if reached is None else f"{reached:.1f} s"
+        print(
+            f"summary: {step} steps in {train_s:.1f} s, step p50 {p50:.3f} s p99 "
+            f"{p99:.3f} s, target {args.target_acc} {target}",
+            flush=True,
+        )
+        if state is not None and state.steps:
+            t = state.totals
+            print(
+                f"hook: {t.get('hook_ns', 0) / 1e9:.2f} s in the hook, "
+                f"{t.get('network_ns', 0) / 1e9:.2f} s in the Rust allreduce, "
+                f"zero-filled {t.get('zero_filled_lossy_bytes', 0)} B, "
+                f"late {t.get('late_lossy_bytes', 0)} B over {state.steps} steps",
+                flush=True,
+            )
+        if out is not None:
+            out.close()
+    print(f"rank {rank} of {world}: parameters {checksum(model.module)}", flush=True)
+    if state is not None:
+        state.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
