@@ -517,3 +517,20 @@ def test_a_killed_rank_is_an_exception_on_the_others(cert_dir):
     out = got[0]
     assert out["type"] is not None, out
     assert "rank 1" in out["message"], out
+
+
+def test_rank_listen_address_takes_ip_or_ip_and_port(monkeypatch):
+    from gradlane.torch._backend import rank_listen_from_env
+
+    for given, want in [
+        (None, "0.0.0.0:0"),
+        ("10.77.0.2", "10.77.0.2:0"),
+        ("10.77.0.2:4000", "10.77.0.2:4000"),
+        ("::1", "[::1]:0"),
+        ("[::1]:4000", "[::1]:4000"),
+    ]:
+        if given is None:
+            monkeypatch.delenv("GRADLANE_RANK_ADDR", raising=False)
+        else:
+            monkeypatch.setenv("GRADLANE_RANK_ADDR", given)
+        assert rank_listen_from_env() == want

@@ -17,6 +17,7 @@ ValueError naming the tensor and what is wrong with it.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 import socket
 import weakref
@@ -360,6 +361,18 @@ def cert_dir_from_env() -> str:
     return d
 
 
+def rank_listen_from_env() -> str:
+    """Where a rank other than 0 listens: GRADLANE_RANK_ADDR, an "ip:port"
+    or a bare IP (as scripts/testbed.sh and allreduce_bench have it; a
+    free port then), default 0.0.0.0:0."""
+    addr = os.environ.get("GRADLANE_RANK_ADDR") or "0.0.0.0:0"
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return addr
+    return f"[{ip}]:0" if ip.version == 6 else f"{ip}:0"
+
+
 def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     """The creator torch calls for backend "gradlane": ``(store, rank, size,
     timeout)``.
@@ -367,7 +380,7 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     Rendezvous through ``store``: rank 0 listens on MASTER_ADDR (default
     127.0.0.1) at a free UDP port and sets ``gradlane/root`` to that
     "ip:port"; the other ranks read it and listen on GRADLANE_RANK_ADDR
-    (default 0.0.0.0:0). Certificates from GRADLANE_CERT_DIR. Forming the
+    (an "ip:port" or an IP; default 0.0.0.0:0). Certificates from GRADLANE_CERT_DIR. Forming the
     group may take ``timeout``. GRADLANE_IDLE_TIMEOUT (seconds, default
     30) is how long a silent link lasts before the ranks raise a
     GroupError naming the rank that went away.
@@ -388,7 +401,7 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
         listen = root
     else:
         root = store.get(ROOT_KEY).decode()
-        listen = os.environ.get("GRADLANE_RANK_ADDR") or "0.0.0.0:0"
+        listen = rank_listen_from_env()
     idle = os.environ.get("GRADLANE_IDLE_TIMEOUT")
     try:
         idle_timeout = float(idle) if idle else None

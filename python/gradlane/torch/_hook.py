@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import gradlane
-from gradlane.torch._backend import cert_dir_from_env, gradlane_group_of
+from gradlane.torch._backend import cert_dir_from_env, gradlane_group_of, rank_listen_from_env
 
 RECOVERIES = ("zero_fill", "rescale", "error_feedback")
 
@@ -112,9 +112,7 @@ class HookState:
                 "gradlane: the hook's own Group needs GRADLANE_PORT or MASTER_PORT "
                 "(rank 0 listens on MASTER_ADDR at that port, or MASTER_PORT + 1)"
             )
-        listen = f"{host}:{port}" if rank == 0 else (
-            os.environ.get("GRADLANE_RANK_ADDR") or "0.0.0.0:0"
-        )
+        listen = f"{host}:{port}" if rank == 0 else rank_listen_from_env()
         self.group = gradlane.Group(
             rank,
             world,

@@ -1,0 +1,222 @@
+"""The report of scripts/tta_bench.sh: a markdown table and two plots.
+
+Reads OUT/runs.csv (one line a run) and OUT/runs/<cell>.csv (each run's
+evaluations) and writes:
+
+- OUT/table.md: per variant, loss and condition, the median over seeds of
+  time to the target accuracy (with the spread, min-max), final accuracy,
+  step time p50 and p99, bytes sent per step on rank 0's interface, and
+  time to target against gloo's better congestion control;
+- OUT/accuracy.png: test accuracy against training time, one panel per
+  loss rate (plain condition), one line per run;
+- OUT/time_to_target.png: time to target as bars per variant and loss
+  (median, min-max as error bars; a run that never reached it is drawn at
+  its training time, hatched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+VARIANTS = [
+    "gloo-cubic",
+    "gloo-bbr",
+    "gradlane",
+    "hook-zero_fill",
+    "hook-rescale",
+    "hook-error_feedback",
+]
+COLORS = {
+    "gloo-cubic": "#d62728",
+    "gloo-bbr": "#ff7f0e",
+    "gradlane": "#7f7f7f",
+    "hook-zero_fill": "#1f77b4",
+    "hook-rescale": "#2ca02c",
+    "hook-error_feedback": "#9467bd",
+}
+
+
+def cell_name(r: dict) -> str:
+    return f"{r['condition']}_{r['variant']}_loss{r['loss']}_seed{r['seed']}"
+
+
+def spread(values: list[float]) -> str:
+    if len(values) < 2:
+        return ""
+    return f" ({min(values):.0f}-{max(values):.0f})"
+
+
+def table(runs: list[dict], target: float) -> str:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in runs:
+        groups[(r["condition"], float(r["loss"]), r["variant"])].append(r)
+
+    def ttt(rs: list[dict]) -> tuple[float | None, int]:
+        """Median time to target over the runs that reached it, and how
+        many did not (their time counts as infinite in the median)."""
+        hit = [float(r["time_to_target_s"]) for r in rs if r["time_to_target_s"]]
+        missed = len(rs) - len(hit)
+        if missed * 2 >= len(rs):
+            return None, missed
+        vals = sorted(hit) + [float("inf")] * missed
+        return statistics.median(vals), missed
+
+    lines = [
+        f"| condition | loss | variant | runs | time to {target} s, median (min-max) "
+        "| vs gloo's better | final accuracy | step p50 s | step p99 s | MB sent per step "
+        "| measured loss | parameters equal |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    order = sorted(
+        groups,
+        key=lambda k: (k[0] != "plain", k[0], k[1], VARIANTS.index(k[2])),
+    )
+    for cond, loss, variant in order:
+        rs = groups[(cond, loss, variant)]
+        med, missed = ttt(rs)
+        hit = [float(r["time_to_target_s"]) for r in rs if r["time_to_target_s"]]
+        if med is None:
+            longest = max(float(r["train_s"]) for r in rs)
+            shown = f"not reached in {longest:.0f}"
+        else:
+            shown = f"{med:.0f}{spread(hit)}"
+        if missed and med is not None:
+            shown += f", {missed} of {len(rs)} not reached"
+        gloo = [ttt(groups[(cond, loss, g)])[0] for g in ("gloo-cubic", "gloo-bbr")
+                if (cond, loss, g) in groups]
+        gloo = [g for g in gloo if g is not None]
+        vs = "-"
+        if variant.startswith(("gradlane", "hook")) and gloo and med is not None:
+            vs = f"{med / min(gloo):.2f}x"
+        final = statistics.median(float(r["final_acc"]) for r in rs)
+        stopped = [r for r in rs if int(r["steps_run"]) < max(int(x["steps_run"]) for x in runs)]
+        final_s = f"{final:.3f}" + (f" (stopped at step {stopped[0]['steps_run']})" if stopped else "")
+        p50 = statistics.median(float(r["step_p50_s"]) for r in rs)
+        p99 = statistics.median(float(r["step_p99_s"]) for r in rs)
+        sent = [float(r["sent_bytes_per_step"]) for r in rs if r["sent_bytes_per_step"]]
+        sent_s = f"{statistics.median(sent) / 1e6:.1f}" if sent else "-"
+        if cond != "plain":
+            sent_s += " (with the competing flow)"
+        measured = statistics.median(float(r["measured_loss"] or 0) for r in rs)
+        equal = "yes" if all(r["params_equal"] == "yes" for r in rs) else "NO"
+        lines.append(
+            f"| {cond} | {loss:g} | {variant} | {len(rs)} | {shown} | {vs} | {final_s} "
+            f"| {p50:.2f} | {p99:.2f} | {sent_s} | {measured:.4f} | {equal} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def evaluations(out: Path, r: dict) -> list[dict]:
+    path = out / "runs" / f"{cell_name(r)}.csv"
+    if not path.exists():
+        return []
+    return list(csv.DictReader(path.open()))
+
+
+def plots(out: Path, runs: list[dict], target: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plain = [r for r in runs if r["condition"] == "plain"]
+    losses = sorted({float(r["loss"]) for r in plain})
+    if not losses:
+        return
+    fig, axes = plt.subplots(1, len(losses), figsize=(5 * len(losses), 4), sharey=True)
+    axes = [axes] if len(losses) == 1 else list(axes)
+    for ax, loss in zip(axes, losses):
+        labelled = set()
+        for r in plain:
+            if float(r["loss"]) != loss:
+                continue
+            ev = evaluations(out, r)
+            if not ev:
+                continue
+            v = r["variant"]
+            ax.plot(
+                [float(e["train_s"]) for e in ev],
+                [float(e["test_acc"]) for e in ev],
+                color=COLORS[v],
+                alpha=0.9 if r["seed"] == "0" else 0.45,
+                label=None if v in labelled else v,
+            )
+            labelled.add(v)
+        ax.axhline(target, color="black", lw=0.6, ls=":")
+        ax.set_title(f"loss {loss:g}")
+        ax.set_xlabel("training time, s")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("test accuracy")
+    axes[-1].legend(loc="lower right", fontsize=8)
+    r0 = runs[0]
+    fig.suptitle(
+        f"ResNet-18 (width {r0['width']}) on the digits, {r0['ranks']} ranks, "
+        f"{r0['rate']} per rank, random loss on input"
+    )
+    fig.tight_layout()
+    fig.savefig(out / "accuracy.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(VARIANTS)
+    for i, v in enumerate(VARIANTS):
+        for j, loss in enumerate(losses):
+            rs = [r for r in plain if r["variant"] == v and float(r["loss"]) == loss]
+            if not rs:
+                continue
+            vals = [
+                float(r["time_to_target_s"]) if r["time_to_target_s"] else float(r["train_s"])
+                for r in rs
+            ]
+            missed = any(not r["time_to_target_s"] for r in rs)
+            med = statistics.median(vals)
+            ax.bar(
+                j + (i - len(VARIANTS) / 2 + 0.5) * width,
+                med,
+                width,
+                color=COLORS[v],
+                hatch="//" if missed else None,
+                yerr=[[med - min(vals)], [max(vals) - med]] if len(vals) > 1 else None,
+                capsize=2,
+                label=v if j == 0 or not ax.get_legend_handles_labels()[1].count(v) else None,
+            )
+    ax.set_xticks(range(len(losses)), [f"loss {x:g}" for x in losses])
+    ax.set_ylabel(f"training time to accuracy {target}, s")
+    ax.set_title("Time to target (median over seeds; hatched: not reached, drawn at its end)")
+    handles, labels = ax.get_legend_handles_labels()
+    seen = {}
+    for h, lab in zip(handles, labels):
+        seen.setdefault(lab, h)
+    ax.legend(seen.values(), seen.keys(), fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "time_to_target.png", dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="docs/tta", help="scripts/tta_bench.sh's OUT")
+    p.add_argument("--target", type=float, default=0.95, help="the runs' target accuracy")
+    args = p.parse_args()
+    out = Path(args.out)
+    runs = list(csv.DictReader((out / "runs.csv").open()))
+    if not runs:
+        print(f"tta_report: no runs in {out / 'runs.csv'}", file=sys.stderr)
+        return 1
+    md = table(runs, args.target)
+    (out / "table.md").write_text(md)
+    print(md)
+    plots(out, runs, args.target)
+    print(f"tta_report: wrote {out / 'table.md'}, {out / 'accuracy.png'}, {out / 'time_to_target.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
