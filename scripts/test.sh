@@ -6,8 +6,9 @@
 #    if one fails).
 # 2. A venv (default .venv-test in the repository; GRADLANE_TEST_VENV
 #    moves it; an existing one is reused), with maturin 1.x, pytest,
-#    numpy and torch; the package (python/) built as a release wheel and installed
-#    into it; pytest on python/tests.
+#    numpy, torch, scikit-learn and matplotlib; the package (python/)
+#    built as a release wheel and installed into it; pytest on
+#    python/tests.
 #
 # Both halves always run; the exit status is nonzero if either failed.
 # Needs Python 3.11 or newer (PYTHON names the interpreter; default
@@ -34,11 +35,12 @@ python_tests() {
     echo "== pip install maturin pytest numpy (into $VENV)"
     "$VENV/bin/python" -m pip install --quiet "maturin>=1.9,<2" pytest numpy
 
-    # torch (and scikit-learn, whose wheel ships the digits the example
-    # trains on), for gradlane.torch and its tests: PyPI serves a CUDA build
+    # torch (and scikit-learn, whose wheel ships the digits the examples
+    # train on; matplotlib, which draws the time-to-accuracy plots), for
+    # gradlane.torch and its tests: PyPI serves a CUDA build of torch
     # (about 2.5 GB, a minute to download) whose import works on CPU.
-    echo "== pip install torch scikit-learn (into $VENV)"
-    "$VENV/bin/python" -m pip install --quiet torch scikit-learn
+    echo "== pip install torch scikit-learn matplotlib (into $VENV)"
+    "$VENV/bin/python" -m pip install --quiet torch scikit-learn matplotlib
 
     echo "== building the package (maturin build --release)"
     local wheels="$VENV/wheels"

@@ -70,7 +70,7 @@ plan() {
     done
     for l in 0.05 0.01 0; do
         for v in gradlane hook-rescale hook-error_feedback; do
-            [[ $l = 0 && $v = gradlane ]] || echo "$v $l 0 plain"
+            [[ $v = gradlane && $l != 0.05 ]] || echo "$v $l 0 plain"
         done
     done
     for v in gloo-cubic gloo-bbr hook-zero_fill; do echo "$v 0 0 compete"; done

@@ -226,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             model.eval()
             with torch.no_grad():
-                acc = (model.module(x_test).argmax(1) == y_test).float().mean().item()
+                correct = (model.module(x_test).argmax(1) == y_test).sum().item()
+            # A ratio of ints: 342 of 360 is 0.95 exactly, as the CSV says.
+            acc = correct / len(y_test)
             sent = sent_bytes(args.iface)
             sent = "" if sent is None or sent0 is None else sent - sent0
             if out is not None:
