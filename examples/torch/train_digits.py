@@ -137,6 +137,10 @@ def main() -> None:
                     flush=True,
                 )
     print(f"rank {rank} of {world}: parameters {checksum(model.module)}", flush=True)
+    # Every rank reaches the teardown together: gloo's aborted a rank
+    # ("terminate called without an active exception") when one got there
+    # well before the other.
+    dist.barrier()
     dist.destroy_process_group()
 
 

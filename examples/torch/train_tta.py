@@ -270,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rank {rank} of {world}: parameters {checksum(model.module)}", flush=True)
     if state is not None:
         state.close()
+    # Every rank reaches the teardown together: gloo's aborted a rank
+    # ("terminate called without an active exception") when one got there
+    # well before the other.
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
