@@ -47,6 +47,24 @@ fn all_ranks_in_one_process() {
 }
 
 #[test]
+fn another_congestion_controller_is_taken_and_an_unknown_one_refused() {
+    let out = Command::new(BENCH)
+        .args(["--ranks", "3", "--model", "tiny", "--rounds", "1"])
+        .args(["--losses", "0,0.05", "--delay-ms", "0"])
+        .args(["--congestion", "bbr"])
+        .output()
+        .unwrap();
+    assert_every_variant_agrees(&out, &["0%", "5%"]);
+    let out = Command::new(BENCH)
+        .args(["--congestion", "vegas"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("vegas") && err.contains("capped-bbr"), "{err}");
+}
+
+#[test]
 fn one_rank_per_process_from_torchrun_variables() {
     let dir = std::env::temp_dir().join(format!("gl-arb-certs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

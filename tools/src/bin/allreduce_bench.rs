@@ -101,6 +101,9 @@ struct Args {
     /// congestion window, packets lost) per variant, to stderr.
     #[arg(long)]
     path_stats: bool,
+    /// The QUIC ranks' congestion controller.
+    #[arg(long, value_enum, default_value = "capped-bbr")]
+    congestion: common::Cc,
     /// With `--rank`: the name the ranks' certificate is issued to (by
     /// default each rank's IP address, which the certificate must name).
     #[arg(long, requires = "rank")]
@@ -233,7 +236,11 @@ async fn run(args: Args) -> Result<(), BoxError> {
     // Across processes a group of its own times the rounds and gathers
     // what each rank measured; its port is the first.
     let mut control = match place.across {
-        Some(_) => Some(group(&place, 0, 0.0, 0, 0.0, 0).await?.remove(0)),
+        Some(_) => Some(
+            group(&place, 0, 0.0, 0, 0.0, 0, args.congestion)
+                .await?
+                .remove(0),
+        ),
         None => None,
     };
     if place.reports() {
@@ -269,7 +276,16 @@ async fn run(args: Args) -> Result<(), BoxError> {
             }
             let mut join = |tolerance: f64, seed: u64| {
                 next_group += 1;
-                group(&place, next_group - 1, loss, args.delay_ms, tolerance, seed)
+                let cc = args.congestion;
+                group(
+                    &place,
+                    next_group - 1,
+                    loss,
+                    args.delay_ms,
+                    tolerance,
+                    seed,
+                    cc,
+                )
             };
             let runner = match v {
                 0 | 1 => {
@@ -566,6 +582,7 @@ async fn group(
     delay_ms: u64,
     loss_tolerance: f64,
     seed: u64,
+    congestion: common::Cc,
 ) -> Result<Vec<Group>, BoxError> {
     let (rendezvous, server_name) = match &place.across {
         None => {
@@ -592,6 +609,7 @@ async fn group(
         c.server_name = server_name.clone();
         c.link = Config {
             loss_tolerance,
+            congestion: congestion.into(),
             faults: (loss > 0.0 || delay_ms > 0).then(|| Faults {
                 delay: Duration::from_millis(delay_ms),
                 loss_out: loss,
