@@ -260,12 +260,14 @@ def scenario_killed(rank):
     ddp = DDP(small_cnn(seed=100))
     x, y = batch(0, rank)
     F.cross_entropy(ddp(x), y).backward()
-    dist.barrier()
     if rank == 1:
+        dist.barrier()
         os._exit(0)
-    # Rank 0 alone: the barrier (which rank 1 may have left before its
-    # last packets reached rank 0) or the next step must fail.
+    # Rank 1 exits as soon as its barrier returns, and its last packets
+    # can die with it: rank 0's barrier, the next one or the next step
+    # must fail.
     try:
+        dist.barrier()
         dist.barrier()
         for step in range(1, 3):
             x, y = batch(step, rank)
@@ -479,6 +481,8 @@ def test_hook_state_rejects_unknown_options():
         gl.HookState(loss_tolerance=1.5)
     with pytest.raises(ValueError, match="injected_loss"):
         gl.HookState(injected_loss=-0.1)
+    with pytest.raises(ValueError, match="a Group passed in keeps its own"):
+        gl.HookState(group=object(), dscp=True)
     state = gl.HookState(0.1, "error_feedback")
     assert (state.loss_tolerance, state.recovery, state.steps) == (0.1, "error_feedback", 0)
     assert state.last_stats == {} and state.totals == {}

@@ -380,8 +380,8 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     Rendezvous through ``store``: rank 0 listens on MASTER_ADDR (default
     127.0.0.1) at a free UDP port and sets ``gradlane/root`` to that
     "ip:port"; the other ranks read it and listen on GRADLANE_RANK_ADDR
-    (an "ip:port" or an IP; default 0.0.0.0:0). Certificates from GRADLANE_CERT_DIR. Forming the
-    group may take ``timeout``. GRADLANE_IDLE_TIMEOUT (seconds, default
+    (an "ip:port" or an IP; default 0.0.0.0:0). Certificates from
+    GRADLANE_CERT_DIR. Forming the group may take ``timeout``. GRADLANE_IDLE_TIMEOUT (seconds, default
     30) is how long a silent link lasts before the ranks raise a
     GroupError naming the rank that went away.
     """

@@ -73,6 +73,11 @@ class HookState:
             )
         if not 0.0 <= float(injected_loss) < 1.0:
             raise ValueError(f"gradlane: injected_loss {injected_loss} is not in [0, 1)")
+        if group is not None and (injected_loss or dscp):
+            raise ValueError(
+                "gradlane: injected_loss and dscp are settings of the Group the hook "
+                "joins itself; a Group passed in keeps its own (make it with them)"
+            )
         self.loss_tolerance = float(loss_tolerance)
         self.recovery = recovery
         self.injected_loss = float(injected_loss)
