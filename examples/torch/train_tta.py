@@ -96,6 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--steps, --batch, --eval-every and --width must be positive")
     if not 0.0 < args.target_acc <= 1.0:
         p.error("--target-acc must be in (0, 1]")
+    if args.dscp and args.transport != "hook":
+        p.error("--dscp marks the hook's packets: it needs --transport hook")
     return args
 
 
