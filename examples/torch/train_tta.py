@@ -262,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
             t = state.totals
             print(
                 f"hook: {t.get('hook_ns', 0) / 1e9:.2f} s in the hook, "
-                f"{t.get('network_ns', 0) / 1e9:.2f} s in the Rust allreduce, "
+                f"{t.get('network_ns', 0) / 1e9:.2f} s in the Rust allreduce "
+                f"({t.get('reduce_ns', 0) / 1e9:.2f} s to the owners, "
+                f"{t.get('return_ns', 0) / 1e9:.2f} s back), "
                 f"zero-filled {t.get('zero_filled_lossy_bytes', 0)} B, "
                 f"late {t.get('late_lossy_bytes', 0)} B over {state.steps} steps",
                 flush=True,

@@ -232,6 +232,9 @@ fn report_dict<'py>(py: Python<'py>, report: &AllreduceReport) -> PyResult<Bound
         "lost_values",
         report.lost.iter().map(|r| r.len()).sum::<usize>(),
     )?;
+    let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    out.set_item("reduce_ns", ns(report.reduce_time))?;
+    out.set_item("return_ns", ns(report.return_time))?;
     Ok(out)
 }
 
@@ -565,6 +568,10 @@ impl PyGroup {
     /// - lost_ranges, lost_values: chunks (values) of this rank's own
     ///   gradient that did not reach their owners in time (kept for the
     ///   next call with error_feedback);
+    /// - reduce_ns, return_ns: how long the two halves took at this rank:
+    ///   this rank's parts to their owners and its own shard in (waiting
+    ///   for ranks that called later included), then the summed shards
+    ///   back from every owner;
     /// - network_ns: how long the Rust call took, from handing the buffer
     ///   to the group to having the result in it (what the binding adds is
     ///   the caller's time less this).

@@ -22,6 +22,7 @@ use futures_util::future::try_join_all;
 use gradlane_core::layout::{ChunkOptions, ConvChunking, Layout, TensorKind, TensorSpec};
 use gradlane_core::reassembly::RoundStats;
 use std::ops::Range;
+use std::time::Duration;
 
 /// What a differentiated allreduce does with a lossy chunk that did not
 /// arrive at its shard's owner.
@@ -84,6 +85,13 @@ pub struct AllreduceReport {
     /// that did not reach their owners in time (with error feedback: added
     /// into its next gradient of the bucket).
     pub lost: Vec<Range<usize>>,
+    /// How long the first half took at this rank: from the call until its
+    /// parts were with their owners and its own shard's parts were in
+    /// (this includes waiting for ranks that called later).
+    pub reduce_time: Duration,
+    /// How long the second half took: from the end of the first until the
+    /// summed shards of every owner were in.
+    pub return_time: Duration,
 }
 
 impl Group {
@@ -267,6 +275,8 @@ impl Group {
             received: vec![None; world],
             missing: vec![Vec::new(); world],
             lost: Vec::new(),
+            reduce_time: Duration::ZERO,
+            return_time: Duration::ZERO,
         };
         let mut parts: Vec<Option<gradlane_core::reassembly::Round>> =
             (0..world).map(|_| None).collect();
@@ -372,10 +382,12 @@ impl Group {
         let summed = started.elapsed();
         let from = self.others();
         let got = self.exchange(t, out, &from).await?;
+        report.reduce_time = summed;
+        report.return_time = started.elapsed() - summed;
         tracing::debug!(
             bucket = bucket.0,
-            ?summed,
-            returned = ?started.elapsed() - summed,
+            reduce_time = ?report.reduce_time,
+            return_time = ?report.return_time,
             "differentiated allreduce"
         );
         let b = &mut self.buckets[bucket.0];
