@@ -25,7 +25,7 @@ Run it under torchrun or ``scripts/testbed.sh`` (one process per rank)::
 ``--transport``: ``gloo`` (torch's backend, the reference), ``gradlane``
 (the gradlane backend, every collective exact) or ``hook`` (the gradlane
 backend with gradlane's DDP hook: the important chunks exact, the rest
-lossy; ``--loss-tolerance``, ``--recovery``, ``--dscp``). Needs
+lossy; ``--loss-tolerance``, ``--recovery``, ``--dscp``, ``--overlap``). Needs
 ``pip install "./python[torch]" scikit-learn``.
 """
 
@@ -63,6 +63,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dscp", action="store_true", help="hook: mark packets by class (priority queues)"
     )
     p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="hook: allreduce each bucket on a thread while backward goes on",
+    )
+    p.add_argument(
         "--width", type=int, default=64, help="channels of the first stage (64 is ResNet-18's)"
     )
     p.add_argument("--steps", type=int, default=120, help="training steps")
@@ -98,6 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--target-acc must be in (0, 1]")
     if args.dscp and args.transport != "hook":
         p.error("--dscp marks the hook's packets: it needs --transport hook")
+    if args.overlap and args.transport != "hook":
+        p.error("--overlap is the hook's: it needs --transport hook")
     return args
 
 
@@ -187,7 +194,10 @@ def main(argv: list[str] | None = None) -> int:
         import gradlane.torch as gl
 
         state = gl.HookState(
-            loss_tolerance=args.loss_tolerance, recovery=args.recovery, dscp=args.dscp
+            loss_tolerance=args.loss_tolerance,
+            recovery=args.recovery,
+            dscp=args.dscp,
+            overlap=args.overlap,
         )
         model.register_comm_hook(state, gl.ddp_hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)

@@ -188,7 +188,7 @@ def scenario_backend(rank):
     return out
 
 
-def scenario_hook(rank, backend, injected_loss, steps, dscp=False):
+def scenario_hook(rank, backend, injected_loss, steps, dscp=False, overlap=False):
     """DDP over `backend`: a model with the gradlane hook next to the same
     model with the backend's allreduce, on the same batches."""
     import torch.distributed as dist
@@ -201,7 +201,9 @@ def scenario_hook(rank, backend, injected_loss, steps, dscp=False):
     hooked = wide_cnn(seed=7)
     plain = wide_cnn(seed=7)
     ddp_hooked = DDP(hooked)
-    state = gl.HookState(loss_tolerance=0.2, injected_loss=injected_loss, seed=11, dscp=dscp)
+    state = gl.HookState(
+        loss_tolerance=0.2, injected_loss=injected_loss, seed=11, dscp=dscp, overlap=overlap
+    )
     ddp_hooked.register_comm_hook(state, gl.ddp_hook)
     ddp_plain = DDP(plain)
     opts = [torch.optim.SGD(m.parameters(), lr=LR) for m in (ddp_hooked, ddp_plain)]
@@ -283,12 +285,58 @@ def scenario_killed(rank):
     return {"type": None}
 
 
+def scenario_killed_hook(rank, overlap):
+    """DDP over gloo with the gradlane hook (its own Group); rank 1 exits
+    without a word after two steps. Rank 0's hook must fail its bucket's
+    future, so that backward raises naming rank 1 within the idle timeout,
+    and a backward after that must fail at once instead of waiting again."""
+    import time
+
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import gradlane.torch as gl
+
+    dist.init_process_group("gloo")
+    ddp = DDP(wide_cnn(seed=100))
+    state = gl.HookState(overlap=overlap)
+    ddp.register_comm_hook(state, gl.ddp_hook)
+    # Two steps on both ranks: DDP rebuilds its buckets (over gloo) at the
+    # second, so that rank 0 meets the dead rank only in the hook.
+    for step in range(2):
+        x, y = batch(step, rank, n=8)
+        if rank == 0 and step == 1:
+            break
+        F.cross_entropy(ddp(x), y).backward()
+    if rank == 1:
+        os._exit(0)
+    # Rank 1's last packets can die with it: rank 0's second step or a
+    # later one must fail.
+    try:
+        for step in range(1, 4):
+            x, y = batch(step, rank, n=8)
+            F.cross_entropy(ddp(x), y).backward()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        first = {"type": type(e).__name__, "message": str(e)}
+    else:
+        return {"type": None}
+    started = time.monotonic()
+    try:
+        F.cross_entropy(ddp(x), y).backward()
+        again = None
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        again = str(e)
+    return {**first, "again": again, "again_s": time.monotonic() - started}
+
+
 SCENARIOS = {
     "backend": scenario_backend,
     "ddp_gloo": scenario_ddp_gloo,
     "hook": scenario_hook,
     "fsdp": scenario_fsdp,
     "killed": scenario_killed,
+    "killed_hook": scenario_killed_hook,
 }
 
 
@@ -438,10 +486,13 @@ def test_bad_input_is_a_clear_exception(backend):
         np.testing.assert_array_equal(backend[r]["after_bad"], np.full(3, WORLD, np.float32))
 
 
-@pytest.mark.parametrize(("backend", "dscp"), [("gloo", False), ("gradlane", False), ("gradlane", True)])
-def test_hook_without_loss_equals_the_exact_allreduce(cert_dir, backend, dscp):
+@pytest.mark.parametrize(
+    ("backend", "dscp", "overlap"),
+    [("gloo", False, False), ("gradlane", False, False), ("gradlane", True, False), ("gloo", False, True)],
+)
+def test_hook_without_loss_equals_the_exact_allreduce(cert_dir, backend, dscp, overlap):
     steps = 3
-    got = run_ranks("hook", cert_dir, backend, 0.0, steps, dscp)
+    got = run_ranks("hook", cert_dir, backend, 0.0, steps, dscp, overlap)
     for r in range(WORLD):
         o = got[r]
         # Over gloo the hook joins its own Group; over gradlane it uses
@@ -460,6 +511,7 @@ def test_hook_without_loss_equals_the_exact_allreduce(cert_dir, backend, dscp):
             assert s["hook_ns"] >= s["network_ns"] > 0, s
             assert s["reduce_ns"] > 0 and s["return_ns"] > 0, s
             assert s["reduce_ns"] + s["return_ns"] <= s["network_ns"], s
+            assert ("wait_ns" in s) == overlap, s
 
 
 def test_hook_with_injected_loss_keeps_every_rank_bit_identical(cert_dir):
@@ -524,6 +576,21 @@ def test_a_killed_rank_is_an_exception_on_the_others(cert_dir):
     out = got[0]
     assert out["type"] is not None, out
     assert "rank 1" in out["message"], out
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_rank_killed_under_the_hook_fails_backward_on_the_others(cert_dir, overlap):
+    got = run_ranks(
+        "killed_hook", cert_dir, overlap, expect=1, extra_env={"GRADLANE_IDLE_TIMEOUT": "10"}
+    )
+    out = got[0]
+    # DDP raises the hook's error as a RuntimeError that names it.
+    assert out["type"] == "RuntimeError", out
+    assert "RankFailedError: rank 1" in out["message"], out
+    # The Group is not used again: the next backward fails with the same
+    # error, without another idle timeout.
+    assert out["again"] is not None and "RankFailedError: rank 1" in out["again"], out
+    assert out["again_s"] < 5, out
 
 
 def test_rank_listen_address_takes_ip_or_ip_and_port(monkeypatch):

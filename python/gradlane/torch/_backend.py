@@ -402,11 +402,6 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     else:
         root = store.get(ROOT_KEY).decode()
         listen = rank_listen_from_env()
-    idle = os.environ.get("GRADLANE_IDLE_TIMEOUT")
-    try:
-        idle_timeout = float(idle) if idle else None
-    except ValueError:
-        raise ValueError(f"gradlane: GRADLANE_IDLE_TIMEOUT {idle!r} is not seconds") from None
     group = gradlane.Group(
         rank,
         size,
@@ -414,9 +409,18 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
         listen=listen,
         cert_dir=cert_dir,
         join_timeout=join_timeout,
-        idle_timeout=idle_timeout,
+        idle_timeout=idle_timeout_from_env(),
     )
     return GradlaneProcessGroup(group, rank, size)
+
+
+def idle_timeout_from_env() -> float | None:
+    """GRADLANE_IDLE_TIMEOUT in seconds, or None (the Group's default)."""
+    idle = os.environ.get("GRADLANE_IDLE_TIMEOUT")
+    try:
+        return float(idle) if idle else None
+    except ValueError:
+        raise ValueError(f"gradlane: GRADLANE_IDLE_TIMEOUT {idle!r} is not seconds") from None
 
 
 def _register():

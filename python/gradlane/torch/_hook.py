@@ -2,13 +2,20 @@
 
 
 import os
+import queue
+import threading
 import time
 
 import torch
 import torch.distributed as dist
 
 import gradlane
-from gradlane.torch._backend import cert_dir_from_env, gradlane_group_of, rank_listen_from_env
+from gradlane.torch._backend import (
+    cert_dir_from_env,
+    gradlane_group_of,
+    idle_timeout_from_env,
+    rank_listen_from_env,
+)
 
 RECOVERIES = ("zero_fill", "rescale", "error_feedback")
 
@@ -29,6 +36,14 @@ class HookState:
       arrived so that the expected sum is unbiased; ``"error_feedback"``
       keeps what was lost on the sender and adds it to the next step's
       gradient (best when loss is sustained, costs a bucket-sized buffer).
+    - ``overlap`` (default False): run each bucket's allreduce on a
+      thread of the state's while backward computes the next buckets (as
+      gloo does), instead of inside the hook. Worth it where the host has
+      cores to spare for the network; where every core is busy computing,
+      the two compete and steps take longer (docs/RESULTS.md: 4 ranks
+      sharing 2 cores). With it, do not call collectives of the same Group
+      from another thread while backward runs (the backend's, when the
+      hook shares it).
 
     Settings to leave alone:
 
@@ -37,8 +52,8 @@ class HookState:
       and otherwise joins its own Group: rank 0 listens on MASTER_ADDR at
       GRADLANE_PORT (default MASTER_PORT + 1), the ranks and world from
       the default process group (or RANK and WORLD_SIZE), certificates
-      from GRADLANE_CERT_DIR. Pass a :class:`gradlane.Group` only to share
-      one you made.
+      from GRADLANE_CERT_DIR, GRADLANE_IDLE_TIMEOUT as the backend reads
+      it. Pass a :class:`gradlane.Group` only to share one you made.
     - ``injected_loss`` and ``seed``: drop that share of this rank's
       outgoing packets, seeded; for tests and demos only. Non-zero values
       make the hook join its own Group.
@@ -46,13 +61,21 @@ class HookState:
       lossy levels below), for a network whose queues serve the important
       class first (Linux). True makes the hook join its own Group.
 
+    A failed allreduce fails its bucket's future, so backward raises a
+    RuntimeError naming the :class:`gradlane.GroupError` (such as
+    ``RankFailedError: rank 1: ...``), and every later bucket fails with
+    the same error at once: the Group is not used again.
+
     Statistics: ``last_stats`` holds the sum over the buckets of the last
     complete step of what ``allreduce_differentiated`` reported (bytes sent
     exact and lossy, lossy bytes zero-filled, ranges lost and missing,
     late chunks); ``totals`` the same summed over all ``steps`` steps.
-    Two of the keys are times in nanoseconds: ``hook_ns``, the time spent
-    inside the hook, and ``network_ns``, the part of it spent in the Rust
-    allreduce; the difference is what the Python side costs.
+    Some of the keys are times in nanoseconds: ``hook_ns``, how long the
+    buckets' allreduces took, Python side included; ``network_ns``, the
+    part of that spent in the Rust allreduce (the difference is what the
+    Python side costs), itself split into ``reduce_ns`` and
+    ``return_ns``, its two halves; with overlap, ``wait_ns``, how long
+    buckets waited on the thread for the ones before them.
     """
 
     def __init__(
@@ -64,6 +87,7 @@ class HookState:
         injected_loss: float = 0.0,
         seed: int = 0,
         dscp: bool = False,
+        overlap: bool = False,
     ):
         if not 0.0 <= float(loss_tolerance) <= 1.0:
             raise ValueError(f"gradlane: loss_tolerance {loss_tolerance} is not in [0, 1]")
@@ -83,15 +107,21 @@ class HookState:
         self.injected_loss = float(injected_loss)
         self.seed = int(seed)
         self.dscp = bool(dscp)
+        self.overlap = bool(overlap)
         self.group = group
         self._own_group = False
-        # (bucket index, shapes) -> gradlane bucket id. DDP rebuilds its
-        # buckets after the first step, so the shapes are part of the key.
+        # (bucket index, parameter shapes) -> gradlane bucket id.
         self._buckets: dict[tuple, int] = {}
         self._step: dict[str, int] = {}
         self.last_stats: dict[str, int] = {}
         self.totals: dict[str, int] = {}
         self.steps = 0
+        # With overlap, the thread that runs the Group's calls, started by
+        # the first bucket. The first failure, which every later bucket
+        # gets too.
+        self._jobs: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
 
     # ------------------------------------------------------------ group
     def _join(self) -> gradlane.Group:
@@ -128,24 +158,61 @@ class HookState:
             injected_loss=self.injected_loss,
             seed=self.seed,
             dscp=self.dscp,
+            idle_timeout=idle_timeout_from_env(),
         )
         self._own_group = True
         return self.group
 
     def close(self) -> None:
-        """Closes the Group the state joined itself (not one it was given)."""
+        """Stops the state's thread and closes the Group the state joined
+        itself (not one it was given)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
         if self._own_group and self.group is not None:
             self.group.close()
 
+    # ----------------------------------------------------------- thread
+    def _submit(self, job) -> None:
+        if self._thread is None:
+            self._jobs = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._run, name="gradlane-hook", daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()
+
+    def _reduce(self, key, shapes, flat, buf, fut, last: bool, queued_ns: int) -> None:
+        """One bucket's allreduce in place, then its future (inside the
+        hook, or on the state's thread with overlap)."""
+        started = time.perf_counter_ns()
+        try:
+            if self._failed is not None:
+                raise self._failed
+            g = self._join()
+            bid = self._bucket_id(g, key, shapes)
+            stats = g.allreduce_differentiated(bid, flat, op="mean")
+        except BaseException as e:  # noqa: BLE001 - handed to DDP through the future
+            if self._failed is None:
+                self._failed = e
+            fut.set_exception(e)
+            return
+        stats["hook_ns"] = time.perf_counter_ns() - started
+        if self.overlap:
+            stats["wait_ns"] = started - queued_ns
+        self._record(stats, last)
+        fut.set_result(buf)
+
     # ----------------------------------------------------------- layout
-    def _bucket_id(self, g: gradlane.Group, bucket) -> int:
-        params = bucket.parameters()
-        shapes = tuple(tuple(p.shape) for p in params)
-        key = (bucket.index(), shapes)
+    def _bucket_id(self, g: gradlane.Group, key: tuple, shapes: tuple) -> int:
         bid = self._buckets.get(key)
         if bid is None:
+            index = key[0]
             layout = [
-                (f"b{bucket.index()}.p{i}", list(s), "conv2d" if len(s) == 4 else "dense")
+                (f"b{index}.p{i}", list(s), "conv2d" if len(s) == 4 else "dense")
                 for i, s in enumerate(shapes)
             ]
             bid = g.register_bucket(layout, recovery=self.recovery)
@@ -167,23 +234,32 @@ def ddp_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: averages the bucket's gradients over the
     ranks with gradlane's differentiated allreduce (per conv kernel and
     per 1 KiB block of other tensors, the important chunks exact and the
-    rest lossy), in place, and returns a completed future of the buffer.
+    rest lossy), in place. Returns a future of the buffer: completed,
+    or with ``overlap`` one that the state's thread completes (see
+    :class:`HookState`).
 
     Register with ``ddp.register_comm_hook(HookState(...), ddp_hook)``.
     Takes CPU float32 gradients.
     """
-    started = time.perf_counter_ns()
+    queued = time.perf_counter_ns()
     buf = bucket.buffer()
     if buf.device.type != "cpu" or buf.dtype != torch.float32:
         raise TypeError(
             f"gradlane: ddp_hook takes CPU float32 gradients, the bucket is "
             f"{buf.dtype} on {buf.device}"
         )
-    g = state._join()
-    bid = state._bucket_id(g, bucket)
-    stats = g.allreduce_differentiated(bid, buf.detach().numpy().reshape(-1), op="mean")
+    shapes = tuple(tuple(p.shape) for p in bucket.parameters())
+    # DDP rebuilds its buckets after the first step, so the shapes are
+    # part of the key.
+    key = (bucket.index(), shapes)
+    flat = buf.detach().numpy().reshape(-1)
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(buf)
-    stats["hook_ns"] = time.perf_counter_ns() - started
-    state._record(stats, bucket.is_last())
-    return fut
+    last = bucket.is_last()
+    if state.overlap:
+        state._submit(lambda: state._reduce(key, shapes, flat, buf, fut, last, queued))
+    else:
+        state._reduce(key, shapes, flat, buf, fut, last, queued)
+    # DDP reads a future's value in C++, where an exception set from Python
+    # is only a value that is not a tensor ("Unable to cast ... to Tensor");
+    # reading it in a callback makes it the chained future's error.
+    return fut.then(lambda f: f.value())
