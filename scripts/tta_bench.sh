@@ -14,7 +14,8 @@
 #   variant    gloo-cubic, gloo-bbr (torch's gloo over TCP with that
 #              congestion control), gradlane (the gradlane backend, exact),
 #              hook-zero_fill, hook-rescale, hook-error_feedback (the
-#              gradlane backend with gradlane's DDP hook and that recovery)
+#              gradlane backend with gradlane's DDP hook and that recovery),
+#              hook-datagrams (zero fill, the lossy part always datagrams)
 #   loss       the testbed's LOSS, a drop probability
 #   seed       train_tta.py's --seed (model, split and batches)
 #   condition  plain; compete (a bulk TCP flow from every rank to the next
@@ -23,8 +24,9 @@
 #              --dscp marks)
 # PLAN=full runs every variant at 0, 1% and 5% loss with seed 0, the key
 # cells (gloo-cubic, gloo-bbr and hook-zero_fill at 5%) with seeds 1 and 2
-# as well, and gloo-cubic, gloo-bbr, hook-zero_fill under compete and
-# hook-zero_fill under compete-dscp, lossless; key cells first. CELLS
+# as well, hook-datagrams at 0, 1% and 5% with seed 0, and gloo-cubic,
+# gloo-bbr, hook-zero_fill under compete and hook-zero_fill under
+# compete-dscp, lossless; key cells first. CELLS
 # (one cell a line, or cells separated by ";") replaces the plan.
 #
 # Each run trains for STEPS steps (the learning rate's cosine reaches 0
@@ -73,6 +75,7 @@ plan() {
             [[ $v = gradlane && $l != 0.05 ]] || echo "$v $l 0 plain"
         done
     done
+    for l in 0 0.01 0.05; do echo "hook-datagrams $l 0 plain"; done
     for v in gloo-cubic gloo-bbr hook-zero_fill; do echo "$v 0 0 compete"; done
     echo "hook-zero_fill 0 0 compete-dscp"
 }
@@ -114,6 +117,7 @@ while read -r variant loss seed condition; do
         gloo-bbr) args+=(--transport gloo); cc=bbr ;;
         gradlane) args+=(--transport gradlane) ;;
         hook-zero_fill | hook-rescale | hook-error_feedback) args+=(--transport hook --recovery "${variant#hook-}") ;;
+        hook-datagrams) args+=(--transport hook --lossy-carrier datagrams) ;;
         *) die "unknown variant $variant" ;;
     esac
     compete=0 dscp=0

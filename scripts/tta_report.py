@@ -30,6 +30,7 @@ VARIANTS = [
     "hook-zero_fill",
     "hook-rescale",
     "hook-error_feedback",
+    "hook-datagrams",
 ]
 COLORS = {
     "gloo-cubic": "#d62728",
@@ -38,6 +39,7 @@ COLORS = {
     "hook-zero_fill": "#1f77b4",
     "hook-rescale": "#2ca02c",
     "hook-error_feedback": "#9467bd",
+    "hook-datagrams": "#17becf",
 }
 
 

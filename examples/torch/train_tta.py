@@ -25,7 +25,8 @@ Run it under torchrun or ``scripts/testbed.sh`` (one process per rank)::
 ``--transport``: ``gloo`` (torch's backend, the reference), ``gradlane``
 (the gradlane backend, every collective exact) or ``hook`` (the gradlane
 backend with gradlane's DDP hook: the important chunks exact, the rest
-lossy; ``--loss-tolerance``, ``--recovery``, ``--dscp``, ``--overlap``). Needs
+lossy; ``--loss-tolerance``, ``--recovery``, ``--dscp``, ``--overlap``,
+``--lossy-carrier``). Needs
 ``pip install "./python[torch]" scikit-learn``.
 """
 
@@ -68,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="hook: allreduce each bucket on a thread while backward goes on",
     )
     p.add_argument(
+        "--lossy-carrier",
+        choices=["adaptive", "datagrams"],
+        default="adaptive",
+        help="hook: what carries the lossy chunks (HookState's lossy_carrier)",
+    )
+    p.add_argument(
         "--width", type=int, default=64, help="channels of the first stage (64 is ResNet-18's)"
     )
     p.add_argument("--steps", type=int, default=120, help="training steps")
@@ -105,6 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--dscp marks the hook's packets: it needs --transport hook")
     if args.overlap and args.transport != "hook":
         p.error("--overlap is the hook's: it needs --transport hook")
+    if args.lossy_carrier != "adaptive" and args.transport != "hook":
+        p.error("--lossy-carrier is the hook's: it needs --transport hook")
     return args
 
 
@@ -198,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             recovery=args.recovery,
             dscp=args.dscp,
             overlap=args.overlap,
+            lossy_carrier=args.lossy_carrier,
         )
         model.register_comm_hook(state, gl.ddp_hook)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)

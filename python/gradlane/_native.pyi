@@ -36,6 +36,7 @@ class Group:
         seed: int = 0,
         idle_timeout: float | None = None,
         dscp: bool = False,
+        lossy_carrier: Literal["adaptive", "datagrams"] = "adaptive",
     ) -> None: ...
     @property
     def rank(self) -> int: ...

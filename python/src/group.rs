@@ -6,7 +6,7 @@ use crate::errors::CallError;
 use crate::runtime;
 use gradlane::{
     AllreduceReport, BucketId, Config, DscpMarks, Faults, Group, GroupConfig, Layout, LossRecovery,
-    ReduceOp, Rendezvous, SparseAllgather, SparseRows, TensorSpec,
+    LossyCarrier, ReduceOp, Rendezvous, SparseAllgather, SparseRows, TensorSpec,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -28,7 +28,7 @@ const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 /// Group(rank, world, *, root=None, addresses=None, listen="0.0.0.0:0",
 ///       cert_dir=None, server_name=None, join_timeout=60.0,
 ///       loss_tolerance=0.2, injected_loss=0.0, seed=0, idle_timeout=None,
-///       dscp=False)
+///       dscp=False, lossy_carrier="adaptive")
 ///
 /// The constructor joins the group (the GIL is released while it waits)
 /// and returns once this rank has a link to every other rank. Give exactly
@@ -55,7 +55,11 @@ const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 /// rank that died is noticed (default 30 s; None keeps the default).
 /// dscp: mark packets by class (the important class DSCP 56, the lossy
 /// levels below it), for networks whose queues serve the important class
-/// first; Linux only.
+/// first; Linux only. lossy_carrier: what carries the differentiated
+/// allreduce's lossy part, "adaptive" (low-priority streams while the path
+/// loses nothing, datagrams after a loss; cheapest in CPU) or "datagrams"
+/// (always; behind a rate-limited link that loses nothing it kept steps
+/// shorter, docs/RESULTS.md "Time to accuracy").
 ///
 /// Every rank must call the same collectives in the same order, as in any
 /// process group; a rank that calls something else, or dies, makes the
@@ -204,7 +208,9 @@ fn bucket_layout(shapes: Vec<(String, Vec<i64>, String)>) -> PyResult<Layout> {
 fn report_dict<'py>(py: Python<'py>, report: &AllreduceReport) -> PyResult<Bound<'py, PyDict>> {
     let sent = report.sent.iter().flatten();
     let sent_important: u64 = sent.clone().map(|s| s.important_bytes).sum();
-    let sent_lossy: u64 = sent.map(|s| s.lossy_bytes.iter().sum::<u64>()).sum();
+    let lossy_of = |s: &gradlane::SendReport| s.lossy_bytes.iter().sum::<u64>();
+    let sent_lossy: u64 = sent.clone().map(lossy_of).sum();
+    let on_stream: u64 = sent.filter(|s| s.lossy_on_stream).map(lossy_of).sum();
     let received: Vec<_> = report.received.iter().flatten().collect();
     let important = |f: fn(&gradlane::ClassStats) -> u64| -> u64 {
         received.iter().map(|r| f(&r.classes[0])).sum()
@@ -215,6 +221,7 @@ fn report_dict<'py>(py: Python<'py>, report: &AllreduceReport) -> PyResult<Bound
     let out = PyDict::new(py);
     out.set_item("sent_important_bytes", sent_important)?;
     out.set_item("sent_lossy_bytes", sent_lossy)?;
+    out.set_item("sent_lossy_on_stream_bytes", on_stream)?;
     out.set_item("received_important_bytes", important(|c| c.received_bytes))?;
     out.set_item("received_lossy_bytes", lossy(|c| c.received_bytes))?;
     out.set_item(
@@ -274,6 +281,7 @@ impl PyGroup {
         seed = 0,
         idle_timeout = None,
         dscp = false,
+        lossy_carrier = "adaptive",
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -291,6 +299,7 @@ impl PyGroup {
         seed: u64,
         idle_timeout: Option<f64>,
         dscp: bool,
+        lossy_carrier: &str,
     ) -> PyResult<Self> {
         let world = usize::try_from(world)
             .ok()
@@ -346,6 +355,15 @@ impl PyGroup {
         if dscp {
             link.dscp = Some(DscpMarks::authors(link.levels));
         }
+        link.timing.lossy_carrier = match lossy_carrier {
+            "adaptive" => LossyCarrier::Adaptive,
+            "datagrams" => LossyCarrier::Datagrams,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown lossy_carrier {other:?}; one of \"adaptive\", \"datagrams\""
+                )))
+            }
+        };
         if let Some(idle) = idle_timeout {
             let idle = seconds("idle_timeout", idle)?;
             link.quic.max_idle_timeout = Some(idle);

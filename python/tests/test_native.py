@@ -411,6 +411,8 @@ def test_bad_group_arguments_are_value_errors(cert_dir):
         gradlane.Group(0, 1, root=root, cert_dir=cert_dir, injected_loss=-0.1)
     with pytest.raises(ValueError, match="idle_timeout"):
         gradlane.Group(0, 1, root=root, cert_dir=cert_dir, idle_timeout=0.0)
+    with pytest.raises(ValueError, match="unknown lossy_carrier"):
+        gradlane.Group(0, 1, root=root, cert_dir=cert_dir, lossy_carrier="streams")
     with pytest.raises(ValueError, match="root"):
         gradlane.Group(0, 1, root="not an address", cert_dir=cert_dir)
     with pytest.raises(gradlane.GroupSetupError):

@@ -188,7 +188,9 @@ def scenario_backend(rank):
     return out
 
 
-def scenario_hook(rank, backend, injected_loss, steps, dscp=False, overlap=False):
+def scenario_hook(
+    rank, backend, injected_loss, steps, dscp=False, overlap=False, lossy_carrier="adaptive"
+):
     """DDP over `backend`: a model with the gradlane hook next to the same
     model with the backend's allreduce, on the same batches."""
     import torch.distributed as dist
@@ -202,7 +204,12 @@ def scenario_hook(rank, backend, injected_loss, steps, dscp=False, overlap=False
     plain = wide_cnn(seed=7)
     ddp_hooked = DDP(hooked)
     state = gl.HookState(
-        loss_tolerance=0.2, injected_loss=injected_loss, seed=11, dscp=dscp, overlap=overlap
+        loss_tolerance=0.2,
+        injected_loss=injected_loss,
+        seed=11,
+        dscp=dscp,
+        overlap=overlap,
+        lossy_carrier=lossy_carrier,
     )
     ddp_hooked.register_comm_hook(state, gl.ddp_hook)
     ddp_plain = DDP(plain)
@@ -514,9 +521,10 @@ def test_hook_without_loss_equals_the_exact_allreduce(cert_dir, backend, dscp, o
             assert ("wait_ns" in s) == overlap, s
 
 
-def test_hook_with_injected_loss_keeps_every_rank_bit_identical(cert_dir):
+@pytest.mark.parametrize("lossy_carrier", ["adaptive", "datagrams"])
+def test_hook_with_injected_loss_keeps_every_rank_bit_identical(cert_dir, lossy_carrier):
     steps = 4
-    got = run_ranks("hook", cert_dir, "gloo", 0.05, steps)
+    got = run_ranks("hook", cert_dir, "gloo", 0.05, steps, False, False, lossy_carrier)
     for step in range(steps):
         for r in range(1, WORLD):
             for a, b in zip(got[0]["hooked"][step], got[r]["hooked"][step], strict=True):
@@ -525,6 +533,12 @@ def test_hook_with_injected_loss_keeps_every_rank_bit_identical(cert_dir):
     totals = [got[r]["totals"] for r in range(WORLD)]
     # Loss did happen (so the check above saw lossy steps).
     assert sum(t["missing_ranges"] for t in totals) > 0, totals
+    assert all(t["sent_lossy_bytes"] > 0 for t in totals), totals
+    if lossy_carrier == "datagrams":
+        # Datagrams from the first round on, before any loss was seen.
+        for r in range(WORLD):
+            for step in range(steps):
+                assert got[r]["stats"][step]["sent_lossy_on_stream_bytes"] == 0, (r, step)
 
 
 def test_hook_state_rejects_unknown_options():
@@ -538,6 +552,10 @@ def test_hook_state_rejects_unknown_options():
         gl.HookState(injected_loss=-0.1)
     with pytest.raises(ValueError, match="a Group passed in keeps its own"):
         gl.HookState(group=object(), dscp=True)
+    with pytest.raises(ValueError, match="unknown lossy_carrier 'streams'"):
+        gl.HookState(lossy_carrier="streams")
+    with pytest.raises(ValueError, match="a Group passed in keeps its own"):
+        gl.HookState(group=object(), lossy_carrier="datagrams")
     state = gl.HookState(0.1, "error_feedback")
     assert (state.loss_tolerance, state.recovery, state.steps) == (0.1, "error_feedback", 0)
     assert state.last_stats == {} and state.totals == {}

@@ -79,9 +79,9 @@ def test_bad_arguments_are_refused_before_anything_starts():
         [sys.executable, str(EXAMPLE), "--steps", "0"], capture_output=True, text=True, timeout=60
     )
     assert run.returncode == 2 and "must be positive" in run.stderr, run.stderr
-    for flag in ("--dscp", "--overlap"):
+    for flags in (["--dscp"], ["--overlap"], ["--lossy-carrier", "datagrams"]):
         run = subprocess.run(
-            [sys.executable, str(EXAMPLE), "--transport", "gloo", flag],
+            [sys.executable, str(EXAMPLE), "--transport", "gloo", *flags],
             capture_output=True, text=True, timeout=60,
         )
         assert run.returncode == 2 and "needs --transport hook" in run.stderr, run.stderr

@@ -18,6 +18,7 @@ from gradlane.torch._backend import (
 )
 
 RECOVERIES = ("zero_fill", "rescale", "error_feedback")
+LOSSY_CARRIERS = ("adaptive", "datagrams")
 
 
 class HookState:
@@ -44,6 +45,13 @@ class HookState:
       sharing 2 cores). With it, do not call collectives of the same Group
       from another thread while backward runs (the backend's, when the
       hook shares it).
+    - ``lossy_carrier``: what carries the lossy chunks. ``"adaptive"``
+      (default) sends them on low-priority streams while the path loses
+      nothing and as datagrams after a loss; cheapest in CPU, the choice
+      on a fast LAN. ``"datagrams"`` always uses datagrams; behind a
+      rate-limited link that loses little it kept steps shorter
+      (docs/RESULTS.md, "Time to accuracy"). Non-default makes the hook
+      join its own Group.
 
     Settings to leave alone:
 
@@ -88,6 +96,7 @@ class HookState:
         seed: int = 0,
         dscp: bool = False,
         overlap: bool = False,
+        lossy_carrier: str = "adaptive",
     ):
         if not 0.0 <= float(loss_tolerance) <= 1.0:
             raise ValueError(f"gradlane: loss_tolerance {loss_tolerance} is not in [0, 1]")
@@ -97,10 +106,15 @@ class HookState:
             )
         if not 0.0 <= float(injected_loss) < 1.0:
             raise ValueError(f"gradlane: injected_loss {injected_loss} is not in [0, 1)")
-        if group is not None and (injected_loss or dscp):
+        if lossy_carrier not in LOSSY_CARRIERS:
             raise ValueError(
-                "gradlane: injected_loss and dscp are settings of the Group the hook "
-                "joins itself; a Group passed in keeps its own (make it with them)"
+                f"gradlane: unknown lossy_carrier {lossy_carrier!r}; "
+                f"one of {', '.join(LOSSY_CARRIERS)}"
+            )
+        if group is not None and (injected_loss or dscp or lossy_carrier != "adaptive"):
+            raise ValueError(
+                "gradlane: injected_loss, dscp and lossy_carrier are settings of the Group "
+                "the hook joins itself; a Group passed in keeps its own (make it with them)"
             )
         self.loss_tolerance = float(loss_tolerance)
         self.recovery = recovery
@@ -108,6 +122,7 @@ class HookState:
         self.seed = int(seed)
         self.dscp = bool(dscp)
         self.overlap = bool(overlap)
+        self.lossy_carrier = lossy_carrier
         self.group = group
         self._own_group = False
         # (bucket index, parameter shapes) -> gradlane bucket id.
@@ -127,7 +142,8 @@ class HookState:
     def _join(self) -> gradlane.Group:
         if self.group is not None:
             return self.group
-        if self.injected_loss == 0.0 and self.loss_tolerance == 0.2 and not self.dscp:
+        defaults = self.injected_loss == 0.0 and self.loss_tolerance == 0.2 and not self.dscp
+        if defaults and self.lossy_carrier == "adaptive":
             # The backend's Group was made with the default settings.
             g = gradlane_group_of(None)
             if g is not None:
@@ -158,6 +174,7 @@ class HookState:
             injected_loss=self.injected_loss,
             seed=self.seed,
             dscp=self.dscp,
+            lossy_carrier=self.lossy_carrier,
             idle_timeout=idle_timeout_from_env(),
         )
         self._own_group = True
