@@ -20,9 +20,10 @@
 //! quinn paces at the window over the smoothed RTT, so when the RTT the
 //! flow sees is several times its smallest (a queue that other flows
 //! keep: a rank's connections to its other peers behind the same link, or
-//! a competing transfer) the window, not the path, sets the rate. Behind
-//! a 100 Mbit/s link losing 5% of packets, three such flows per rank
-//! carried under half the link's rate with windows of 10-25 KB.
+//! a competing transfer) the window, not the path, sets the rate: behind
+//! a rate-limited link with random loss, a rank's flows to its peers idle
+//! the link with windows of a few packets (docs/RESULTS.md, "Time to
+//! accuracy").
 //!
 //! BBR's own rule bounds what is in flight by a gain times the path's
 //! bandwidth-delay product. [`InflightCap`] measures both: the delivery
