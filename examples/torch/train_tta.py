@@ -294,12 +294,36 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rank {rank} of {world}: parameters {checksum(model.module)}", flush=True)
     if state is not None:
         state.close()
-    # Every rank reaches the teardown together: gloo's aborted a rank
-    # ("terminate called without an active exception") when one got there
-    # well before the other.
-    dist.barrier()
+    leave_together(rank, world)
     dist.destroy_process_group()
     return 0
+
+
+def leave_together(rank: int, world: int) -> None:
+    """Returns once every rank is through with the group's transport.
+
+    gloo can fail a rank that destroys its context right after a barrier
+    while another still finishes it (pytorch/gloo#155; here rank 0 aborted
+    with "terminate called without an active exception"). So after the
+    barrier the ranks also meet in the rendezvous store: each says it is
+    through and waits for all; rank 0, which hosts the store, goes last.
+    """
+    dist.barrier()
+    store = dist.distributed_c10d._get_default_store()
+
+    def wait_for(key: str, count: int) -> None:
+        deadline = time.monotonic() + 60
+        while store.add(key, 0) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"train_tta: ranks missing at teardown ({key})")
+            time.sleep(0.01)
+
+    store.add("train_tta/through", 1)
+    wait_for("train_tta/through", world)
+    if rank != 0:
+        store.add("train_tta/gone", 1)
+    else:
+        wait_for("train_tta/gone", world - 1)
 
 
 if __name__ == "__main__":
