@@ -244,6 +244,15 @@ impl LinkSender {
                     .map_err(|e| LinkError::Internal(format!("lossy stream writer: {e}")))??;
                 abandon.finished.extend(written);
             }
+            // Up to the streams' windows of the lossy part is still in
+            // quinn's hands, below everything else on the connection. Wait
+            // until it has left, as for datagrams: whatever this end sends
+            // next (the next round's lanes, a message) would overtake it
+            // while the peer waits for it, until the peer's grace runs out
+            // and it delivers the round without it.
+            let lossy_len: u64 = encoded.end.bytes[1..].iter().sum();
+            self.wait_streams_sent(sent_before + reliable_len + lossy_len)
+                .await?;
         } else {
             self.send_lossy_datagrams(&encoded, start, report, abandon)
                 .await?;
@@ -419,6 +428,30 @@ impl LinkSender {
                 e = self.conn.closed() => return Err(LinkError::from_conn(e)),
             }
         }
+    }
+
+    /// Waits until quinn has sent `target` stream bytes on the connection
+    /// ([`sent_bytes`]), or until the count has not grown for a second (a
+    /// path that stalls that long is better served by the receiver's grace
+    /// period).
+    async fn wait_streams_sent(&self, target: u64) -> Result<(), LinkError> {
+        let mut last = sent_bytes(&self.conn);
+        let mut give_up = Instant::now() + Duration::from_secs(1);
+        // quinn has no event for it: poll at the timer's granularity.
+        while last < target {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                e = self.conn.closed() => return Err(LinkError::from_conn(e)),
+            }
+            let now = sent_bytes(&self.conn);
+            if now > last {
+                (last, give_up) = (now, Instant::now() + Duration::from_secs(1));
+            } else if Instant::now() >= give_up {
+                tracing::debug!(sent = now, target, "lossy streams: gave up waiting");
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// Waits until quinn's datagram queue has `empty` bytes free again, or
