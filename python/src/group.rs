@@ -58,8 +58,8 @@ const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 /// first; Linux only. lossy_carrier: what carries the differentiated
 /// allreduce's lossy part, "adaptive" (low-priority streams while the path
 /// loses nothing, datagrams after a loss; cheapest in CPU) or "datagrams"
-/// (always; behind a rate-limited link that loses nothing it kept steps
-/// shorter, docs/RESULTS.md "Time to accuracy").
+/// (always: lossy data is never retransmitted, not even before the first
+/// loss is seen, at more CPU).
 ///
 /// Every rank must call the same collectives in the same order, as in any
 /// process group; a rank that calls something else, or dies, makes the

@@ -47,9 +47,10 @@ class HookState:
       hook shares it).
     - ``lossy_carrier``: what carries the lossy chunks. ``"adaptive"``
       (default) sends them on low-priority streams while the path loses
-      nothing and as datagrams after a loss; cheapest in CPU, the choice
-      on a fast LAN. ``"datagrams"`` always uses datagrams; behind a
-      rate-limited link that loses little it kept steps shorter
+      nothing and as datagrams after a loss; cheapest in CPU.
+      ``"datagrams"`` always uses datagrams: lossy data is never
+      retransmitted, not even before the first loss is seen, at more CPU.
+      Behind the 100 Mbit/s testbed the two trained alike
       (docs/RESULTS.md, "Time to accuracy"). Non-default makes the hook
       join its own Group.
 
