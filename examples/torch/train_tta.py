@@ -303,7 +303,7 @@ def leave_together(rank: int, world: int) -> None:
     """Returns once every rank is through with the group's transport.
 
     gloo can fail a rank that destroys its context right after a barrier
-    while another still finishes it (pytorch/gloo#155; here rank 0 aborted
+    while another still finishes it (pytorch/gloo#155: the rank aborts
     with "terminate called without an active exception"). So after the
     barrier the ranks also meet in the rendezvous store: each says it is
     through and waits for all; rank 0, which hosts the store, goes last.
