@@ -40,6 +40,8 @@
 //! - [`encode`]: a round scored, classed and framed for sending.
 //! - [`reassembly`]: the receiver: placement, zero fill, late merge.
 //! - [`control`]: the messages of a link's control stream.
+//! - [`protocol`]: the round protocol as state machines: release, report,
+//!   confirmation, delivery, close.
 //! - [`bytes`]: the one byte reader and length-prefixed framing they use.
 //! - [`codec`]: the sparse log-quantized gradient codec.
 //! - [`ps`]: the parameter-server algorithms and their request messages.
@@ -58,6 +60,7 @@ pub mod control;
 pub mod encode;
 pub mod layout;
 pub mod presets;
+pub mod protocol;
 pub mod ps;
 pub mod reassembly;
 pub mod rng;

@@ -53,14 +53,13 @@ mod layouts;
 mod messages;
 mod receive;
 mod send;
-mod timing;
 
 pub use close::CLOSE_WAIT;
 use close::{ControlTx, Linger, SharedControl};
+pub use gradlane_core::protocol::{DatagramSize, LossyCarrier, LossyRelease, RoundTiming};
 pub use layouts::LayoutId;
 use layouts::Receivers;
 pub use messages::MAX_MESSAGE_BYTES;
-pub use timing::{DatagramSize, LossyCarrier, LossyRelease, RoundTiming};
 
 use receive::{control_reader, datagram_reader, stream_acceptor};
 

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::blocking;
+use gradlane_core::protocol::{RoundSend, SendAction, SendEvent, SendFailure, SendPlan};
 use tokio::sync::watch;
 
 impl LinkSender {
@@ -96,10 +97,7 @@ impl LinkSender {
         // levels go as datagrams, one level after another, once the peer
         // holds the important part.
         let marked = self.mark.is_some();
-        let on_stream = self.timing.lossy_carrier == LossyCarrier::Adaptive
-            && self.timing.lossy_deadline.is_none()
-            && lost == self.lost_seen
-            && !marked;
+        let on_stream = self.timing.lossy_on_stream(lost != self.lost_seen, marked);
         let max = if on_stream { LOSSY_STREAM_PACKET } else { max };
         // Scoring and classing read the whole round: every check on the
         // gradients happens here, before a byte is sent.
@@ -121,17 +119,22 @@ impl LinkSender {
             plan,
             ..Default::default()
         };
-        // From here until the peer confirms the important part, a return
-        // (an error, or the caller dropping this future) abandons the
-        // round: see `Abandon`.
-        let mut abandon = Abandon::new(self.control.clone(), round);
-        let sending = Sending {
-            start,
-            on_stream,
-            marked,
+        // The round's machine decides when the lossy part goes and what
+        // the round's outcome is; until the peer confirmed the important
+        // part, a return (an error, or the caller dropping this future)
+        // abandons the round: see `InFlight`.
+        let plan = SendPlan {
+            round,
+            lossy_on_stream: on_stream,
+            release_on_sent: self.timing.release_on_sent(marked),
+            sent_before: sent_bytes(&self.conn),
+            reliable_len: framer.reliable_len() as u64,
+            lossy_len: framer.end().bytes[1..].iter().sum(),
         };
+        let mut flight = InFlight::new(RoundSend::new(plan), self.control.clone());
+        let sending = Sending { start, on_stream };
         let sent = self
-            .send_framed(framer, grads, shared, sending, &mut report, &mut abandon)
+            .send_framed(framer, grads, shared, sending, &mut report, &mut flight)
             .await;
         // The confirmation is all that decides the round: once the peer
         // has the important part, a failure in what follows (the lossy
@@ -142,9 +145,9 @@ impl LinkSender {
                 self.encoders[layout as usize].recycle(encoded);
                 confirmed
             }
-            Err(e) => self.settle(round, e)?,
+            Err(e) => self.settle(&mut flight, e)?,
         };
-        abandon.disarm();
+        flight.disarm();
         // This round's confirmation, and any of an abandoned older round
         // that came after its sender had gone.
         lock(&self.tx.acked).retain(|&r, _| r > round);
@@ -165,19 +168,9 @@ impl LinkSender {
         shared: Option<&[Bytes]>,
         sending: Sending,
         report: &mut SendReport,
-        abandon: &mut Abandon,
+        flight: &mut InFlight,
     ) -> Result<(Instant, EncodedRound), LinkError> {
-        let Sending {
-            start,
-            on_stream,
-            marked,
-        } = sending;
-        let round = report.round;
-        // Bytes quinn sent so far, less those it declared lost (their
-        // retransmissions are counted again): the baseline for knowing when
-        // the important stream has left.
-        let sent_before = sent_bytes(&self.conn);
-        let reliable_len = framer.reliable_len() as u64;
+        let Sending { start, on_stream } = sending;
         // Framing ~100 MB takes tens of milliseconds: the important pieces go
         // to quinn from one writer task per lane as soon as each is framed,
         // while this thread frames the next ones and then the datagrams.
@@ -190,7 +183,7 @@ impl LinkSender {
             let _ = stream.set_priority(i32::MAX);
             let (pieces, queue) = mpsc::unbounded_channel();
             queues.push(pieces);
-            writers.push(tokio::spawn(write_lane(stream, queue, abandon.signal())));
+            writers.push(tokio::spawn(write_lane(stream, queue, flight.signal())));
         }
         let encoded = frame_pipelined(framer, grads, shared, on_stream, &queues).await;
         drop(queues);
@@ -204,7 +197,7 @@ impl LinkSender {
                 .map_err(|e| LinkError::Internal(format!("stream writer: {e}")))
                 .and_then(|r| r);
             match w {
-                Ok(Some(finished)) => abandon.finished.push(finished),
+                Ok(Some(finished)) => flight.finished.push(finished),
                 Ok(None) => {}
                 Err(e) => written = written.and(Err(e)),
             }
@@ -214,77 +207,109 @@ impl LinkSender {
         tracing::debug!(elapsed = ?start.elapsed(), "important data handed to quinn");
         // Every important byte is now in quinn's hands; the lanes'
         // flow-control windows (4 MiB each by default) bound how much of it
-        // is still unsent. Also wait until quinn has sent at least as many
-        // bytes as the lanes hold, a lower bound for their last byte having
-        // left. (Lossy streams wait too: quinn would send them only when
-        // no lane has anything to send, but their bytes, queued early,
-        // would take up quinn's connection-wide send window and the peer's
-        // flow-control credit, which the lanes' writers then wait for.)
-        let released = match self.timing.release {
-            LossyRelease::Sent if !marked => Some(sent_before + reliable_len),
-            _ => None,
-        };
-        tracing::debug!(
-            sent = sent_bytes(&self.conn).saturating_sub(sent_before),
-            reliable_len,
-            "waiting to release"
-        );
-        self.wait_release(round, released).await?;
-        report.lossy_start = start.elapsed();
-        tracing::debug!(
-            ?report.lossy_start,
-            sent = sent_bytes(&self.conn).saturating_sub(sent_before),
-            "lossy data released"
-        );
-        if on_stream {
-            let writers = self.start_lossy_streams(&encoded, report, abandon).await?;
-            for writer in writers {
-                let written = writer
-                    .await
-                    .map_err(|e| LinkError::Internal(format!("lossy stream writer: {e}")))??;
-                abandon.finished.extend(written);
+        // is still unsent. The machine releases the lossy part once quinn
+        // has sent at least as many bytes as the lanes hold, a lower bound
+        // for their last byte having left, or on the confirmation. (Lossy
+        // streams wait too: quinn would send them only when no lane has
+        // anything to send, but their bytes, queued early, would take up
+        // quinn's connection-wide send window and the peer's flow-control
+        // credit, which the lanes' writers then wait for.)
+        flight
+            .machine
+            .handle(Instant::now(), SendEvent::ImportantHanded);
+        let release = self.drive(flight, |m| m.lossy_sent()).await?;
+        if release == Some(SendAction::ReleaseLossy) {
+            report.lossy_start = start.elapsed();
+            tracing::debug!(?report.lossy_start, "lossy data released");
+            flight.datagrams_empty = self.conn.datagram_send_buffer_space();
+            let frames_before = self.conn.stats().frame_tx.datagram;
+            if on_stream {
+                let writers = self.start_lossy_streams(&encoded, report, flight).await?;
+                for writer in writers {
+                    let written = writer
+                        .await
+                        .map_err(|e| LinkError::Internal(format!("lossy stream writer: {e}")))??;
+                    flight.finished.extend(written);
+                }
+            } else {
+                // Marks go back to the important class however this ends.
+                let class = ClassGuard(self.mark.as_ref());
+                self.send_lossy(&encoded, start, report, flight.datagrams_empty)
+                    .await?;
+                drop(class);
             }
+            flight
+                .machine
+                .handle(Instant::now(), SendEvent::LossyQueued);
             // Up to the streams' windows of the lossy part is still in
-            // quinn's hands, below everything else on the connection. Wait
-            // until it has left, as for datagrams: whatever this end sends
-            // next (the next round's lanes, a message) would overtake it
-            // while the peer waits for it, until the peer's grace runs out
-            // and it delivers the round without it.
-            let lossy_len: u64 = encoded.end.bytes[1..].iter().sum();
-            self.wait_streams_sent(sent_before + reliable_len + lossy_len)
-                .await?;
-        } else {
-            self.send_lossy_datagrams(&encoded, start, report, abandon)
-                .await?;
+            // quinn's hands, below everything else on the connection; or
+            // datagrams in its queue. The machine waits until they have
+            // left: whatever this end sends next (the next round's lanes, a
+            // message) would overtake lossy streams while the peer waits for
+            // them; and the report of the datagrams sent must travel behind
+            // the last of them, so the receiver stops waiting as soon as it
+            // has what was not lost.
+            while let Some(action) = self.drive(flight, |m| m.lossy_sent()).await? {
+                if action == SendAction::ReportLossySent {
+                    if flight.machine.datagrams_drained() == Some(true) {
+                        // Queued but never put into a packet: discarded by
+                        // quinn (a path MTU fall makes queued datagrams
+                        // oversized). Datagrams are never resent, so frames
+                        // sent count them one to one.
+                        let frames = self.conn.stats().frame_tx.datagram - frames_before;
+                        let queued: u64 = report.lossy_packets.iter().sum();
+                        report.lossy_dropped_by_quinn = queued.saturating_sub(frames);
+                    }
+                    flight.report_lossy_sent().await;
+                }
+            }
+            report.total = start.elapsed();
+            tracing::debug!(?report.total, on_stream, "lossy data sent");
         }
-        report.total = start.elapsed();
-        tracing::debug!(?report.total, on_stream, "lossy data sent");
-        let confirmed = self.wait_release(round, None).await?;
-        Ok((confirmed, encoded))
+        while let Some(action) = self.drive(flight, |m| m.outcome().is_some()).await? {
+            if action == SendAction::ReportLossySent {
+                flight.report_lossy_sent().await;
+            }
+        }
+        match flight.machine.outcome() {
+            Some(Ok(confirmed)) => Ok((confirmed, encoded)),
+            Some(Err(_)) => Err(LinkError::PeerClosed {
+                round: Some(report.round),
+            }),
+            None => Err(LinkError::Internal("a round without an outcome".into())),
+        }
     }
 
-    /// What a failure while sending `round` means, given what the peer
+    /// What a failure while sending the round means, given what the peer
     /// said: the round arrived if the peer confirmed it, on the control
     /// stream or in the note of its close (the confirmation itself may
     /// have been cut off by the close); it did not if the peer closed in
     /// order without confirming it. Returns when the confirmation came.
-    fn settle(&self, round: u32, e: LinkError) -> Result<Instant, LinkError> {
+    fn settle(&self, flight: &mut InFlight, e: LinkError) -> Result<Instant, LinkError> {
+        let round = flight.machine.plan().round;
+        let now = Instant::now();
         // Read before the confirmations: the control reader records every
         // confirmation before it marks the peer's stream finished.
         let peer_finished = *self.tx.peer_finished.borrow();
         if let Some(&at) = lock(&self.tx.acked).get(&round) {
-            tracing::debug!(%e, "round confirmed before the failure");
-            return Ok(at);
+            flight.machine.handle(now, SendEvent::Confirmed { at });
+        }
+        if peer_finished {
+            flight.machine.handle(now, SendEvent::PeerFinished);
         }
         let note = self.conn.close_reason().and_then(|c| close::close_note(&c));
-        if note.is_some_and(|n| n.last_confirmed.is_some_and(|c| c >= round)) {
-            tracing::debug!(%e, "round confirmed in the peer's close");
-            return Ok(Instant::now());
+        let peer_closed = matches!(e, LinkError::PeerClosed { .. });
+        flight
+            .machine
+            .handle(now, SendEvent::Failed { note, peer_closed });
+        match flight.machine.outcome() {
+            Some(Ok(at)) => {
+                tracing::debug!(%e, "round confirmed before the failure");
+                Ok(at)
+            }
+            Some(Err(SendFailure::PeerClosed)) => Err(LinkError::PeerClosed { round: Some(round) }),
+            _ => Err(e),
         }
-        if note.is_some() || peer_finished || matches!(e, LinkError::PeerClosed { .. }) {
-            return Err(LinkError::PeerClosed { round: Some(round) });
-        }
-        Err(e)
     }
 
     /// Opens the round's lossy streams, below the important lanes and the
@@ -300,7 +325,7 @@ impl LinkSender {
         &self,
         encoded: &EncodedRound,
         report: &mut SendReport,
-        abandon: &Abandon,
+        flight: &InFlight,
     ) -> Result<Vec<JoinHandle<Result<Option<Unconfirmed>, LinkError>>>, LinkError> {
         let total: u64 = encoded.end.bytes[1..].iter().sum();
         if total == 0 {
@@ -316,7 +341,7 @@ impl LinkSender {
             queues.push(pieces);
             // Like a lane's writer: the stream is reset, never cut, if the
             // round is abandoned.
-            writers.push(tokio::spawn(write_lane(stream, queue, abandon.signal())));
+            writers.push(tokio::spawn(write_lane(stream, queue, flight.signal())));
         }
         let (mut next, mut group, mut grouped) = (0, Vec::new(), 0);
         for (l, level) in encoded.lossy.iter().enumerate() {
@@ -347,111 +372,67 @@ impl LinkSender {
         Ok(writers)
     }
 
-    /// Queues the round's datagrams, level by level, waits until quinn has
-    /// sent them, and reports them sent to the peer.
-    async fn send_lossy_datagrams(
+    /// Feeds the round's machine what the connection tells (the peer's
+    /// confirmation, its finish, quinn's counters, the machine's timer)
+    /// until the machine asks for an action (returned) or `stop` holds of
+    /// it, or its outcome is decided (`None`).
+    async fn drive(
         &self,
-        encoded: &EncodedRound,
-        start: Instant,
-        report: &mut SendReport,
-        abandon: &mut Abandon,
-    ) -> Result<(), LinkError> {
-        let round = report.round;
-        // quinn's datagram queue is empty between rounds: its free space now
-        // is what "all sent" looks like.
-        let empty = self.conn.datagram_send_buffer_space();
-        let frames_before = self.conn.stats().frame_tx.datagram;
-        // Marks go back to the important class however this ends.
-        let class = ClassGuard(self.mark.as_ref());
-        self.send_lossy(encoded, start, report, empty).await?;
-        // Report the datagrams sent only once quinn has put the last one
-        // into a packet, so the report travels behind all of them and the
-        // receiver stops waiting as soon as it has what was not lost.
-        let drained = self.wait_datagrams_sent(empty).await?;
-        drop(class);
-        if drained {
-            // Queued but never put into a packet: discarded by quinn (a
-            // path MTU fall makes queued datagrams oversized). Datagrams
-            // are never resent, so frames sent count them one to one.
-            let frames = self.conn.stats().frame_tx.datagram - frames_before;
-            let queued: u64 = report.lossy_packets.iter().sum();
-            report.lossy_dropped_by_quinn = queued.saturating_sub(frames);
-        }
-        // The report only saves the peer time. It fails when the peer is
-        // closing the link (this end finished its control stream in reply)
-        // or the connection is gone; waiting for the confirmation tells
-        // which, and whether the round arrived.
-        let stream = &mut *self.control.stream.lock().await;
-        if let Err(e) = write_control(stream, Control::LossySent(round)).await {
-            tracing::debug!(%e, "report of the datagrams not written");
-        }
-        abandon.reported = true;
-        Ok(())
-    }
-
-    /// Waits until the peer confirmed `round`'s important data, or (with
-    /// `sent`) until quinn's count of sent bytes reaches `sent`, whichever
-    /// comes first. Returns when the confirmation came, if it has (the
-    /// caller removes it once done with the round).
-    async fn wait_release(&self, round: u32, sent: Option<u64>) -> Result<Instant, LinkError> {
-        let acked = self.tx.acked_notify.notified();
-        tokio::pin!(acked);
+        flight: &mut InFlight,
+        stop: impl Fn(&RoundSend) -> bool,
+    ) -> Result<Option<SendAction>, LinkError> {
+        let round = flight.machine.plan().round;
         let mut finished = self.tx.peer_finished.subscribe();
         loop {
+            let acked = self.tx.acked_notify.notified();
+            tokio::pin!(acked);
             acked.as_mut().enable();
+            let now = Instant::now();
             // Read before the confirmations: the control reader records
             // every confirmation before it marks the peer's stream finished.
             let peer_finished = *finished.borrow_and_update();
             if let Some(&at) = lock(&self.tx.acked).get(&round) {
-                return Ok(at);
+                flight.machine.handle(now, SendEvent::Confirmed { at });
             }
-            // The peer is closing and every confirmation it sent is read:
-            // this one will not come.
             if peer_finished {
-                return Err(LinkError::PeerClosed { round: Some(round) });
+                flight.machine.handle(now, SendEvent::PeerFinished);
             }
-            if sent.is_some_and(|s| sent_bytes(&self.conn) >= s) {
-                return Ok(Instant::now());
+            if flight.machine.wants_samples() {
+                let sampled = SendEvent::Sampled {
+                    sent_bytes: sent_bytes(&self.conn),
+                    datagrams_drained: self.conn.datagram_send_buffer_space()
+                        >= flight.datagrams_empty,
+                };
+                flight.machine.handle(now, sampled);
+            }
+            if flight.machine.poll_timeout().is_some_and(|t| now >= t) {
+                flight.machine.handle_timeout(now);
+            }
+            if let Some(action) = flight.machine.poll_action() {
+                return Ok(Some(action));
+            }
+            if stop(&flight.machine) || flight.machine.outcome().is_some() {
+                return Ok(None);
             }
             // quinn has no event for "sent": poll its counters at the
-            // timer's granularity (a millisecond) while the stream drains.
-            let poll = async {
-                match sent {
-                    Some(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-                    None => std::future::pending().await,
+            // timer's granularity (a millisecond) while the machine waits
+            // on them.
+            let sample = flight.machine.wants_samples();
+            let deadline = flight.machine.poll_timeout();
+            let tick = async {
+                match (sample, deadline) {
+                    (true, _) => tokio::time::sleep(Duration::from_millis(1)).await,
+                    (false, Some(t)) => tokio::time::sleep_until(t.into()).await,
+                    (false, None) => std::future::pending().await,
                 }
             };
             tokio::select! {
-                _ = acked.as_mut() => acked.set(self.tx.acked_notify.notified()),
-                _ = poll => {}
+                _ = acked.as_mut() => {}
+                _ = tick => {}
                 _ = finished.changed() => {}
                 e = self.conn.closed() => return Err(LinkError::from_conn(e)),
             }
         }
-    }
-
-    /// Waits until quinn has sent `target` stream bytes on the connection
-    /// ([`sent_bytes`]), or until the count has not grown for a second (a
-    /// path that stalls that long is better served by the receiver's grace
-    /// period).
-    async fn wait_streams_sent(&self, target: u64) -> Result<(), LinkError> {
-        let mut last = sent_bytes(&self.conn);
-        let mut give_up = Instant::now() + Duration::from_secs(1);
-        // quinn has no event for it: poll at the timer's granularity.
-        while last < target {
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
-                e = self.conn.closed() => return Err(LinkError::from_conn(e)),
-            }
-            let now = sent_bytes(&self.conn);
-            if now > last {
-                (last, give_up) = (now, Instant::now() + Duration::from_secs(1));
-            } else if Instant::now() >= give_up {
-                tracing::debug!(sent = now, target, "lossy streams: gave up waiting");
-                break;
-            }
-        }
-        Ok(())
     }
 
     /// Waits until quinn's datagram queue has `empty` bytes free again, or
@@ -571,8 +552,6 @@ struct Sending {
     start: Instant,
     /// The lossy part goes on streams, not as datagrams.
     on_stream: bool,
-    /// The endpoint marks this connection's packets by class.
-    marked: bool,
 }
 
 /// Puts a connection's marks back to the important class when dropped.
@@ -708,7 +687,8 @@ async fn write_lane(
     }
 }
 
-/// What abandoning a round takes, done when `send_round` returns (fails,
+/// A round between its first important byte and its outcome: its machine,
+/// and what abandoning it takes, done when `send_round` returns (fails,
 /// or is dropped by its caller) before the peer confirmed the round's
 /// important part.
 ///
@@ -718,30 +698,32 @@ async fn write_lane(
 /// Abandoning resets every lane: a writer still running resets its
 /// stream, and a finished lane, whose data quinn may still hold, is reset
 /// by its [`Unconfirmed`] (held here, or in the output of a writer not
-/// yet awaited). The peer then delivers the round only if its important part had
-/// all arrived; its datagrams are reported sent (none will follow), so
-/// that delivery does not wait out the grace for them.
-struct Abandon {
+/// yet awaited). The peer then delivers the round only if its important
+/// part had all arrived; its datagrams are reported sent (none will
+/// follow), so that delivery does not wait out the grace for them.
+struct InFlight {
+    machine: RoundSend,
     /// Dropped with this guard: the running writers' signal.
     signal: watch::Sender<()>,
     /// Lanes whose writer finished the stream.
     finished: Vec<Unconfirmed>,
     control: SharedControl,
-    round: u32,
-    /// The round's datagrams were reported sent already.
+    /// The report of the round's datagrams was written.
     reported: bool,
-    armed: bool,
+    /// quinn's free datagram queue space when the lossy part was released
+    /// (its queue is empty between rounds): what "all sent" looks like.
+    datagrams_empty: usize,
 }
 
-impl Abandon {
-    fn new(control: SharedControl, round: u32) -> Self {
+impl InFlight {
+    fn new(machine: RoundSend, control: SharedControl) -> Self {
         Self {
+            machine,
             signal: watch::Sender::new(()),
             finished: Vec::new(),
             control,
-            round,
             reported: false,
-            armed: true,
+            datagrams_empty: usize::MAX,
         }
     }
 
@@ -750,9 +732,22 @@ impl Abandon {
         self.signal.subscribe()
     }
 
-    /// The peer confirmed the round: nothing to abandon.
+    /// Tells the peer that every datagram of the round is sent. The report
+    /// only saves the peer time. It fails when the peer is closing the
+    /// link (this end finished its control stream in reply) or the
+    /// connection is gone; the confirmation tells which, and whether the
+    /// round arrived.
+    async fn report_lossy_sent(&mut self) {
+        let round = self.machine.plan().round;
+        let stream = &mut *self.control.stream.lock().await;
+        if let Err(e) = write_control(stream, Control::LossySent(round)).await {
+            tracing::debug!(%e, "report of the datagrams not written");
+        }
+        self.reported = true;
+    }
+
+    /// The peer confirmed the round: let quinn finish sending its streams.
     fn disarm(&mut self) {
-        self.armed = false;
         for stream in self.finished.drain(..) {
             stream.confirm();
         }
@@ -782,20 +777,21 @@ impl Drop for Unconfirmed {
     }
 }
 
-impl Drop for Abandon {
+impl Drop for InFlight {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
+        if let Some(Ok(_)) = self.machine.outcome() {
+            return self.disarm();
         }
-        tracing::debug!(round = self.round, "round abandoned");
-        // Dropping them resets them.
+        self.machine.abandon();
+        tracing::debug!(round = self.machine.plan().round, "round abandoned");
+        // Dropping them resets them (the machine's `ResetStreams`).
         self.finished.clear();
         if self.reported {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let control = self.control.clone();
-            let round = self.round;
+            let round = self.machine.plan().round;
             runtime.spawn(async move {
                 // The link may be gone: nothing to tell then.
                 let stream = &mut *control.stream.lock().await;

@@ -1,6 +1,6 @@
 //! When a round's lossy part is released, what carries it, and how long a
 //! receiver waits for it: settings whose defaults hold on any path
-//! ([`Config::timing`](crate::Config::timing)).
+//! (gradlane's `Config::timing`).
 
 use std::time::Duration;
 
@@ -29,7 +29,7 @@ pub enum LossyRelease {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DatagramSize {
     /// Packets of at most the MTU floor
-    /// ([`Packets`](crate::Packets)' minimum; 1162-byte datagrams at QUIC's
+    /// (gradlane's `Packets` minimum; 1162-byte datagrams at QUIC's
     /// 1200). quinn 0.11 reads the random loss of packets smaller than the
     /// largest it has seen acknowledged as an MTU black hole, falls back
     /// to the floor and discards queued datagrams that no longer fit:
@@ -39,7 +39,7 @@ pub enum DatagramSize {
     /// The path's size when the round is framed (1414 bytes on a
     /// 1500-byte path once discovery has run): about 18% fewer datagrams,
     /// for paths without random loss. Datagrams an MTU fall discards are
-    /// counted in [`SendReport::lossy_dropped_by_quinn`](crate::SendReport).
+    /// counted in gradlane's `SendReport::lossy_dropped_by_quinn`.
     Path,
 }
 
@@ -96,5 +96,27 @@ impl Default for RoundTiming {
             datagram_size: DatagramSize::default(),
             lossy_carrier: LossyCarrier::default(),
         }
+    }
+}
+
+impl RoundTiming {
+    /// Whether a round's lossy levels go on streams rather than as
+    /// datagrams ([`LossyCarrier`]): `lost_since_last` says whether the
+    /// transport declared a packet lost since the last round started;
+    /// `marked`, whether its packets are marked by class, which only
+    /// datagrams sent level by level can follow.
+    pub fn lossy_on_stream(&self, lost_since_last: bool, marked: bool) -> bool {
+        self.lossy_carrier == LossyCarrier::Adaptive
+            && self.lossy_deadline.is_none()
+            && !lost_since_last
+            && !marked
+    }
+
+    /// Whether the lossy part may go once the transport has sent the
+    /// important part ([`LossyRelease::Sent`]), rather than only on the
+    /// peer's confirmation. Marked packets are classed by the time they
+    /// leave, so a marked connection waits for the confirmation.
+    pub fn release_on_sent(&self, marked: bool) -> bool {
+        self.release == LossyRelease::Sent && !marked
     }
 }
