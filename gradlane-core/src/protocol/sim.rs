@@ -53,21 +53,24 @@ pub(super) struct PathModel {
     pub delay: Duration,
     /// Extra delay, uniform in `[0, jitter)` per packet.
     pub jitter: Duration,
-    /// Probability that a packet is held back by another `delay`.
+    /// Probability that a packet is held back by `hold`.
     pub reorder: f64,
+    /// How long a packet held back comes after the others.
+    pub hold: Duration,
     /// Bytes a second.
     pub rate: u64,
 }
 
 impl PathModel {
     /// A 100 Mbit/s path with a 2 ms delay, 0.5 ms of jitter and 1% of
-    /// packets reordered, losing `loss`.
+    /// packets held back by 2 ms, losing `loss`.
     pub(super) fn lossy(loss: f64) -> Self {
         Self {
             loss,
             delay: Duration::from_millis(2),
             jitter: Duration::from_micros(500),
             reorder: 0.01,
+            hold: Duration::from_millis(2),
             rate: 12_500_000,
         }
     }
@@ -659,7 +662,7 @@ impl Pair {
             }
             let mut delay = path.delay + path.jitter.mul_f64(self.rng.next_f64());
             if self.rng.next_f64() < path.reorder {
-                delay += path.delay;
+                delay += path.hold;
             }
             self.at(now + delay, Event::Arrive(dir, frame));
         }

@@ -1,20 +1,13 @@
 //! Closing a link: in order ([`Link::close`]), at once
 //! ([`Link::close_now`]), or by dropping it (in order, in the background).
-//!
-//! A round's sender learns that the round arrived from the receiver's
-//! confirmation on the control stream. A receiver that closes the
-//! connection right after taking its last round could cut that
-//! confirmation off: quinn discards unsent and unacknowledged stream data
-//! when a connection closes. Closing in order therefore goes through the
-//! control stream first: this end stops confirming rounds, finishes its
-//! control stream behind the confirmations already written, and waits for
-//! the peer's link to finish its own in reply (which it does once it has
-//! read everything up to this end's finish), before it closes the
-//! connection. Whatever way the connection is closed, the close frame
-//! carries a [`CloseNote`] with the last round this end confirmed, so a
-//! confirmation cut off by a close is still learnt from the close itself.
+//! Why closing goes through the control stream, and when a close is
+//! acknowledged, is the core's [`CloseInOrder`]'s to decide; this file
+//! carries it out over quinn.
 
 use super::*;
+use gradlane_core::protocol::{
+    already_closed, CloseInOrder, CloseOutcome, ClosedBy, Confirmations,
+};
 
 /// How long [`Link::close`] and a dropped link wait for the peer to
 /// acknowledge the close before closing anyway: long enough for quinn to
@@ -29,15 +22,6 @@ pub(super) struct ControlTx {
     /// The stream of this end's messages, once the first is sent (see
     /// `messages`): closing in order flushes it too.
     pub(super) messages: tokio::sync::Mutex<Option<SendStream>>,
-}
-
-/// What this end has confirmed, and whether it still confirms.
-#[derive(Default)]
-struct Confirmations {
-    last: Option<u32>,
-    /// A close began: a round completing from now on is not confirmed
-    /// (no one will take it with `recv_round`).
-    closing: bool,
 }
 
 pub(super) type SharedControl = Arc<ControlTx>;
@@ -56,22 +40,16 @@ impl ControlTx {
     /// written ahead of a close's finish or not at all.
     pub(super) async fn confirm(&self, round: u32) -> Result<(), LinkError> {
         let mut stream = self.stream.lock().await;
-        {
-            let mut c = lock(&self.confirmations);
-            if c.closing {
-                tracing::debug!(round, "not confirmed: the link is closing");
-                return Ok(());
-            }
-            c.last = Some(c.last.map_or(round, |last| last.max(round)));
+        if !lock(&self.confirmations).complete(round) {
+            tracing::debug!(round, "not confirmed: the link is closing");
+            return Ok(());
         }
         write_control(&mut stream, Control::ImportantReceived(round)).await
     }
 
     /// Stops confirming; returns the last round confirmed.
     fn begin_close(&self) -> Option<u32> {
-        let mut c = lock(&self.confirmations);
-        c.closing = true;
-        c.last
+        lock(&self.confirmations).begin_close()
     }
 
     /// Finishes the stream after what is written (a second finish, or one
@@ -93,9 +71,11 @@ pub(super) fn close_now(conn: &Connection, control: &ControlTx, tx: &TxShared) {
     conn.close(VarInt::from_u32(codes::CLOSED), &note.encode());
 }
 
-/// Closes in order: finishes the control stream, waits up to `wait` for the
-/// peer's finish in reply (the peer has then read every confirmation this
-/// end sent), then closes the connection with the note.
+/// Closes in order as [`CloseInOrder`] says: finishes the control stream,
+/// waits up to `wait` for the peer's finish in reply (the peer has then
+/// read every confirmation this end sent) and for the peer to have
+/// acknowledged this end's messages, then closes the connection with the
+/// note.
 pub(super) async fn close_in_order(
     conn: &Connection,
     control: &ControlTx,
@@ -103,45 +83,77 @@ pub(super) async fn close_in_order(
     wait: Duration,
 ) -> Result<(), LinkError> {
     if let Some(e) = conn.close_reason() {
-        return closed_by_peer(e);
+        return close_result(already_closed(closed_by(&e)), e);
     }
     let mut finished = tx.peer_finished.subscribe();
     let last_confirmed = control.finish().await;
+    // Held until the close ends: a message sent meanwhile would open a
+    // second message stream.
+    let mut messages = control.messages.lock().await;
+    let pending = messages.is_some();
+    let mut close = CloseInOrder::new(Instant::now(), wait, last_confirmed, pending);
     // The messages this end sent must all be in too: quinn acknowledges
     // a finished stream's data before `stopped` returns.
-    let messages = async {
-        if let Some(send) = control.messages.lock().await.as_mut() {
+    let flushed = async {
+        if let Some(send) = messages.as_mut() {
             let _ = send.finish();
             let _ = send.stopped().await;
         }
     };
-    let both = async {
-        let peer = async { finished.wait_for(|&f| f).await.is_ok() };
-        tokio::join!(messages, peer).1
-    };
-    let outcome = tokio::select! {
-        _ = both => Ok(()),
-        e = conn.closed() => closed_by_peer(e),
-        _ = tokio::time::sleep(wait) => Err(LinkError::CloseUnacknowledged { waited: wait }),
-    };
-    let note = CloseNote {
-        last_confirmed,
-        read_all: *tx.peer_finished.borrow(),
-    };
+    tokio::pin!(flushed);
+    let mut flushing = pending;
+    let mut closed_with = None;
+    let mut peer_finished = false;
+    while close.outcome().is_none() {
+        if !peer_finished && *finished.borrow_and_update() {
+            peer_finished = true;
+            close.peer_finished();
+            continue;
+        }
+        let deadline = close.poll_timeout().unwrap_or_else(Instant::now);
+        tokio::select! {
+            _ = &mut flushed, if flushing => {
+                flushing = false;
+                close.messages_flushed();
+            }
+            _ = finished.changed(), if !peer_finished => {}
+            e = conn.closed() => {
+                close.connection_closed(closed_by(&e));
+                closed_with = Some(e);
+            }
+            _ = tokio::time::sleep_until(deadline.into()) => close.handle_timeout(Instant::now()),
+        }
+    }
+    let mut note = close.note();
+    // The peer may have finished while this end was closing.
+    note.read_all |= *tx.peer_finished.borrow();
     conn.close(VarInt::from_u32(codes::CLOSED), &note.encode());
-    outcome
+    match (close.outcome(), closed_with) {
+        (Some(outcome), Some(e)) => close_result(outcome, e),
+        (Some(CloseOutcome::Unacknowledged { waited }), _) => {
+            Err(LinkError::CloseUnacknowledged { waited })
+        }
+        _ => Ok(()),
+    }
 }
 
-/// What a close finds when the connection is closed already: fine if the
-/// peer closed in order after reading everything this end sent.
-fn closed_by_peer(e: ConnectionError) -> Result<(), LinkError> {
-    match close_note(&e) {
-        Some(note) if note.read_all => Ok(()),
-        _ => match e {
-            // This end closed it before.
-            ConnectionError::LocallyClosed => Ok(()),
-            e => Err(LinkError::from_conn(e)),
+/// How the connection's end reads to a close.
+fn closed_by(e: &ConnectionError) -> ClosedBy {
+    match e {
+        ConnectionError::LocallyClosed => ClosedBy::Locally,
+        e => match close_note(e) {
+            Some(note) => ClosedBy::PeerInOrder(Some(note)),
+            None => ClosedBy::Other,
         },
+    }
+}
+
+/// A close's outcome once the connection ended with `e`.
+fn close_result(outcome: CloseOutcome, e: ConnectionError) -> Result<(), LinkError> {
+    match outcome {
+        CloseOutcome::Acknowledged => Ok(()),
+        CloseOutcome::Unacknowledged { waited } => Err(LinkError::CloseUnacknowledged { waited }),
+        CloseOutcome::Closed(_) => Err(LinkError::from_conn(e)),
     }
 }
 

@@ -36,6 +36,7 @@ use bytes::Bytes;
 use gradlane_core::control::{codes, framed, CloseNote, Control, HandshakeError, MAX_MESSAGE};
 use gradlane_core::encode::{EncodeError, EncodedRound, Encoder, EncoderConfig, RoundFramer};
 use gradlane_core::layout::{ChunkOptions, Layout};
+use gradlane_core::protocol::LossyReports;
 use gradlane_core::reassembly::{Channel, Reassembler, ReassemblyError, Round, StreamDecoder};
 use gradlane_core::wire::{self, DATA_HEADER_LEN};
 use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
@@ -267,7 +268,7 @@ struct RxShared {
     /// Rounds whose sender reported every datagram sent, with how many
     /// datagrams quinn had received by then: once the engine has placed as
     /// many, every datagram of the round that was not lost is in.
-    lossy_sent: Mutex<HashMap<u32, u64>>,
+    lossy_sent: Mutex<LossyReports>,
     /// The peer's message stream arrived (a second one is a protocol
     /// error: messages must keep one order).
     message_stream: std::sync::atomic::AtomicBool,
@@ -406,7 +407,7 @@ impl Link {
             reassembler: Mutex::new(Receivers::new(reassembler, receive)),
             progress: Notify::new(),
             datagrams_read: AtomicU64::new(0),
-            lossy_sent: Mutex::new(HashMap::new()),
+            lossy_sent: Mutex::new(LossyReports::default()),
             message_stream: std::sync::atomic::AtomicBool::new(false),
         });
         let tx = Arc::new(TxShared {

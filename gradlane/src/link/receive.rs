@@ -3,12 +3,7 @@
 //! the reassembler.
 
 use super::*;
-
-/// How long a receiver waits, after the sender reported a round's datagrams
-/// all sent and every one received by then is placed, for datagrams still
-/// arriving (each one restarts it): a few packets' worth on any path, far
-/// below the grace period that covers not knowing whether more will come.
-const LOSSY_TAIL: Duration = Duration::from_millis(5);
+use gradlane_core::protocol::{still_to_deliver, Delivery, DeliveryWait, LossyProgress};
 
 impl LinkReceiver {
     /// Receives the next round: waits for its important data, then for its
@@ -35,15 +30,12 @@ impl LinkReceiver {
                     _ => return Err(self.closed_error(e)),
                 },
             };
-            // Two rounds can complete at about the same time on their own
-            // streams (a round the sender gave up, whose streams ran on,
-            // and the next one), and their news can come in either order:
-            // one skipped over by a later delivery is counted abandoned
+            // One skipped over by a later delivery is counted abandoned
             // already and has nothing left to deliver.
             let delivered = lock(&self.rx.reassembler)
                 .get(layout)
                 .and_then(|r| r.last_delivered());
-            if delivered.is_none_or(|d| round > d) {
+            if still_to_deliver(round, delivered) {
                 break (round, layout, important);
             }
             tracing::debug!(round, layout, ?delivered, "skipped a round delivered past");
@@ -57,53 +49,38 @@ impl LinkReceiver {
         Ok((delivered, arrival))
     }
 
+    /// Waits for the round's lossy part as its [`DeliveryWait`] says,
+    /// re-deciding whenever lossy data is placed or a report comes, and
+    /// delivers.
     async fn finish_round(&mut self, round: u32, layout: LayoutId) -> Result<Round, LinkError> {
         let ended = Instant::now();
-        let idle = self.timing.grace + self.conn.rtt() * 2;
-        let cap = Instant::now() + self.timing.max_grace;
+        let mut wait = DeliveryWait::new(ended, self.timing, self.conn.rtt());
         loop {
             let progress = self.rx.progress.notified();
             tokio::pin!(progress);
             progress.as_mut().enable();
-            let held = lock(&self.rx.reassembler)
-                .get(layout)
-                .and_then(|r| r.lossy_progress(round));
-            let got = match held {
-                Some((got, Some(sent))) if got < sent => got,
-                _ => break,
+            let now = Instant::now();
+            let state = LossyProgress {
+                held: lock(&self.rx.reassembler)
+                    .get(layout)
+                    .and_then(|r| r.lossy_progress(round)),
+                placed: self.rx.datagrams_read.load(Ordering::Relaxed),
+                reported: lock(&self.rx.lossy_sent).get(round),
             };
-            // The sender reported them all sent, and every datagram quinn
-            // had received by then is placed: what is missing was lost, or
-            // was overtaken by the report by a packet or two (quinn puts a
-            // small stream frame into the tail of a packet that the next
-            // datagram does not fit) and is about to come. Wait a short
-            // tail for those, not the whole grace period.
-            let placed = self.rx.datagrams_read.load(Ordering::Relaxed);
-            let reported = lock(&self.rx.lossy_sent).get(&round).copied();
-            let drained = reported.is_some_and(|received| placed >= received);
-            let idle = if drained {
-                self.timing.grace.min(LOSSY_TAIL)
-            } else if got == 0 && reported.is_none() {
-                // Not one lossy byte yet and no report: the sender has not
-                // started the datagrams (it waits for this end's
-                // confirmation, which, if lost, quinn resends only after a
-                // probe timeout of tens of milliseconds). The grace counts
-                // from the last datagram, and there is none yet: wait for
-                // the first one or the report, up to `max_grace`; under
-                // loss a round would otherwise be delivered without any of
-                // its lossy part, all of it merged late into the next.
-                self.timing.max_grace
-            } else {
-                idle
+            let until = match wait.progress(now, state) {
+                Delivery::Now => break,
+                Delivery::WaitUntil(until) => until,
             };
-            let wait = idle.min(cap.saturating_duration_since(Instant::now()));
-            if wait.is_zero() || tokio::time::timeout(wait, progress).await.is_err() {
+            if tokio::time::timeout_at(until.into(), progress)
+                .await
+                .is_err()
+            {
                 break;
             }
         }
         let waited = ended.elapsed();
-        let reported = lock(&self.rx.lossy_sent).get(&round).copied();
-        lock(&self.rx.lossy_sent).retain(|&r, _| r > round);
+        let reported = lock(&self.rx.lossy_sent).get(round);
+        lock(&self.rx.lossy_sent).delivered(round);
         let (progress, delivered) = {
             let mut receivers = lock(&self.rx.reassembler);
             let Some(r) = receivers.get(layout) else {
@@ -196,7 +173,7 @@ pub(super) async fn control_reader(
                 // has reached quinn by now (it sends datagrams ahead of
                 // stream data; reordering on the path aside).
                 let received = conn.stats().frame_rx.datagram;
-                lock(&rx.lossy_sent).insert(r, received);
+                lock(&rx.lossy_sent).reported(r, received);
                 rx.progress.notify_waiters();
             }
             Ok(Control::Layout {

@@ -223,6 +223,10 @@ impl LinkSender {
             tracing::debug!(?report.lossy_start, "lossy data released");
             flight.datagrams_empty = self.conn.datagram_send_buffer_space();
             let frames_before = self.conn.stats().frame_tx.datagram;
+            // Marks go back to the important class however this ends, once
+            // the last datagram has left (the socket marks what quinn sends
+            // when it sends it).
+            let class = ClassGuard(self.mark.as_ref().filter(|_| !on_stream));
             if on_stream {
                 let writers = self.start_lossy_streams(&encoded, report, flight).await?;
                 for writer in writers {
@@ -232,11 +236,8 @@ impl LinkSender {
                     flight.finished.extend(written);
                 }
             } else {
-                // Marks go back to the important class however this ends.
-                let class = ClassGuard(self.mark.as_ref());
                 self.send_lossy(&encoded, start, report, flight.datagrams_empty)
                     .await?;
-                drop(class);
             }
             flight
                 .machine
@@ -263,6 +264,7 @@ impl LinkSender {
                     flight.report_lossy_sent().await;
                 }
             }
+            drop(class);
             report.total = start.elapsed();
             tracing::debug!(?report.total, on_stream, "lossy data sent");
         }
