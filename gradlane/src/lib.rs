@@ -76,10 +76,11 @@
 //! # Map of the crate
 //!
 //! - `endpoint`: [`Endpoint`], [`Config`], the gradlane handshake.
-//! - `link/`: a link over one QUIC connection: `send` (framing pipelined
-//!   with the stream writers, the release of the lossy part), `receive`
-//!   (the reliable and unreliable engines feeding the core's reassembler),
-//!   `close` (closing in order).
+//! - `link/`: a link over one QUIC connection, driving the core's round
+//!   protocol machines (`gradlane_core::protocol`): `send` (framing
+//!   pipelined with the stream writers, the release of the lossy part),
+//!   `receive` (the reliable and unreliable engines feeding the core's
+//!   reassembler), `close` (closing in order).
 //! - `tls`: certificates in, rustls configurations out, and a small CA.
 //! - `tuning`: socket buffers, flow-control windows, MTU, the congestion
 //!   controller, and the endpoint built from them.

@@ -31,5 +31,5 @@ pub use receive::{
     still_to_deliver, Confirmations, Delivery, DeliveryWait, LossyProgress, LossyReports,
     LOSSY_TAIL,
 };
-pub use send::{RoundSend, SendAction, SendEvent, SendFailure, SendPlan, DRAIN_GIVE_UP};
+pub use send::{Counter, RoundSend, SendAction, SendEvent, SendFailure, SendPlan, DRAIN_GIVE_UP};
 pub use timing::{DatagramSize, LossyCarrier, LossyRelease, RoundTiming};

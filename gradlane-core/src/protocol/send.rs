@@ -57,13 +57,13 @@ pub enum SendEvent {
     /// Every important byte is in the transport's hands and its streams
     /// are finished.
     ImportantHanded,
-    /// A look at the transport's counters (it has no event for "sent").
-    Sampled {
-        /// Stream bytes sent on the connection, less those declared lost.
-        sent_bytes: u64,
-        /// The transport's datagram queue is empty.
-        datagrams_drained: bool,
-    },
+    /// A look at the transport's count of stream bytes sent on the
+    /// connection, less those declared lost (it has no event for "sent"):
+    /// asked for by [`RoundSend::wants`] with [`Counter::SentBytes`].
+    SentBytes(u64),
+    /// The transport's datagram queue is empty: asked for by
+    /// [`RoundSend::wants`] with [`Counter::DatagramQueue`].
+    DatagramsDrained,
     /// The peer confirmed the round's important part, at `at`.
     Confirmed {
         /// When the confirmation arrived.
@@ -82,6 +82,17 @@ pub enum SendEvent {
         /// The failure says the peer closed the link in order.
         peer_closed: bool,
     },
+}
+
+/// Which of the transport's counters a round waits on: the driver looks
+/// at it while the round waits (the transport has no event for either).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    /// Stream bytes sent, less those declared lost
+    /// ([`SendEvent::SentBytes`]).
+    SentBytes,
+    /// Whether the datagram queue is empty ([`SendEvent::DatagramsDrained`]).
+    DatagramQueue,
 }
 
 /// What the driver must do for the round.
@@ -163,10 +174,14 @@ impl RoundSend {
                 self.phase = Phase::AwaitRelease;
             }
             SendEvent::ImportantHanded => {}
-            SendEvent::Sampled {
-                sent_bytes,
-                datagrams_drained,
-            } => self.sampled(now, sent_bytes, datagrams_drained),
+            SendEvent::SentBytes(sent) => self.sent_bytes(now, sent),
+            SendEvent::DatagramsDrained => {
+                if let Phase::Draining { .. } = self.phase {
+                    if !self.plan.lossy_on_stream {
+                        self.drained_lossy(Some(true));
+                    }
+                }
+            }
             SendEvent::Confirmed { at } => {
                 self.confirmed.get_or_insert(at);
             }
@@ -224,15 +239,18 @@ impl RoundSend {
         }
     }
 
-    /// Whether the round waits on the transport's counters: the driver
-    /// then samples them ([`SendEvent::Sampled`]) while it waits.
-    pub fn wants_samples(&self) -> bool {
-        self.outcome.is_none()
-            && match self.phase {
-                Phase::AwaitRelease => self.plan.release_on_sent,
-                Phase::Draining { .. } => true,
-                _ => false,
-            }
+    /// Which counter the round waits on, if any: the driver looks at it
+    /// while it waits and feeds it in.
+    pub fn wants(&self) -> Option<Counter> {
+        if self.outcome.is_some() {
+            return None;
+        }
+        match self.phase {
+            Phase::AwaitRelease if self.plan.release_on_sent => Some(Counter::SentBytes),
+            Phase::Draining { .. } if self.plan.lossy_on_stream => Some(Counter::SentBytes),
+            Phase::Draining { .. } => Some(Counter::DatagramQueue),
+            _ => None,
+        }
     }
 
     /// The next thing to do, if any.
@@ -267,7 +285,7 @@ impl RoundSend {
         }
     }
 
-    fn sampled(&mut self, now: Instant, sent: u64, datagrams_drained: bool) {
+    fn sent_bytes(&mut self, now: Instant, sent: u64) {
         match self.phase {
             Phase::AwaitRelease
                 if self.plan.release_on_sent
@@ -286,7 +304,6 @@ impl RoundSend {
                     };
                 }
             }
-            Phase::Draining { .. } if datagrams_drained => self.drained_lossy(Some(true)),
             _ => {}
         }
     }

@@ -726,25 +726,13 @@ impl Pair {
                 },
             );
         }
-        if c.machine.wants_samples() {
-            let sampled = SendEvent::Sampled {
-                sent_bytes: self.sender.out.sent_bytes,
-                datagrams_drained: self.sender.out.datagrams.is_empty(),
-            };
-            c.machine.handle(now, sampled);
-        }
+        sample(c, &self.sender.out, now);
         while let Some(action) = c.machine.poll_action() {
             match action {
                 SendAction::ReleaseLossy => {
                     release_lossy(&mut self.sender.out, c, self.s.lanes);
                     c.machine.handle(now, SendEvent::LossyQueued);
-                    if c.machine.wants_samples() {
-                        let sampled = SendEvent::Sampled {
-                            sent_bytes: self.sender.out.sent_bytes,
-                            datagrams_drained: self.sender.out.datagrams.is_empty(),
-                        };
-                        c.machine.handle(now, sampled);
-                    }
+                    sample(c, &self.sender.out, now);
                 }
                 SendAction::ReportLossySent => self.sender.out.control(Control::LossySent(round)),
                 SendAction::ResetStreams => {
@@ -1057,6 +1045,18 @@ impl Pair {
             at += path.rto();
         }
         self.at(at + IDLE_TIMEOUT, Event::IdleTimeout);
+    }
+}
+
+/// Feeds the round the counter it waits on. The simulated transport
+/// looks after every event: what quinn's driver polls for.
+fn sample(c: &mut Current, out: &Outgoing, now: Instant) {
+    match c.machine.wants() {
+        Some(Counter::SentBytes) => c.machine.handle(now, SendEvent::SentBytes(out.sent_bytes)),
+        Some(Counter::DatagramQueue) if out.datagrams.is_empty() => {
+            c.machine.handle(now, SendEvent::DatagramsDrained)
+        }
+        _ => {}
     }
 }
 

@@ -24,10 +24,15 @@
 //! and delivers. Anything later is merged into the next round by the
 //! core.
 //!
+//! When each of these happens (the release, the report, the wait, the
+//! confirmation, the close) is decided by the core's state machines
+//! ([`gradlane_core::protocol`]); this module is their driver: it feeds
+//! them what quinn tells and carries out what they ask.
+//!
 //! This file holds the link, its errors and its shared state; `send` the
 //! sending half, `receive` the receiving half and the background tasks,
-//! `close` closing in order, `timing` the settings of a round's timing.
-//! docs/DESIGN.md §2.7-2.8 tells the same story with a picture.
+//! `close` closing in order. docs/DESIGN.md §2.7-2.8 tells the same story
+//! with a picture.
 
 use crate::config::Config;
 use crate::framing::{self, FrameError};

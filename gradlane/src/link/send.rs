@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::blocking;
-use gradlane_core::protocol::{RoundSend, SendAction, SendEvent, SendFailure, SendPlan};
+use gradlane_core::protocol::{Counter, RoundSend, SendAction, SendEvent, SendFailure, SendPlan};
 use tokio::sync::watch;
 
 impl LinkSender {
@@ -399,13 +399,17 @@ impl LinkSender {
             if peer_finished {
                 flight.machine.handle(now, SendEvent::PeerFinished);
             }
-            if flight.machine.wants_samples() {
-                let sampled = SendEvent::Sampled {
-                    sent_bytes: sent_bytes(&self.conn),
-                    datagrams_drained: self.conn.datagram_send_buffer_space()
-                        >= flight.datagrams_empty,
-                };
-                flight.machine.handle(now, sampled);
+            match flight.machine.wants() {
+                Some(Counter::SentBytes) => {
+                    let sent = sent_bytes(&self.conn);
+                    flight.machine.handle(now, SendEvent::SentBytes(sent));
+                }
+                Some(Counter::DatagramQueue)
+                    if self.conn.datagram_send_buffer_space() >= flight.datagrams_empty =>
+                {
+                    flight.machine.handle(now, SendEvent::DatagramsDrained);
+                }
+                _ => {}
             }
             if flight.machine.poll_timeout().is_some_and(|t| now >= t) {
                 flight.machine.handle_timeout(now);
@@ -419,7 +423,7 @@ impl LinkSender {
             // quinn has no event for "sent": poll its counters at the
             // timer's granularity (a millisecond) while the machine waits
             // on them.
-            let sample = flight.machine.wants_samples();
+            let sample = flight.machine.wants().is_some();
             let deadline = flight.machine.poll_timeout();
             let tick = async {
                 match (sample, deadline) {
