@@ -84,6 +84,6 @@ mod server;
 mod stream;
 mod worker;
 
-pub use server::{run, ServeError, ServeStats, ServerHandle, WorkerInfo};
+pub use server::{run, ServeError, ServeStats, ServerHandle, WorkerInfo, CLOSE_FLUSH};
 pub use stream::StreamError;
 pub use worker::{Compression, Params, PushReply, Worker, WorkerError};

@@ -223,6 +223,8 @@ impl<S: ParameterServer> ServerHandle<S> {
 /// Every link must carry a layout with as many values as the server has
 /// parameters; others are closed with [`codes::LAYOUT_MISMATCH`]. A failed
 /// handshake or a worker that breaks the protocol ends that link only.
+/// Before it returns it waits, at most [`CLOSE_FLUSH`], until the
+/// connections' close frames are out.
 pub async fn run<S>(
     endpoint: &Endpoint,
     handle: ServerHandle<S>,
@@ -261,8 +263,17 @@ where
     };
     endpoint.close();
     while sessions.join_next().await.is_some() {}
+    // quinn's driver sends the close frames (the reason of
+    // `close_workers` among them) after this: a process that exits right
+    // after `run` could cut them off, and its workers would time out
+    // instead of reading why. Bounded, because a connection to a peer that
+    // is gone drains for three probe timeouts.
+    let _ = tokio::time::timeout(CLOSE_FLUSH, endpoint.wait_idle()).await;
     result.map(|()| handle.stats())
 }
+
+/// The longest [`run`] waits for its connections' close frames to leave.
+pub const CLOSE_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Takes a new link into service and gives it a seat, or refuses it
 /// (failed handshake, wrong model size).
