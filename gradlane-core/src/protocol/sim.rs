@@ -838,7 +838,6 @@ impl Pair {
                 index,
                 data,
                 fin,
-                ..
             } => {
                 for (data, fin) in self.sender.incoming.stream(id, index, data, fin) {
                     if let StreamData::Control(Control::ImportantReceived(r)) = data {
@@ -884,7 +883,6 @@ impl Pair {
                 index,
                 data,
                 fin,
-                ..
             } => {
                 let ready = r.incoming.stream(id, index, data, fin);
                 for (data, fin) in ready {
