@@ -8,10 +8,11 @@
 //!    confirmed it ([`LossyRelease`](super::LossyRelease)).
 //! 3. `Lossy`: the driver queues the datagrams, or writes the lossy
 //!    streams.
-//! 4. `Draining`: until the transport has sent what was queued (its
-//!    datagram queue empty, or its count of sent stream bytes past the
-//!    lossy streams' end), or it made no progress for [`DRAIN_GIVE_UP`];
-//!    then, for datagrams, the report that they are all sent.
+//! 4. `Draining`: until the transport has sent what was queued: its
+//!    datagram queue empty (giving up [`DRAIN_GIVE_UP`] after queueing),
+//!    or its count of sent stream bytes past the lossy streams' end
+//!    (giving up after [`DRAIN_GIVE_UP`] without progress); then, for
+//!    datagrams, the report that they are all sent.
 //! 5. `AwaitConfirm`: until the peer's confirmation.
 //!
 //! At any point the peer's confirmation decides the round: once it came,
@@ -25,9 +26,10 @@ use crate::control::CloseNote;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// How long draining the lossy part may go without progress before the
-/// round goes on without it: a path that stalls that long is better
-/// served by the receiver's grace period than by a late report.
+/// How long draining the lossy part may take (datagrams, whose queue
+/// shows no progress) or go without progress (streams) before the round
+/// goes on without it: a path that stalls that long is better served by
+/// the receiver's grace period than by a late report.
 pub const DRAIN_GIVE_UP: Duration = Duration::from_secs(1);
 
 /// What a round's sender decided before its first byte.
