@@ -282,18 +282,24 @@ fn check_close(out: &Outcome, leave: Leave, what: &str) {
     check_delivered(out, what);
 }
 
+/// Runs the scenario of `seed` with the receiver closing at event `at`,
+/// in order and at once, and checks both.
+fn close_both_ways(seed: u64, loss: f64, at: u64) {
+    for leave in [Leave::Close(at), Leave::CloseNow(at)] {
+        let what = format!("loss {loss} seed {seed} {leave:?}");
+        let mut s = Scenario::new(seed, loss);
+        s.leave = leave;
+        check_close(&run(s), leave, &what);
+    }
+}
+
 #[test]
 fn a_receiver_closing_at_every_event_never_fails_a_delivered_round() {
     for loss in [0.0, 0.05, 0.3] {
         for seed in 0..10 {
             let base = run(Scenario::new(seed, loss));
             for at in 1..=base.events + 1 {
-                for leave in [Leave::Close(at), Leave::CloseNow(at)] {
-                    let what = format!("loss {loss} seed {seed} {leave:?}");
-                    let mut s = Scenario::new(seed, loss);
-                    s.leave = leave;
-                    check_close(&run(s), leave, &what);
-                }
+                close_both_ways(seed, loss, at);
             }
         }
     }
@@ -305,12 +311,7 @@ fn a_receiver_closing_at_a_random_event_never_fails_a_delivered_round() {
         for seed in 0..SEEDS {
             let base = run(Scenario::new(seed, loss));
             let at = 1 + (seed * 104_729) % (base.events + 1);
-            for leave in [Leave::Close(at), Leave::CloseNow(at)] {
-                let what = format!("loss {loss} seed {seed} {leave:?}");
-                let mut s = Scenario::new(seed, loss);
-                s.leave = leave;
-                check_close(&run(s), leave, &what);
-            }
+            close_both_ways(seed, loss, at);
         }
     }
 }
