@@ -37,7 +37,12 @@ pub mod codes {
 /// Largest control message accepted (a layout of ~100k tensors fits).
 pub const MAX_MESSAGE: usize = 16 << 20;
 
-const HELLO_MAGIC: &[u8; 4] = b"GLH1";
+/// "GLH" and the protocol version: 2 since segments carry a value format.
+const HELLO_MAGIC: &[u8; 4] = b"GLH2";
+
+/// The protocol version this build speaks (the segment format's,
+/// [`wire::VERSION`](crate::wire::VERSION)).
+pub const PROTOCOL_VERSION: u8 = crate::wire::VERSION;
 const TAG_WELCOME: u8 = 1;
 const TAG_IMPORTANT: u8 = 2;
 const TAG_LOSSY_SENT: u8 = 3;
@@ -47,9 +52,21 @@ const TAG_LAYOUT_READY: u8 = 5;
 /// Why a control message could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum HandshakeError {
-    /// Not a gradlane hello, or another version.
-    #[error("not a gradlane/1 hello")]
+    /// Not a gradlane hello.
+    #[error("not a gradlane hello")]
     BadMagic,
+    /// A gradlane hello of another protocol version: the two ends run
+    /// different gradlane releases.
+    #[error(
+        "the peer speaks gradlane protocol {peer} and this end {ours}: run the same gradlane \
+         release on every end (protocol 2 added value formats to every segment)"
+    )]
+    Version {
+        /// The peer's version.
+        peer: u8,
+        /// This build's.
+        ours: u8,
+    },
     /// The message ended early.
     #[error("hello truncated")]
     Truncated,
@@ -151,8 +168,15 @@ impl Hello {
     /// Decodes and validates a hello body.
     pub fn decode(buf: &[u8]) -> Result<Self, HandshakeError> {
         let mut r = Reader::new(buf);
-        if r.take(4)? != HELLO_MAGIC {
-            return Err(HandshakeError::BadMagic);
+        let magic = r.take(4)?;
+        if magic != HELLO_MAGIC {
+            return Err(match magic {
+                [b'G', b'L', b'H', v @ b'0'..=b'9'] => HandshakeError::Version {
+                    peer: v - b'0',
+                    ours: PROTOCOL_VERSION,
+                },
+                _ => HandshakeError::BadMagic,
+            });
         }
         let block_values = r.u32()?;
         let conv = match r.u8()? {
@@ -397,6 +421,12 @@ mod tests {
         let mut bad = h.clone();
         bad[0] = b'X';
         assert_eq!(Hello::decode(&bad), Err(HandshakeError::BadMagic));
+        // A peer of the f32-only protocol is told so, not misread.
+        let mut old = h.clone();
+        old[3] = b'1';
+        let err = Hello::decode(&old).unwrap_err();
+        assert_eq!(err, HandshakeError::Version { peer: 1, ours: 2 });
+        assert!(err.to_string().contains("same gradlane release"));
         let mut zero_block = h.clone();
         zero_block[4..8].copy_from_slice(&0u32.to_le_bytes());
         assert_eq!(

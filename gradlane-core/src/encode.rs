@@ -16,6 +16,15 @@
 //! All packets of a round live in one allocation; the [`Bytes`] handed out are
 //! views into it, so the transport sends them without another copy.
 //!
+//! Values travel in the format of their class
+//! ([`EncoderConfig::formats`]): `f32` by default; with a 16-bit or `Log8`
+//! format a segment's payload is the values converted as it is framed
+//! (see [`payload`](crate::payload)), and only `f32` segments are ever
+//! handed out as views of the caller's memory. A chunk holding a value
+//! that is not finite always travels in the important part, so an
+//! overflow that mixed-precision training must see is never lost or
+//! quantized away.
+//!
 //! Encoding has two steps, so a transport can send while it frames:
 //! [`Encoder::start`] scores and classes the chunks and fixes every segment
 //! and packet boundary (so the [`RoundEnd`] is known before a byte is
@@ -26,7 +35,9 @@
 //! bytes are the same however the reliable part is cut.
 
 use crate::classify::{Class, Classifier, ClassifyConfig, ClassifyError, IMPORTANT};
+use crate::format::{ClassFormats, FormatError, ValueFormat, LOG8_SCALE_BYTES};
 use crate::layout::{ChunkOptions, ChunkPlan, Layout, LayoutError};
+use crate::payload;
 use crate::score::{ContributionTracker, GradientError, DEFAULT_ALPHA};
 use crate::wire::{
     id_digest, DataHeader, RoundEnd, CLASS_SLOTS, DATA_HEADER_LEN, MAX_SEGMENT_PAYLOAD,
@@ -40,8 +51,9 @@ use thiserror::Error;
 /// the datagram is closed instead, so headers never outweigh payload.
 const MIN_FRAGMENT: usize = 128;
 
-/// The smallest datagram limit the encoder accepts: one header and one value.
-pub const MIN_DATAGRAM: usize = DATA_HEADER_LEN + 4;
+/// The smallest datagram limit the encoder accepts: one header and one
+/// value in any format (a `Log8` value needs its chunk's scale too).
+pub const MIN_DATAGRAM: usize = DATA_HEADER_LEN + 5;
 
 /// Sender-side settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -56,6 +68,9 @@ pub struct EncoderConfig {
     /// [`wire::layout_of`](crate::wire::layout_of)): which of a sender's
     /// layouts on one link a round has. 0 unless a link carries several.
     pub layout_id: u16,
+    /// The value format of the important part and of the lossy levels
+    /// (default `f32` for both).
+    pub formats: ClassFormats,
 }
 
 impl Default for EncoderConfig {
@@ -65,6 +80,7 @@ impl Default for EncoderConfig {
             alpha: DEFAULT_ALPHA,
             classify: ClassifyConfig::default(),
             layout_id: 0,
+            formats: ClassFormats::F32,
         }
     }
 }
@@ -81,6 +97,9 @@ pub enum EncodeError {
     /// The layout cannot be chunked with these options.
     #[error(transparent)]
     Layout(#[from] LayoutError),
+    /// The formats cannot be used (`Log8` for the important part).
+    #[error(transparent)]
+    Format(#[from] FormatError),
     /// A datagram handed to [`Encoder::reframe`] is not a valid one of this
     /// encoder's layout.
     #[error("cannot reframe: {0}")]
@@ -109,6 +128,9 @@ pub struct EncodedRound {
     pub end: RoundEnd,
     /// The class of every chunk, by chunk id.
     pub classes: Vec<Class>,
+    /// Payload bytes each class puts on the wire in its format (see
+    /// [`RoundFramer::wire_payload`]).
+    pub wire_payload: [u64; CLASS_SLOTS],
     /// The empty tail of the allocation every packet is a view of; it gets
     /// the whole allocation back once the views are gone (see
     /// [`Encoder::recycle`]).
@@ -124,12 +146,14 @@ impl EncodedRound {
     }
 }
 
-/// A segment to write: `len` bytes of `tensor` at `offset`.
+/// A segment to write: `len` bytes of the `f32` tensor `tensor` at
+/// `offset` (positions), which take `wire` bytes in the segment's format.
 #[derive(Debug, Clone, Copy)]
 struct Piece {
     tensor: u32,
     offset: u32,
     len: u32,
+    wire: u32,
 }
 
 /// Scores, classes and frames rounds; keeps the per-chunk contribution
@@ -147,11 +171,13 @@ pub struct Encoder {
     spare: Option<BytesMut>,
     /// Written into every segment.
     layout_id: u16,
+    formats: ClassFormats,
 }
 
 impl Encoder {
     /// An encoder for `layout`.
     pub fn new(layout: &Layout, config: EncoderConfig) -> Result<Self, EncodeError> {
+        config.formats.validate()?;
         let plan = Arc::new(layout.plan(config.chunking)?);
         let tracker = ContributionTracker::new(plan.len(), config.alpha);
         let classifier = Classifier::new(config.classify)?;
@@ -162,7 +188,13 @@ impl Encoder {
             classes: Vec::new(),
             spare: None,
             layout_id: config.layout_id,
+            formats: config.formats,
         })
+    }
+
+    /// The value formats of the classes.
+    pub fn formats(&self) -> ClassFormats {
+        self.formats
     }
 
     /// The chunk plan.
@@ -218,6 +250,10 @@ impl Encoder {
         let mut classes = std::mem::take(&mut self.classes);
         self.classifier
             .classify(&self.plan, contributions, &mut classes)?;
+        // What mixed precision must see of an overflow arrives exact.
+        for &id in tracker.non_finite() {
+            classes[id as usize] = IMPORTANT;
+        }
         self.tracker = tracker;
         let levels = self.classifier.config().levels;
         let spare = self.spare.take();
@@ -225,7 +261,7 @@ impl Encoder {
             self.plan.clone(),
             (self.layout_id, round),
             classes.clone(),
-            levels,
+            (levels, self.formats),
             max_datagram,
             spare,
         );
@@ -243,20 +279,60 @@ impl Encoder {
         if max < MIN_DATAGRAM {
             return Err(EncodeError::DatagramTooSmall { got: max });
         }
-        let step = (max - DATA_HEADER_LEN) & !3;
+        let budget = max - DATA_HEADER_LEN;
         let mut out = Vec::new();
         for seg in crate::wire::decode_all(datagram) {
             let crate::wire::Segment::Data(h, payload) = seg? else {
                 return Err(crate::wire::WireError::Kind(2).into());
             };
-            h.validate(&self.plan)?;
-            for (i, piece) in payload.chunks(step).enumerate() {
-                let offset = h.byte_offset + (i * step) as u32;
-                let header = h.fragment(&self.plan, offset, piece.len() as u32);
-                let mut d = vec![0u8; DATA_HEADER_LEN + piece.len()];
+            let n = h.validate(&self.plan)?;
+            let t = h.tensor as usize;
+            payload::check(h.format, &self.plan, t, h.first_value(), payload)?;
+            let mut emit = |first: u32, bytes: &[u8]| {
+                let header = h.fragment(&self.plan, first * 4, bytes.len() as u32);
+                let mut d = vec![0u8; DATA_HEADER_LEN + bytes.len()];
                 header.write(&mut d);
-                d[DATA_HEADER_LEN..].copy_from_slice(piece);
+                d[DATA_HEADER_LEN..].copy_from_slice(bytes);
                 out.push(Bytes::from(d));
+            };
+            match h.format.element_bytes() {
+                Some(e) => {
+                    let step = budget / e * e;
+                    for (i, piece) in payload.chunks(step).enumerate() {
+                        emit(h.first_value() + (i * step / e) as u32, piece);
+                    }
+                }
+                None => {
+                    // Cut between codes; a section cut in two carries its
+                    // chunk's scale in both pieces.
+                    let (mut piece, mut piece_first) = (Vec::with_capacity(budget), 0);
+                    let mut pos = 0;
+                    for (start, len) in payload::sections(&self.plan, t, h.first_value(), n) {
+                        let scale = &payload[pos..pos + LOG8_SCALE_BYTES];
+                        let mut codes = &payload[pos + LOG8_SCALE_BYTES..][..len as usize];
+                        pos += LOG8_SCALE_BYTES + len as usize;
+                        let mut at = start;
+                        while !codes.is_empty() {
+                            let room = budget - piece.len();
+                            if room <= LOG8_SCALE_BYTES {
+                                emit(piece_first, &piece);
+                                piece.clear();
+                                continue;
+                            }
+                            if piece.is_empty() {
+                                piece_first = at;
+                            }
+                            let k = codes.len().min(room - LOG8_SCALE_BYTES);
+                            piece.extend_from_slice(scale);
+                            piece.extend_from_slice(&codes[..k]);
+                            codes = &codes[k..];
+                            at += k as u32;
+                        }
+                    }
+                    if !piece.is_empty() {
+                        emit(piece_first, &piece);
+                    }
+                }
             }
         }
         Ok(out)
@@ -288,6 +364,7 @@ pub struct RoundFramer {
     layout: u16,
     round: u32,
     levels: u8,
+    formats: ClassFormats,
     end: RoundEnd,
     classes: Vec<Class>,
     /// Segments per class, in sending order.
@@ -309,7 +386,7 @@ impl RoundFramer {
         plan: Arc<ChunkPlan>,
         (layout, round): (u16, u32),
         classes: Vec<Class>,
-        levels: u8,
+        (levels, formats): (u8, ClassFormats),
         max_datagram: usize,
         spare: Option<BytesMut>,
     ) -> Self {
@@ -317,12 +394,18 @@ impl RoundFramer {
             end,
             segments,
             packet_ends,
-        } = plan_segments(&plan, (layout, round), &classes, levels, max_datagram);
+        } = plan_segments(
+            &plan,
+            (layout, round),
+            &classes,
+            (levels, formats),
+            max_datagram,
+        );
 
         let total: usize = segments
             .iter()
             .flatten()
-            .map(|p| DATA_HEADER_LEN + p.len as usize)
+            .map(|p| DATA_HEADER_LEN + p.wire as usize)
             .sum::<usize>()
             + ROUND_END_LEN;
         let had_spare = spare.is_some();
@@ -343,6 +426,7 @@ impl RoundFramer {
             layout,
             round,
             levels,
+            formats,
             end,
             classes,
             segments,
@@ -368,11 +452,27 @@ impl RoundFramer {
         &self.classes
     }
 
+    /// The value formats of the classes.
+    pub fn formats(&self) -> ClassFormats {
+        self.formats
+    }
+
+    /// Payload bytes each class puts on the wire in its format (index 0
+    /// important, `l` level `l`), headers not counted; the round end's
+    /// `bytes` count the same values as `f32`.
+    pub fn wire_payload(&self) -> [u64; CLASS_SLOTS] {
+        let mut out = [0u64; CLASS_SLOTS];
+        for (o, segs) in out.iter_mut().zip(&self.segments) {
+            *o = segs.iter().map(|p| p.wire as u64).sum();
+        }
+        out
+    }
+
     /// Bytes of the reliable stream (important segments and the round end).
     pub fn reliable_len(&self) -> usize {
         self.segments[0]
             .iter()
-            .map(|p| DATA_HEADER_LEN + p.len as usize)
+            .map(|p| DATA_HEADER_LEN + p.wire as usize)
             .sum::<usize>()
             + ROUND_END_LEN
     }
@@ -405,7 +505,8 @@ impl RoundFramer {
     /// and its values are handed out as a view of `tensors`, which hold
     /// every tensor's values as little-endian f32 bytes (see
     /// [`shared_f32_bytes`]). Shorter segments are copied and coalesced, so
-    /// a QUIC send buffer holds few pieces. Concatenated, the pieces are
+    /// a QUIC send buffer holds few pieces. Values in another format than
+    /// `f32` are converted, so copied. Concatenated, the pieces are
     /// exactly what [`next_reliable`](Self::next_reliable) would return.
     pub fn next_reliable_shared(
         &mut self,
@@ -418,9 +519,10 @@ impl RoundFramer {
         check_byte_shapes(&self.plan, tensors)?;
         let mut pieces = Vec::new();
         let mut handed = 0;
+        let views = self.formats.important == ValueFormat::F32;
         while !self.reliable_done && handed + self.buf.len() < min_bytes {
             match self.segments[0].get(self.next_important).copied() {
-                Some(p) if p.len as usize >= ZERO_COPY_MIN => {
+                Some(p) if views && p.len as usize >= ZERO_COPY_MIN => {
                     self.write_header(IMPORTANT, p);
                     let head = self.buf.split().freeze();
                     let (from, to) = (p.offset as usize, (p.offset + p.len) as usize);
@@ -431,8 +533,7 @@ impl RoundFramer {
                 }
                 Some(p) => {
                     self.write_header(IMPORTANT, p);
-                    let (from, to) = (p.offset as usize, (p.offset + p.len) as usize);
-                    self.buf.put_slice(&tensors[p.tensor as usize][from..to]);
+                    self.put_values(IMPORTANT, p, &tensors[p.tensor as usize]);
                     self.next_important += 1;
                 }
                 None => {
@@ -478,6 +579,7 @@ impl RoundFramer {
             reliable,
             lossy,
             end: self.end,
+            wire_payload: self.wire_payload(),
             classes: self.classes,
             root: self.buf,
         })
@@ -505,13 +607,14 @@ impl RoundFramer {
             }
         }
         let mut lossy = Vec::with_capacity(self.levels as usize);
+        let views = self.formats.lossy == ValueFormat::F32;
         for c in 1..=self.levels as usize {
             let mut pieces = Vec::new();
             for i in 0..self.segments[c].len() {
                 let p = self.segments[c][i];
                 let (from, to) = (p.offset as usize, (p.offset + p.len) as usize);
                 let values = tensors[p.tensor as usize].slice(from..to);
-                if values.len() >= ZERO_COPY_MIN {
+                if views && values.len() >= ZERO_COPY_MIN {
                     // Whole segments before the header, never a header
                     // after whole segments in one piece.
                     if !self.buf.is_empty() {
@@ -522,7 +625,7 @@ impl RoundFramer {
                     pieces.push(values);
                 } else {
                     self.write_header(c as Class, p);
-                    self.buf.put_slice(&values);
+                    self.put_values(c as Class, p, &tensors[p.tensor as usize]);
                 }
             }
             if !self.buf.is_empty() {
@@ -535,6 +638,7 @@ impl RoundFramer {
             reliable: reliable.freeze(),
             lossy,
             end: self.end,
+            wire_payload: self.wire_payload(),
             classes: self.classes,
             root: self.buf,
         })
@@ -557,17 +661,67 @@ impl RoundFramer {
         }
     }
 
-    /// Appends one segment: header, then the values as little-endian f32.
+    /// Appends one segment: header, then the values in the class's format.
     fn write_segment<G: AsRef<[f32]>>(&mut self, grads: &[G], class: Class, p: Piece) {
         self.write_header(class, p);
-        let values = &grads[p.tensor as usize].as_ref()
-            [p.offset as usize / 4..(p.offset + p.len) as usize / 4];
-        extend_f32s(&mut self.buf, values);
+        let tensor = grads[p.tensor as usize].as_ref();
+        let format = self.formats.of(class);
+        if format == ValueFormat::F32 {
+            extend_f32s(
+                &mut self.buf,
+                &tensor[p.offset as usize / 4..(p.offset + p.len) as usize / 4],
+            );
+            return;
+        }
+        let at = self.buf.len();
+        self.buf.resize(at + p.wire as usize, 0);
+        payload::write(
+            format,
+            &self.plan,
+            p.tensor as usize,
+            (0, tensor),
+            (p.offset / 4, p.len / 4),
+            &mut self.buf[at..],
+        );
+    }
+
+    /// Appends piece `p`'s values in the class's format, from `tensor`, the
+    /// whole tensor as little-endian f32 bytes (see [`shared_f32_bytes`]).
+    fn put_values(&mut self, class: Class, p: Piece, tensor: &[u8]) {
+        let format = self.formats.of(class);
+        let (first, n) = (p.offset / 4, p.len / 4);
+        if format == ValueFormat::F32 {
+            self.buf
+                .put_slice(&tensor[p.offset as usize..(p.offset + p.len) as usize]);
+            return;
+        }
+        // The piece's chunks whole: Log8 scales each by all its values.
+        let cover = payload::covering_chunks(&self.plan, p.tensor as usize, first, n);
+        let mut values = vec![0f32; cover.len()];
+        crate::wire::get_f32s(
+            &mut values,
+            &tensor[cover.start as usize * 4..cover.end as usize * 4],
+        );
+        let at = self.buf.len();
+        self.buf.resize(at + p.wire as usize, 0);
+        payload::write(
+            format,
+            &self.plan,
+            p.tensor as usize,
+            (cover.start, &values),
+            (first, n),
+            &mut self.buf[at..],
+        );
     }
 
     /// Appends the header of one segment.
     fn write_header(&mut self, class: Class, p: Piece) {
-        let header = piece_header(&self.plan, (self.layout, self.round), class, &p);
+        let header = piece_header(
+            &self.plan,
+            (self.layout, self.round),
+            (class, self.formats.of(class)),
+            &p,
+        );
         let mut h = [0u8; DATA_HEADER_LEN];
         header.write(&mut h);
         self.buf.put_slice(&h);
@@ -587,12 +741,13 @@ struct SegmentPlan {
 
 /// Cuts a classed round into segments: adjacent chunks of one tensor with
 /// the same class form runs; runs are cut on the stream only at the
-/// segment limit, in datagrams so as to fill each one up.
+/// segment limit, in datagrams so as to fill each one up (in wire bytes of
+/// the class's format).
 fn plan_segments(
     plan: &ChunkPlan,
     (layout, round): (u16, u32),
     classes: &[Class],
-    levels: u8,
+    (levels, formats): (u8, ClassFormats),
     max_datagram: usize,
 ) -> SegmentPlan {
     let mut end = RoundEnd {
@@ -618,6 +773,7 @@ fn plan_segments(
                 tensor: chunk.tensor,
                 offset: chunk.byte_start(),
                 len: chunk.byte_len(),
+                wire: 0,
             }),
         }
     }
@@ -626,44 +782,63 @@ fn plan_segments(
     // datagrams to fill each one up.
     let mut segments: Vec<Vec<Piece>> = vec![Vec::new(); CLASS_SLOTS];
     let mut packet_ends: Vec<Vec<usize>> = vec![Vec::new(); CLASS_SLOTS];
+    let wire = |format, p: &Piece| {
+        payload::wire_len(format, plan, p.tensor as usize, p.offset / 4, p.len / 4) as u32
+    };
     for r in &runs[IMPORTANT as usize] {
         let (mut off, mut rem) = (r.offset, r.len);
         while rem > 0 {
             let n = rem.min(MAX_SEGMENT_PAYLOAD);
-            segments[0].push(Piece {
+            let mut p = Piece {
                 tensor: r.tensor,
                 offset: off,
                 len: n,
-            });
+                wire: 0,
+            };
+            p.wire = wire(formats.important, &p);
+            segments[0].push(p);
             off += n;
             rem -= n;
         }
     }
     end.packets[0] = segments[0].len() as u32;
     let max = max_datagram.min(DATA_HEADER_LEN + MAX_SEGMENT_PAYLOAD as usize);
+    let format = formats.lossy;
     for c in 1..CLASS_SLOTS {
         let (segs, ends) = (&mut segments[c], &mut packet_ends[c]);
         let mut used = 0usize;
         for r in &runs[c] {
-            let (mut off, mut rem) = (r.offset as usize, r.len as usize);
+            let t = r.tensor as usize;
+            let (mut first, mut rem) = (r.offset / 4, r.len / 4);
             while rem > 0 {
-                let avail = max.saturating_sub(used + DATA_HEADER_LEN) & !3;
-                let take = if rem <= avail {
+                let avail = max.saturating_sub(used + DATA_HEADER_LEN);
+                let fit = payload::values_within(format, plan, t, first, rem, avail);
+                let take = if fit == rem {
                     rem
-                } else if avail >= MIN_FRAGMENT || (used == 0 && avail >= 4) {
-                    avail
-                } else {
+                } else if fit > 0
+                    && (used == 0 || payload::wire_len(format, plan, t, first, fit) >= MIN_FRAGMENT)
+                {
+                    fit
+                } else if used > 0 {
                     ends.push(segs.len());
                     used = 0;
                     continue;
+                } else {
+                    // Not even one value fits an empty datagram: the limit
+                    // is below MIN_DATAGRAM, which callers check. Send one
+                    // value over the limit rather than loop.
+                    1
                 };
-                segs.push(Piece {
+                let mut p = Piece {
                     tensor: r.tensor,
-                    offset: off as u32,
-                    len: take as u32,
-                });
-                used += DATA_HEADER_LEN + take;
-                off += take;
+                    offset: first * 4,
+                    len: take * 4,
+                    wire: 0,
+                };
+                p.wire = wire(format, &p);
+                used += DATA_HEADER_LEN + p.wire as usize;
+                segs.push(p);
+                first += take;
                 rem -= take;
             }
         }
@@ -679,11 +854,12 @@ fn plan_segments(
     }
 }
 
-/// The header of the segment that carries piece `p` of class `class`.
+/// The header of the segment that carries piece `p` of class `class` in
+/// `format`.
 fn piece_header(
     plan: &ChunkPlan,
     (layout, round): (u16, u32),
-    class: Class,
+    (class, format): (Class, ValueFormat),
     p: &Piece,
 ) -> DataHeader {
     let t = p.tensor as usize;
@@ -691,6 +867,7 @@ fn piece_header(
     DataHeader {
         layout,
         class,
+        format,
         round,
         tensor: p.tensor,
         // Pieces start inside the tensor, so a holder always exists.
@@ -699,7 +876,7 @@ fn piece_header(
         last_chunk: span.end as u32 - 1,
         tensor_bytes: plan.tensor_bytes(t),
         byte_offset: p.offset,
-        payload_len: p.len,
+        payload_len: p.wire,
     }
 }
 
@@ -797,7 +974,7 @@ pub fn frame_with_classes<G: AsRef<[f32]>>(
         Arc::new(plan.clone()),
         (0, round),
         classes.to_vec(),
-        levels,
+        (levels, ClassFormats::F32),
         max_datagram,
         None,
     )
@@ -826,13 +1003,19 @@ mod tests {
             end,
             segments,
             packet_ends,
-        } = plan_segments(plan, (0, round), classes, levels, max_datagram);
+        } = plan_segments(
+            plan,
+            (0, round),
+            classes,
+            (levels, ClassFormats::F32),
+            max_datagram,
+        );
 
         // Write everything into one buffer.
         let total: usize = segments
             .iter()
             .flatten()
-            .map(|p| DATA_HEADER_LEN + p.len as usize)
+            .map(|p| DATA_HEADER_LEN + p.wire as usize)
             .sum::<usize>()
             + ROUND_END_LEN;
         // Every byte below `total` is written before it is read, but safe Rust
@@ -844,7 +1027,7 @@ mod tests {
             let mut next_end = packet_ends[c].iter().peekable();
             for (i, p) in segs.iter().enumerate() {
                 let t = p.tensor as usize;
-                let header = piece_header(plan, (0, round), c as Class, p);
+                let header = piece_header(plan, (0, round), (c as Class, ValueFormat::F32), p);
                 header.write(&mut buf[pos..pos + DATA_HEADER_LEN]);
                 pos += DATA_HEADER_LEN;
                 let values =
@@ -882,6 +1065,7 @@ mod tests {
             lossy,
             end,
             classes: Vec::new(),
+            wire_payload: [0; CLASS_SLOTS],
             root: BytesMut::new(),
         }
     }

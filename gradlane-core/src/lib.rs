@@ -37,6 +37,9 @@
 //! - [`score`]: each chunk's smoothed contribution.
 //! - [`classify`]: important chunks and graded lossy levels.
 //! - [`wire`]: the segment header every piece of a round carries.
+//! - [`format`]: the value formats a class travels in (`f32`, `bf16`,
+//!   `f16`, `log8`) and their error bounds.
+//! - [`payload`]: a segment's payload laid out in its format.
 //! - [`encode`]: a round scored, classed and framed for sending.
 //! - [`reassembly`]: the receiver: placement, zero fill, late merge.
 //! - [`control`]: the messages of a link's control stream.
@@ -58,7 +61,9 @@ pub mod classify;
 pub mod codec;
 pub mod control;
 pub mod encode;
+pub mod format;
 pub mod layout;
+pub mod payload;
 pub mod presets;
 pub mod protocol;
 pub mod ps;

@@ -25,10 +25,11 @@
 //! [`delivers`]: Reassembler::deliver
 
 use crate::classify::{Class, IMPORTANT};
+use crate::format::read_elements;
 use crate::layout::{ChunkOptions, ChunkPlan, Layout, LayoutError};
+use crate::payload;
 use crate::wire::{
-    self, get_f32s, id_digest, DataHeader, Head, RoundEnd, Segment, WireError, CLASS_SLOTS,
-    ROUND_END_LEN,
+    self, id_digest, DataHeader, Head, RoundEnd, Segment, WireError, CLASS_SLOTS, ROUND_END_LEN,
 };
 use std::collections::{BTreeMap, VecDeque};
 use thiserror::Error;
@@ -217,6 +218,10 @@ pub struct Round {
     /// The chunks (ids of the layout's chunk plan, increasing) with bytes
     /// that did not arrive in time: zero-filled, in part or whole.
     pub missing_chunks: Vec<u32>,
+    /// The class of every chunk as its first bytes claimed it, by chunk id;
+    /// [`NO_CLASS`] where none of its bytes arrived (a lossy chunk: every
+    /// important one arrives).
+    pub classes: Vec<Class>,
 }
 
 /// What [`Reassembler::push`] did with a packet.
@@ -303,7 +308,8 @@ struct OpenRound {
     complete: bool,
 }
 
-const NO_CLASS: Class = u8::MAX;
+/// The class of a chunk none of whose bytes arrived, in [`Round::classes`].
+pub const NO_CLASS: Class = u8::MAX;
 
 #[derive(Debug)]
 struct LateSegment {
@@ -312,6 +318,28 @@ struct LateSegment {
     tensor: u32,
     offset: u32,
     values: Vec<f32>,
+}
+
+/// Decodes a validated and checked payload, `head` then `rest`, into `dst`
+/// (its values). Only element formats are ever cut into a head and a rest
+/// (a stream piece that completes a value the previous piece cut); a
+/// `Log8` payload comes whole, in `rest`.
+fn decode_payload(plan: &ChunkPlan, h: &DataHeader, (head, rest): (&[u8], &[u8]), dst: &mut [f32]) {
+    match h.format.element_bytes() {
+        Some(b) => {
+            let (dst_head, dst_rest) = dst.split_at_mut(head.len() / b);
+            read_elements(h.format, head, dst_head);
+            read_elements(h.format, rest, dst_rest);
+        }
+        None => payload::read(
+            h.format,
+            plan,
+            h.tensor as usize,
+            h.first_value(),
+            rest,
+            dst,
+        ),
+    }
 }
 
 /// Sets to zero every value of `tensor` (whose first value is bit `base`
@@ -483,9 +511,16 @@ impl Reassembler {
                 (Segment::Data(h, _), Channel::Lossy) if h.class == IMPORTANT => {
                     return Err(ReassemblyError::WrongChannel("important data"))
                 }
-                (Segment::Data(h, _), _) => {
+                (Segment::Data(h, payload), _) => {
                     self.check_layout(h.layout)?;
-                    h.validate(&self.plan)?
+                    h.validate(&self.plan)?;
+                    payload::check(
+                        h.format,
+                        &self.plan,
+                        h.tensor as usize,
+                        h.first_value(),
+                        payload,
+                    )?;
                 }
                 (Segment::RoundEnd(end), _) => self.check_layout(end.layout)?,
             }
@@ -508,6 +543,15 @@ impl Reassembler {
         self.layout.value_offset(h.tensor as usize) + h.byte_offset as u64 / 4
     }
 
+    /// How many values a validated and checked segment whose payload is
+    /// `head` followed by `rest` carries.
+    fn value_count(&self, h: &DataHeader, head: &[u8], rest: &[u8]) -> u64 {
+        match h.format.element_bytes() {
+            Some(b) => ((head.len() + rest.len()) / b) as u64,
+            None => h.values(&self.plan).unwrap_or(0) as u64,
+        }
+    }
+
     /// Places a validated segment whose payload is `head` followed by
     /// `rest` (a stream piece that completes a value the previous piece cut
     /// is placed as that value and the piece's whole values, in one go).
@@ -521,7 +565,10 @@ impl Reassembler {
         out: &mut PushOutcome,
     ) -> Result<(), ReassemblyError> {
         let start = self.global_value(&h);
-        let n = (head.len() + rest.len()) as u64 / 4;
+        let n = self.value_count(&h, head, rest);
+        if n == 0 {
+            return Ok(());
+        }
         if self.last_delivered.is_some_and(|d| h.round <= d) {
             self.place_late(h, head, rest, start, n, out);
             return Ok(());
@@ -546,9 +593,8 @@ impl Reassembler {
         // Every chunk the range touches must keep the class it was first
         // given: one chunk cannot be both important and lossy in a round.
         let chunks = self.plan.chunks();
-        let last = self
-            .plan
-            .chunk_at(h.tensor as usize, h.byte_offset + h.payload_len - 4);
+        let end = h.byte_offset + 4 * n as u32;
+        let last = self.plan.chunk_at(h.tensor as usize, end - 4);
         let ids = h.chunk as usize..=last.unwrap_or(h.chunk as usize);
         if ids
             .clone()
@@ -562,15 +608,14 @@ impl Reassembler {
         r.seen.set(start, n);
         let t = h.tensor as usize;
         let off = h.byte_offset as usize / 4;
-        let (dst_head, dst_rest) = r.tensors[t][off..off + n as usize].split_at_mut(head.len() / 4);
-        get_f32s(dst_head, head);
-        get_f32s(dst_rest, rest);
-        r.received_bytes[class] += n * 4;
-        let (mut id, mut byte, end) = (
-            h.chunk as usize,
-            h.byte_offset,
-            h.byte_offset + h.payload_len,
+        decode_payload(
+            &self.plan,
+            &h,
+            (head, rest),
+            &mut r.tensors[t][off..off + n as usize],
         );
+        r.received_bytes[class] += n * 4;
+        let (mut id, mut byte) = (h.chunk as usize, h.byte_offset);
         while byte < end {
             let c = &chunks[id];
             let upto = (c.byte_start() + c.byte_len()).min(end);
@@ -610,7 +655,7 @@ impl Reassembler {
         n: u64,
         out: &mut PushOutcome,
     ) {
-        let bytes = head.len() + rest.len();
+        let bytes = n as usize * 4;
         let Some((_, seen)) = self.recent.iter_mut().find(|(r, _)| *r == h.round) else {
             self.counters.too_old += 1;
             out.dropped += 1;
@@ -629,9 +674,7 @@ impl Reassembler {
         }
         seen.set(start, n);
         let mut values = vec![0f32; n as usize];
-        let (dst_head, dst_rest) = values.split_at_mut(head.len() / 4);
-        get_f32s(dst_head, head);
-        get_f32s(dst_rest, rest);
+        decode_payload(&self.plan, &h, (head, rest), &mut values);
         self.late_bytes += bytes;
         self.late.push(LateSegment {
             round: h.round,
@@ -819,6 +862,7 @@ impl Reassembler {
             tensors: r.tensors,
             stats,
             missing_chunks,
+            classes: r.chunk_class,
         })
     }
 }
@@ -843,6 +887,9 @@ pub struct StreamDecoder {
     payload: Option<Payload>,
     /// A previous input was refused.
     failed: bool,
+    /// The allocation `Payload::whole` gathers `Log8` payloads in, kept
+    /// between segments.
+    gathered: Vec<u8>,
 }
 
 #[derive(Debug)]
@@ -853,6 +900,11 @@ struct Payload {
     /// The first bytes of a value cut by a piece boundary.
     carry: [u8; 4],
     carry_len: usize,
+    /// A `Log8` payload, gathered whole before it is checked and placed
+    /// (its sections' scales and codes are read together; a lossy segment
+    /// is at most a datagram long, and any segment at most
+    /// [`MAX_SEGMENT_PAYLOAD`](crate::wire::MAX_SEGMENT_PAYLOAD)).
+    whole: Vec<u8>,
 }
 
 impl StreamDecoder {
@@ -897,29 +949,48 @@ impl StreamDecoder {
         while !bytes.is_empty() {
             if let Some(p) = &mut self.payload {
                 let h = p.header;
+                let Some(e) = h.format.element_bytes() else {
+                    let take = (h.payload_len as usize - p.whole.len()).min(bytes.len());
+                    p.whole.extend_from_slice(&bytes[..take]);
+                    bytes = &bytes[take..];
+                    if p.whole.len() == h.payload_len as usize {
+                        let mut whole = std::mem::take(&mut p.whole);
+                        self.payload = None;
+                        let t = h.tensor as usize;
+                        let placed = payload::check(h.format, &rx.plan, t, h.first_value(), &whole)
+                            .map_err(ReassemblyError::from)
+                            .and_then(|()| rx.place(h, &[], &whole, out));
+                        whole.clear();
+                        self.gathered = whole;
+                        placed?;
+                    }
+                    continue;
+                };
                 // A piece boundary may cut a value (QUIC frames end at any
                 // byte): a cut value waits in `carry` and is placed with
                 // the next piece's whole values, as one fragment.
                 let mut head = 0;
                 if p.carry_len > 0 {
-                    let take = (4 - p.carry_len).min(bytes.len());
+                    let take = (e - p.carry_len).min(bytes.len());
                     for (c, b) in p.carry[p.carry_len..].iter_mut().zip(&bytes[..take]) {
                         *c = *b;
                     }
                     p.carry_len += take;
                     p.consumed += take as u32;
                     bytes = &bytes[take..];
-                    if p.carry_len < 4 {
+                    if p.carry_len < e {
                         // The piece was shorter than the cut value's rest.
                         continue;
                     }
                     p.carry_len = 0;
-                    head = 4;
+                    head = e;
                 }
                 let n = ((h.payload_len - p.consumed) as usize).min(bytes.len());
-                let whole = n & !3;
+                let whole = n - n % e;
                 if head + whole > 0 {
-                    let offset = h.byte_offset + p.consumed - head as u32;
+                    // Wire bytes before this fragment, as f32 positions.
+                    let before = (p.consumed as usize - head) / e * 4;
+                    let offset = h.byte_offset + before as u32;
                     let fragment = h.fragment(&rx.plan, offset, (head + whole) as u32);
                     let carried = p.carry;
                     rx.place(fragment, &carried[..head], &bytes[..whole], out)?;
@@ -991,6 +1062,7 @@ impl StreamDecoder {
                     consumed: 0,
                     carry: [0; 4],
                     carry_len: 0,
+                    whole: std::mem::take(&mut self.gathered),
                 });
             }
         }

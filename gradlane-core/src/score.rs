@@ -11,6 +11,12 @@
 //! `c[j,0]` is the mean itself. The smoothing keeps a chunk that is briefly
 //! quiet from being demoted at once; alpha defaults to 0.3 as in the authors'
 //! public code.
+//!
+//! A chunk holding an infinity or a NaN (what fp16 mixed precision produces
+//! on overflow, for torch's `GradScaler` to find) has no meaningful mean: it
+//! keeps its previous contribution (0 at its first round), so one bad step
+//! does not poison its history, and is listed in
+//! [`ContributionTracker::non_finite`], so that the encoder sends it exact.
 
 use crate::layout::ChunkPlan;
 use thiserror::Error;
@@ -38,14 +44,6 @@ pub enum GradientError {
         expected: usize,
         /// What was passed.
         got: usize,
-    },
-    /// A value is NaN or infinite.
-    #[error("tensor {tensor} value {index} is not finite")]
-    NonFinite {
-        /// Tensor id.
-        tensor: usize,
-        /// Index of the value in the tensor.
-        index: usize,
     },
 }
 
@@ -91,6 +89,8 @@ pub struct ContributionTracker {
     alpha: f32,
     values: Vec<f32>,
     rounds: u64,
+    /// The chunks of the last round with a value that is not finite.
+    non_finite: Vec<u32>,
 }
 
 impl ContributionTracker {
@@ -106,6 +106,7 @@ impl ContributionTracker {
             alpha,
             values: vec![0.0; chunks],
             rounds: 0,
+            non_finite: Vec::new(),
         }
     }
 
@@ -124,9 +125,16 @@ impl ContributionTracker {
         &self.values
     }
 
+    /// The chunks of the last round folded in that hold a value that is
+    /// not finite (ids, increasing; usually none). Their contributions were
+    /// left as they were.
+    pub fn non_finite(&self) -> &[u32] {
+        &self.non_finite
+    }
+
     /// Folds one round of gradients in and returns the new contributions.
     ///
-    /// Validates shapes and finiteness first; on error nothing is changed.
+    /// Validates shapes first; on error nothing is changed.
     pub fn update<G: AsRef<[f32]>>(
         &mut self,
         plan: &ChunkPlan,
@@ -142,12 +150,20 @@ impl ContributionTracker {
         // Plain slices are shareable across the scoring threads whatever
         // `G` is.
         let views: Vec<&[f32]> = grads.iter().map(AsRef::as_ref).collect();
-        chunk_means(plan, &views, &mut means)?;
-        if self.rounds == 0 {
-            self.values = means;
-        } else {
-            let a = self.alpha;
-            for (c, m) in self.values.iter_mut().zip(&means) {
+        chunk_means(plan, &views, &mut means);
+        self.non_finite.clear();
+        let first = self.rounds == 0;
+        let a = self.alpha;
+        for (id, (c, &m)) in self.values.iter_mut().zip(&means).enumerate() {
+            if m.is_nan() {
+                // Marked by `means_of`: a value not finite.
+                self.non_finite.push(id as u32);
+                if first {
+                    *c = 0.0;
+                }
+            } else if first {
+                *c = m;
+            } else {
                 *c = a * *c + (1.0 - a) * m;
             }
         }
@@ -160,13 +176,14 @@ impl ContributionTracker {
 /// costs tens of microseconds to start.
 const PARALLEL_BYTES: u64 = 8 << 20;
 
-/// Fills `means[j]` with chunk `j`'s mean `|g|`, checking finiteness.
+/// Fills `means[j]` with chunk `j`'s mean `|g|`, or NaN where the chunk
+/// holds a value that is not finite.
 ///
 /// Scoring is the one pass over the whole round before a byte can be sent
 /// (~10 ms for ResNet-50 on one core, bound by memory bandwidth), so large
 /// rounds are cut into as many parts of about equal bytes as there are
-/// cores, at most four. The first error in chunk order is reported.
-fn chunk_means(plan: &ChunkPlan, grads: &[&[f32]], means: &mut [f32]) -> Result<(), GradientError> {
+/// cores, at most four.
+fn chunk_means(plan: &ChunkPlan, grads: &[&[f32]], means: &mut [f32]) {
     let total: u64 = (0..plan.tensor_count())
         .map(|t| plan.tensor_bytes(t) as u64)
         .sum();
@@ -196,37 +213,25 @@ fn chunk_means(plan: &ChunkPlan, grads: &[&[f32]], means: &mut [f32]) -> Result<
             let first = w[0];
             parts.push(scope.spawn(move || means_of(plan, grads, first, part)));
         }
-        parts
-            .into_iter()
-            .map(|p| p.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect::<Result<Vec<()>, _>>()
-            .map(|_| ())
+        for p in parts {
+            p.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+        }
     })
 }
 
 /// Mean `|g|` of chunks `first..first + out.len()`.
-fn means_of(
-    plan: &ChunkPlan,
-    grads: &[&[f32]],
-    first: usize,
-    out: &mut [f32],
-) -> Result<(), GradientError> {
+fn means_of(plan: &ChunkPlan, grads: &[&[f32]], first: usize, out: &mut [f32]) {
     let chunks = &plan.chunks()[first..first + out.len()];
     for (mean, chunk) in out.iter_mut().zip(chunks) {
         let tensor = chunk.tensor as usize;
         let vals = &grads[tensor][chunk.start as usize..(chunk.start + chunk.len) as usize];
         let sum = abs_sum(vals);
-        if !sum.is_finite() {
-            // A finite sum proves every value finite; only on overflow or
-            // NaN do we pay for the scan that names the culprit.
-            if let Some(i) = vals.iter().position(|v| !v.is_finite()) {
-                return Err(GradientError::NonFinite {
-                    tensor,
-                    index: chunk.start as usize + i,
-                });
-            }
-        }
-        *mean = sum / chunk.len as f32;
+        // A finite sum proves every value finite; only on overflow or NaN
+        // do we pay for the scan.
+        *mean = if !sum.is_finite() && vals.iter().any(|v| !v.is_finite()) {
+            f32::NAN
+        } else {
+            sum / chunk.len as f32
+        };
     }
-    Ok(())
 }

@@ -16,28 +16,37 @@
 //! ```text
 //! common prefix (8 bytes)
 //!   0  u16  magic 0x4C47 ("GL" in memory)
-//!   2  u8   version (1)
+//!   2  u8   version (2)
 //!   3  u8   kind: 1 data, 2 round end
 //!   4  u8   class (data: 0 important, 1..=7 lossy level; round end: levels)
-//!   5  u8   reserved, 0
+//!   5  u8   data: the value format (0 f32, 1 bf16, 2 f16, 3 log8);
+//!           round end: reserved, 0
 //!   6  u16  layout: which of the sender's layouts on its link (0: the
 //!           handshake's; a link may register more, one per bucket)
 //! data (40 bytes in all)
 //!   8  u32  round        12 u32 tensor       16 u32 chunk (holding byte_offset)
 //!   20 u32  first chunk of the tensor        24 u32 last chunk of the tensor
 //!   28 u32  tensor size in bytes             32 u32 byte_offset in the tensor
-//!   36 u32  payload length in bytes
+//!   36 u32  payload length in bytes (on the wire, in the value format)
 //! round end (152 bytes in all)
 //!   8  u32  round        12 u32 reserved, 0  16 u64 digest of important chunk ids
 //!   24 [u32; 8] chunks per class   56 [u64; 8] bytes per class
 //!   120 [u32; 8] packets per class
 //! ```
 //!
+//! Tensor sizes and byte offsets count 4 bytes a value whatever the format
+//! (positions in the `f32` tensor); the payload length counts the bytes
+//! that follow the header, which [`payload`](crate::payload) lays out per
+//! format. Version 1 (every value `f32`, byte 5 reserved) is refused: a
+//! peer of that version is told so at the handshake
+//! ([`control`](crate::control)).
+//!
 //! Decoding never panics and never trusts a length: every field is checked,
 //! structurally here and against the [`ChunkPlan`] in [`DataHeader::validate`],
 //! and each kind of bad field has its own [`WireError`].
 
-use crate::classify::{Class, MAX_LEVELS};
+use crate::classify::{Class, IMPORTANT, MAX_LEVELS};
+use crate::format::ValueFormat;
 use crate::layout::ChunkPlan;
 use crate::rng::SplitMix64;
 use thiserror::Error;
@@ -45,7 +54,7 @@ use thiserror::Error;
 /// Magic number at the start of every segment.
 pub const MAGIC: u16 = 0x4C47;
 /// The format version this build speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Size of the common prefix, enough to learn a segment's kind.
 pub const PREFIX_LEN: usize = 8;
 /// Size of a data segment's header.
@@ -87,8 +96,26 @@ pub enum WireError {
     /// A reserved field is not zero.
     #[error("reserved field is not zero")]
     Reserved,
-    /// Offset or length not a multiple of 4 (f32 values).
-    #[error("offset {offset} or length {len} is not a multiple of 4")]
+    /// An unknown value format code.
+    #[error("unknown value format {0}")]
+    Format(u8),
+    /// Important data in a format only the lossy levels may use.
+    #[error("important data in {0}, a lossy-only format")]
+    LossyOnlyFormat(ValueFormat),
+    /// A `Log8` section without a code after its scale.
+    #[error("a log8 section at byte {offset} has a scale and no code")]
+    Log8Section {
+        /// The segment's byte offset.
+        offset: u32,
+    },
+    /// A `Log8` scale that is not finite or is negative.
+    #[error("a log8 scale in the segment at byte {offset} is not finite or is negative")]
+    Log8Scale {
+        /// The segment's byte offset.
+        offset: u32,
+    },
+    /// Offset not a multiple of 4, or length not a whole number of values.
+    #[error("offset {offset} or length {len} is not a whole number of values")]
     Misaligned {
         /// Byte offset.
         offset: u32,
@@ -171,12 +198,12 @@ fn u64_at(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-fn put_prefix(out: &mut [u8], kind: u8, class: u8, layout: u16) {
+fn put_prefix(out: &mut [u8], kind: u8, class: u8, format: u8, layout: u16) {
     out[0..2].copy_from_slice(&MAGIC.to_le_bytes());
     out[2] = VERSION;
     out[3] = kind;
     out[4] = class;
-    out[5] = 0;
+    out[5] = format;
     out[6..8].copy_from_slice(&layout.to_le_bytes());
 }
 
@@ -197,6 +224,8 @@ pub struct DataHeader {
     pub layout: u16,
     /// Class of the bytes: 0 important, `1..=7` a lossy level.
     pub class: Class,
+    /// How the payload's values are written.
+    pub format: ValueFormat,
     /// Round index.
     pub round: u32,
     /// Tensor id.
@@ -209,9 +238,10 @@ pub struct DataHeader {
     pub last_chunk: u32,
     /// Size of the tensor in bytes.
     pub tensor_bytes: u32,
-    /// Position of the payload in the tensor, in bytes.
+    /// Position of the payload's first value in the tensor, in bytes of
+    /// the `f32` tensor (4 per value, whatever the format).
     pub byte_offset: u32,
-    /// Payload length in bytes.
+    /// Payload length in bytes on the wire.
     pub payload_len: u32,
 }
 
@@ -221,7 +251,7 @@ impl DataHeader {
     /// # Panics
     /// If `out` is shorter than [`DATA_HEADER_LEN`] (a caller bug, not input).
     pub fn write(&self, out: &mut [u8]) {
-        put_prefix(out, KIND_DATA, self.class, self.layout);
+        put_prefix(out, KIND_DATA, self.class, self.format.code(), self.layout);
         let fields = [
             self.round,
             self.tensor,
@@ -238,8 +268,8 @@ impl DataHeader {
     }
 
     /// The header of a piece of this (validated) segment: `len` payload
-    /// bytes starting at tensor byte `offset`, with `chunk` set to the chunk
-    /// that holds `offset`.
+    /// bytes (on the wire) whose first value is at tensor byte `offset`,
+    /// with `chunk` set to the chunk that holds `offset`.
     pub fn fragment(&self, plan: &ChunkPlan, offset: u32, len: u32) -> DataHeader {
         DataHeader {
             // Inside a validated segment, so inside the tensor; keep the
@@ -253,9 +283,28 @@ impl DataHeader {
         }
     }
 
+    /// The first value's index in the tensor.
+    pub fn first_value(&self) -> u32 {
+        self.byte_offset / 4
+    }
+
+    /// How many values the payload carries (see
+    /// [`payload::value_count`](crate::payload::value_count)).
+    pub fn values(&self, plan: &ChunkPlan) -> Result<u32, WireError> {
+        crate::payload::value_count(
+            self.format,
+            plan,
+            self.tensor as usize,
+            self.first_value(),
+            self.payload_len,
+        )
+    }
+
     /// Checks the header against the plan: known tensor, its size, its chunk
-    /// span, and that `chunk` holds `byte_offset`.
-    pub fn validate(&self, plan: &ChunkPlan) -> Result<(), WireError> {
+    /// span, that `chunk` holds `byte_offset`, and that the payload's
+    /// length fits the tensor in its format; returns how many values the
+    /// payload carries.
+    pub fn validate(&self, plan: &ChunkPlan) -> Result<u32, WireError> {
         let t = self.tensor as usize;
         if t >= plan.tensor_count() {
             return Err(WireError::UnknownTensor(self.tensor));
@@ -283,7 +332,7 @@ impl DataHeader {
                 offset: self.byte_offset,
             });
         }
-        Ok(())
+        self.values(plan)
     }
 }
 
@@ -318,7 +367,7 @@ impl RoundEnd {
     /// # Panics
     /// If `out` is shorter than [`ROUND_END_LEN`] (a caller bug, not input).
     pub fn write(&self, out: &mut [u8]) {
-        put_prefix(out, KIND_ROUND_END, self.levels, self.layout);
+        put_prefix(out, KIND_ROUND_END, self.levels, 0, self.layout);
         out[8..12].copy_from_slice(&self.round.to_le_bytes());
         out[12..16].fill(0);
         out[16..24].copy_from_slice(&self.important_digest.to_le_bytes());
@@ -383,10 +432,11 @@ fn check_prefix(b: &[u8]) -> Result<(), WireError> {
     if b[3] != KIND_DATA && b[3] != KIND_ROUND_END {
         return Err(WireError::Kind(b[3]));
     }
-    if b[5] != 0 {
-        return Err(WireError::Reserved);
+    match b[3] {
+        KIND_DATA if ValueFormat::from_code(b[5]).is_none() => Err(WireError::Format(b[5])),
+        KIND_ROUND_END if b[5] != 0 => Err(WireError::Reserved),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The fixed part of a segment: a data segment's header (its payload
@@ -475,9 +525,15 @@ pub fn decode_head(buf: &[u8]) -> Result<(Head, usize), WireError> {
     if class > MAX_LEVELS {
         return Err(WireError::Class(class));
     }
+    // Checked by `check_prefix`.
+    let format = ValueFormat::from_code(buf[5]).unwrap_or_default();
+    if class == IMPORTANT && format == ValueFormat::Log8 {
+        return Err(WireError::LossyOnlyFormat(format));
+    }
     let h = DataHeader {
         layout: u16_at(buf, 6),
         class,
+        format,
         round: u32_at(buf, 8),
         tensor: u32_at(buf, 12),
         chunk: u32_at(buf, 16),
@@ -493,13 +549,24 @@ pub fn decode_head(buf: &[u8]) -> Result<(Head, usize), WireError> {
     if h.payload_len > MAX_SEGMENT_PAYLOAD {
         return Err(WireError::PayloadTooLarge(h.payload_len));
     }
-    if h.byte_offset % 4 != 0 || h.payload_len % 4 != 0 {
+    // In f32 positions: 4 for f32, 2 for the 16-bit formats; log8's
+    // length depends on the chunks it crosses (checked against the plan
+    // in `validate`), but every value costs at least a byte.
+    let (unit, positions_per_byte) = match format.element_bytes() {
+        Some(b) => (b as u32, 4 / b as u64),
+        None => (1, 4),
+    };
+    if h.byte_offset % 4 != 0 || h.payload_len % unit != 0 {
         return Err(WireError::Misaligned {
             offset: h.byte_offset,
             len: h.payload_len,
         });
     }
-    if h.byte_offset as u64 + h.payload_len as u64 > h.tensor_bytes as u64 {
+    let covers = match format {
+        ValueFormat::Log8 => 4,
+        _ => h.payload_len as u64 * positions_per_byte,
+    };
+    if h.byte_offset as u64 + covers > h.tensor_bytes as u64 {
         return Err(WireError::OutOfRange {
             offset: h.byte_offset,
             len: h.payload_len,

@@ -230,10 +230,10 @@ fn encoder_refuses_a_tiny_datagram_limit() {
     let layout = presets::tiny();
     let grads = gradlane_core::presets::gradients(&layout, 1);
     let mut enc = Encoder::new(&layout, EncoderConfig::default()).unwrap();
-    let err = enc.encode(0, &grads, 43).unwrap_err();
+    let err = enc.encode(0, &grads, 44).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "datagram limit 43 is below the minimum of 44 bytes"
+        "datagram limit 44 is below the minimum of 45 bytes"
     );
     let bad = EncoderConfig {
         classify: ClassifyConfig {

@@ -320,7 +320,7 @@ fn malformed_and_misrouted_packets_are_counted_and_change_nothing() {
     let mut rx = receiver(&layout);
     // A good segment followed by garbage: the whole packet is refused.
     let mut bad = enc.lossy[0][0].to_vec();
-    bad.extend_from_slice(&[0x47, 0x4C, 1, 1, 0, 0, 0, 0]);
+    bad.extend_from_slice(&[0x47, 0x4C, 2, 1, 0, 0, 0, 0]);
     assert!(matches!(
         rx.push(&bad, Channel::Lossy),
         Err(ReassemblyError::Wire(WireError::Truncated { .. }))

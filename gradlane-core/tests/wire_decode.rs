@@ -1,6 +1,8 @@
 //! The wire format: each bad field its own error, and no input can panic.
 
+use gradlane_core::format::ValueFormat;
 use gradlane_core::layout::{ChunkOptions, Layout, TensorSpec};
+use gradlane_core::payload;
 use gradlane_core::presets;
 use gradlane_core::wire::{self, DataHeader, RoundEnd, Segment, WireError, DATA_HEADER_LEN};
 use proptest::prelude::*;
@@ -18,6 +20,7 @@ fn header() -> DataHeader {
     DataHeader {
         layout: 3,
         class: 2,
+        format: ValueFormat::F32,
         round: 9,
         tensor: 0,
         chunk: 1,
@@ -44,7 +47,7 @@ fn a_valid_segment_round_trips() {
     assert_eq!(used, b.len());
     assert_eq!(seg, Segment::Data(h, &[1, 2, 3, 4, 5, 6, 7, 8][..]));
     let plan = layout().plan(ChunkOptions::default()).unwrap();
-    h.validate(&plan).unwrap();
+    assert_eq!(h.validate(&plan), Ok(2));
     assert_eq!(wire::segment_len(&b[..DATA_HEADER_LEN]), Ok(Some(b.len())));
     assert_eq!(wire::segment_len(&b[..7]), Ok(None));
 
@@ -61,6 +64,19 @@ fn a_valid_segment_round_trips() {
     assert_eq!(wire::decode(&b).unwrap(), (Segment::RoundEnd(end), b.len()));
 }
 
+fn h_values(
+    plan: &gradlane_core::layout::ChunkPlan,
+    format: ValueFormat,
+    len: u32,
+) -> Result<u32, WireError> {
+    DataHeader {
+        format,
+        payload_len: len,
+        ..header()
+    }
+    .values(plan)
+}
+
 #[test]
 fn every_bad_field_has_its_own_error() {
     let plan = layout().plan(ChunkOptions::default()).unwrap();
@@ -70,10 +86,18 @@ fn every_bad_field_has_its_own_error() {
         wire::decode(&b).map(|_| ()).unwrap_err()
     };
     assert_eq!(structural(&|b| b[0] = 0), WireError::BadMagic(0x4C00));
-    assert_eq!(structural(&|b| b[2] = 2), WireError::Version(2));
+    // Version 1 (every value f32, byte 5 reserved) is not misread.
+    assert_eq!(structural(&|b| b[2] = 1), WireError::Version(1));
     assert_eq!(structural(&|b| b[3] = 9), WireError::Kind(9));
     assert_eq!(structural(&|b| b[4] = 8), WireError::Class(8));
-    assert_eq!(structural(&|b| b[5] = 1), WireError::Reserved);
+    assert_eq!(structural(&|b| b[5] = 4), WireError::Format(4));
+    assert_eq!(
+        structural(&|b| {
+            b[4] = 0;
+            b[5] = ValueFormat::Log8.code();
+        }),
+        WireError::LossyOnlyFormat(ValueFormat::Log8)
+    );
     // Bytes 6-7 are the layout: any value decodes, and a link routes by it.
     let mut b = encode(&header());
     b[7] = 1;
@@ -97,6 +121,38 @@ fn every_bad_field_has_its_own_error() {
         }
     };
     assert_eq!(with(|h| h.payload_len = 0), WireError::EmptyPayload);
+    assert_eq!(h_values(&plan, ValueFormat::Bf16, 8), Ok(4));
+    assert_eq!(
+        with(|h| {
+            h.format = ValueFormat::Bf16;
+            h.payload_len = 5;
+        }),
+        WireError::Misaligned {
+            offset: 1024,
+            len: 5
+        }
+    );
+    // Bf16 covers twice its bytes: 8 bytes from 3996 run past the end.
+    assert_eq!(
+        with(|h| {
+            h.format = ValueFormat::Bf16;
+            h.byte_offset = 3996;
+            h.chunk = 3;
+            h.payload_len = 4;
+        }),
+        WireError::OutOfRange {
+            offset: 3996,
+            len: 4,
+            tensor_bytes: 4000
+        }
+    );
+    assert_eq!(
+        with(|h| {
+            h.format = ValueFormat::Log8;
+            h.payload_len = 4;
+        }),
+        WireError::Log8Section { offset: 1024 }
+    );
     assert_eq!(
         with(|h| h.payload_len = 6),
         WireError::Misaligned {
@@ -192,6 +248,26 @@ proptest! {
             }
         }
         let _ = wire::segment_len(&bytes);
+    }
+
+    /// Payloads of every format, any bytes: a value count or an error,
+    /// and what `check` passes reads without a panic.
+    #[test]
+    fn arbitrary_payloads_never_panic(
+        format in 0u8..4,
+        first in 0u32..1100,
+        bytes in prop::collection::vec(any::<u8>(), 1..2000),
+    ) {
+        let plan = layout().plan(ChunkOptions::default()).unwrap();
+        let format = ValueFormat::from_code(format).unwrap();
+        let t = (first >= 1000) as usize;
+        let first = first % 1000;
+        if let Ok(n) = payload::value_count(format, &plan, t, first, bytes.len() as u32) {
+            if payload::check(format, &plan, t, first, &bytes).is_ok() {
+                let mut out = vec![0f32; n as usize];
+                payload::read(format, &plan, t, first, &bytes, &mut out);
+            }
+        }
     }
 
     #[test]

@@ -2,13 +2,14 @@
 //! and groups of the rest, whose defaults hold on any path.
 
 use crate::congestion::Congestion;
-use crate::link::RoundTiming;
 use crate::socket::faults::Faults;
 use crate::socket::marking::DscpMarks;
 use crate::tuning::Tuning;
 use gradlane_core::classify::{AdaptiveRatio, ClassifyConfig, Ranking, MAX_LEVELS};
 use gradlane_core::encode::EncoderConfig;
+use gradlane_core::format::{ClassFormats, FormatError};
 use gradlane_core::layout::{ChunkOptions, Layout};
+use gradlane_core::protocol::RoundTiming;
 use gradlane_core::reassembly::ReassemblyConfig;
 use gradlane_core::score::DEFAULT_ALPHA;
 use std::time::Duration;
@@ -32,10 +33,11 @@ pub const MAX_UDP_PAYLOAD: u16 = 65_527;
 
 /// Everything a link end can be configured with.
 ///
-/// **Tune** the first six: [`loss_tolerance`](Self::loss_tolerance),
-/// [`levels`](Self::levels), [`lanes`](Self::lanes),
-/// [`congestion`](Self::congestion), [`packets`](Self::packets),
-/// [`dscp`](Self::dscp). **Leave** the groups after them unless their docs
+/// **Tune** the first seven: [`loss_tolerance`](Self::loss_tolerance),
+/// [`formats`](Self::formats), [`levels`](Self::levels),
+/// [`lanes`](Self::lanes), [`congestion`](Self::congestion),
+/// [`packets`](Self::packets), [`dscp`](Self::dscp). **Leave** the groups
+/// after them unless their docs
 /// describe your case. A sender's settings decide how its rounds are
 /// sent; the receiver takes the layout and chunking from the handshake.
 ///
@@ -51,6 +53,16 @@ pub struct Config {
     /// 0 sends everything reliably. Default 0.2. Raise it where loss is
     /// high and the model tolerates it; lower it if accuracy suffers.
     pub loss_tolerance: f64,
+    /// What the values of each class look like on the wire (default `f32`
+    /// for both: every value exact). Where the link's bytes bind (a slow
+    /// or lossy path), `bf16` for the important part halves its bytes at 8
+    /// bits of precision (what torch's `bf16_compress_hook` does to every
+    /// value), and `log8` for the lossy levels quarters theirs within ±4.9%
+    /// of each value; the `gradlane` `Group` can feed back what rounding
+    /// took ([`BucketOptions`](crate::BucketOptions)). A value that is not
+    /// finite always travels in the important part's format. Leave `f32`
+    /// where CPU, not the network, binds (loopback, a fast LAN).
+    pub formats: ClassFormats,
     /// Lossy levels that share is graded into, `1..=7` (default 3): level
     /// 1 holds the highest contributions, is sent first and dropped last.
     /// More levels matter only with [`dscp`](Self::dscp) priority queues
@@ -93,6 +105,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             loss_tolerance: 0.2,
+            formats: ClassFormats::F32,
             levels: 3,
             lanes: 4,
             congestion: Congestion::default(),
@@ -303,6 +316,9 @@ pub enum ConfigError {
     /// The chunk options cannot cut tensors (a block of 0 values).
     #[error("chunking: blocks must hold at least one value")]
     Chunking,
+    /// A value format where it cannot go (`log8` for the important part).
+    #[error(transparent)]
+    Format(#[from] FormatError),
 }
 
 impl Config {
@@ -315,6 +331,7 @@ impl Config {
         if !(1..=MAX_LEVELS).contains(&self.levels) {
             return Err(ConfigError::Levels(self.levels));
         }
+        self.formats.validate()?;
         if self.lanes == 0 {
             return Err(ConfigError::Lanes);
         }
@@ -360,6 +377,7 @@ impl Config {
                 random_ranking: self.scoring.random_ranking,
             },
             layout_id: 0,
+            formats: self.formats,
         }
     }
 
@@ -429,6 +447,10 @@ mod tests {
         assert_eq!(bad(|c| c.levels = 0), ConfigError::Levels(0));
         assert_eq!(bad(|c| c.levels = 8), ConfigError::Levels(8));
         assert_eq!(bad(|c| c.lanes = 0), ConfigError::Lanes);
+        assert_eq!(
+            bad(|c| c.formats.important = gradlane_core::format::ValueFormat::Log8),
+            ConfigError::Format(FormatError::LossyOnly)
+        );
         assert_eq!(bad(|c| c.scoring.alpha = -0.1), ConfigError::Alpha(-0.1));
         assert_eq!(
             bad(|c| c.scoring.chunking.block_values = 0),

@@ -115,6 +115,7 @@ pub use gradlane_core::classify::{AdaptiveRatio, Ranking};
 pub use gradlane_core::codec;
 pub use gradlane_core::control::{codes, HandshakeError};
 pub use gradlane_core::encode::EncodeError;
+pub use gradlane_core::format::{bf16, f16, ClassFormats, Element, FormatError, ValueFormat};
 pub use gradlane_core::layout::{
     ChunkOptions, ConvChunking, Layout, LayoutError, TensorKind, TensorSpec,
 };
@@ -125,8 +126,8 @@ pub use gradlane_core::reassembly::{
 };
 pub use gradlane_core::score::GradientError;
 pub use group::{
-    AllreduceReport, BucketId, Group, GroupConfig, GroupError, LossRecovery, ReduceOp, Rendezvous,
-    SparseAllgather, SparsePath, SparseReport, SparseRows,
+    AllreduceReport, BucketId, BucketOptions, Group, GroupConfig, GroupError, LossRecovery,
+    ReduceOp, Rendezvous, SparseAllgather, SparsePath, SparseReport, SparseRows,
 };
 pub use link::{
     DatagramSize, LayoutId, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,

@@ -238,7 +238,7 @@ async fn rescaling_divides_each_chunk_by_the_ranks_whose_part_arrived() {
         // A fresh bucket per op: its first round has no late data.
         let id = match op {
             ReduceOp::Sum => id,
-            ReduceOp::Mean => register(&mut groups, LossRecovery::Rescale).await,
+            _ => register(&mut groups, LossRecovery::Rescale).await,
         };
         let inputs: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 9, n)).collect();
         let (got, reports) = allreduce(&mut groups, id, &inputs, op).await;

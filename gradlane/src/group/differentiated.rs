@@ -4,21 +4,29 @@
 //! A bucket (a flat gradient buffer with its layout) is cut into one shard
 //! per rank, at chunk boundaries, about equal in bytes; rank `r` owns shard
 //! `r`. Every rank sends its part of shard `r` to rank `r` as a gradlane
-//! round: the important chunks exact, the rest lossy. The owner sums what
-//! arrived in rank order and sends the sum back to every rank exactly, with
-//! each rank's list of its own chunks that did not arrive. Every rank thus
-//! ends with the owner's bits, and sends about `2 (N-1) / N` of the buffer.
+//! round: the important chunks exact (or rounded once to their format),
+//! the rest lossy. The owner sums what arrived in rank order, in `f32`, and
+//! sends the sum back to every rank reliably in the important part's format
+//! (with [`BucketOptions::lossy_return`], the chunks that every rank sent
+//! lossy in the lossy format, quantized once), with each rank's list of its
+//! own chunks that did not arrive. Every rank thus ends with the owner's
+//! bits, and sends about `2 (N-1) / N` of the buffer.
 //!
 //! A chunk counts whole or not at all: of a chunk fragmented over
 //! several datagrams, the fragments that arrived are dropped with those
 //! that did not. What becomes of a lost lossy chunk is the bucket's
-//! [`LossRecovery`].
+//! [`LossRecovery`]; what rounding took from a rank's own values can be
+//! fed back into its next step ([`BucketOptions::compression_feedback`]).
 
-use super::exact::{copy_into, to_bytes};
 use super::{tag, Group, GroupError, Kind, ReduceOp};
 use crate::link::{LayoutId, SendReport};
 use bytes::Bytes;
 use futures_util::future::try_join_all;
+use gradlane_core::classify::IMPORTANT;
+use gradlane_core::format::{
+    self, log8_decode, log8_encode, log8_scale, log8_scale_ok, ClassFormats, Element, ValueFormat,
+    LOG8_SCALE_BYTES,
+};
 use gradlane_core::layout::{ChunkOptions, ConvChunking, Layout, TensorKind, TensorSpec};
 use gradlane_core::reassembly::RoundStats;
 use std::ops::Range;
@@ -47,6 +55,53 @@ pub enum LossRecovery {
     ErrorFeedback,
 }
 
+/// How a bucket is reduced: what becomes of lost chunks, and what its
+/// values look like on the wire. Every rank registers a bucket with the
+/// same options.
+///
+/// **Tune** `formats` and `lossy_return` where the network binds;
+/// `compression_feedback` is on by default where it matters (a `log8`
+/// lossy format) and best left so. **Leave** `dtype` to say what the
+/// buffer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BucketOptions {
+    /// What becomes of a lossy chunk that did not arrive (default zero
+    /// fill).
+    pub recovery: LossRecovery,
+    /// The type of the bucket's buffer: `F32` (default), `Bf16` or `F16`.
+    /// A 16-bit buffer travels as itself, so exactly; only a `Log8` lossy
+    /// format rounds it.
+    pub dtype: ValueFormat,
+    /// The value formats of the rounds (default: the links'
+    /// [`Config::formats`](crate::Config::formats)). `bf16` important and
+    /// `log8` lossy send about 0.45 of the `f32` bytes at loss tolerance
+    /// 0.2.
+    pub formats: Option<ClassFormats>,
+    /// The owner returns the sums of the chunks that every other rank sent
+    /// lossy in the lossy format (quantized once at the owner, sent
+    /// reliably: every rank still ends with the same bits) instead of the
+    /// important part's. Fewer bytes back, at the lossy format's error on
+    /// those sums. Default off.
+    pub lossy_return: bool,
+    /// Each rank keeps what rounding took from its own values (the
+    /// formats' error, not lost chunks) and adds it into its next gradient
+    /// of the bucket, as EF-SGD does. Default (`None`): on when the lossy
+    /// format is `log8`. Composes with any [`LossRecovery`]; costs a copy
+    /// of the bucket per rank.
+    pub compression_feedback: Option<bool>,
+}
+
+impl BucketOptions {
+    /// The options of an `f32` bucket with `recovery` and the links'
+    /// formats.
+    pub fn new(recovery: LossRecovery) -> Self {
+        Self {
+            recovery,
+            ..Self::default()
+        }
+    }
+}
+
 /// A gradient bucket registered with a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketId(usize);
@@ -62,12 +117,23 @@ pub(super) struct Bucket {
     /// The layout id of shard `r` on the link to rank `r`.
     ids: Vec<Option<LayoutId>>,
     recovery: LossRecovery,
-    /// Error feedback: this rank's values that did not arrive, to add into
-    /// its next gradient.
+    /// The buffer's type.
+    dtype: ValueFormat,
+    /// The formats its rounds travel in (a 16-bit buffer's own type where
+    /// the options asked for an element format).
+    formats: ClassFormats,
+    lossy_return: bool,
+    /// Compression feedback is on.
+    feedback: bool,
+    /// What this rank adds into its next gradient: its values that did not
+    /// arrive (error feedback) and what rounding took (compression
+    /// feedback). Empty when neither is on.
     residual: Vec<f32>,
     /// Each shard's chunks, as value ranges within the shard, by local
     /// chunk id (the id in the shard's own chunk plan).
     chunks: Vec<Vec<Range<usize>>>,
+    /// A 16-bit buffer widened to `f32` for the call (kept for the next).
+    widened: Vec<f32>,
 }
 
 /// What one differentiated allreduce did, seen from one rank.
@@ -92,16 +158,66 @@ pub struct AllreduceReport {
     /// How long the second half took: from the end of the first until the
     /// summed shards of every owner were in.
     pub return_time: Duration,
+    /// Bytes of the summed shard this rank sent back to the other ranks,
+    /// in all (the values in their formats, the lost-chunk lists, the
+    /// message headers).
+    pub return_bytes: u64,
 }
 
 impl Group {
-    /// Registers a gradient bucket: a flat buffer of `layout`'s tensors in
-    /// order. Every rank registers the same buckets in the same order.
+    /// Registers an `f32` gradient bucket: a flat buffer of `layout`'s
+    /// tensors in order, in the links' formats. Every rank registers the
+    /// same buckets in the same order.
     pub async fn register_bucket(
         &mut self,
         layout: &Layout,
         recovery: LossRecovery,
     ) -> Result<BucketId, GroupError> {
+        self.register_bucket_with(layout, BucketOptions::new(recovery))
+            .await
+    }
+
+    /// Registers a gradient bucket with its options (its buffer's type, its
+    /// formats, recovery and feedback). Every rank registers the same
+    /// buckets, with the same options, in the same order.
+    pub async fn register_bucket_with(
+        &mut self,
+        layout: &Layout,
+        options: BucketOptions,
+    ) -> Result<BucketId, GroupError> {
+        if options.dtype.element_bytes().is_none() {
+            return Err(GroupError::Unsupported(format!(
+                "a bucket holds f32, bf16 or f16 values, not {}",
+                options.dtype
+            )));
+        }
+        let base = match options.formats {
+            Some(f) => f,
+            None => self
+                .senders
+                .iter()
+                .flatten()
+                .next()
+                .map(|s| s.formats())
+                .unwrap_or_default(),
+        };
+        base.validate()
+            .map_err(|e| GroupError::Unsupported(e.to_string()))?;
+        let formats = match options.dtype {
+            ValueFormat::F32 => base,
+            // A 16-bit buffer travels as itself; only log8 quantizes it.
+            own => ClassFormats {
+                important: own,
+                lossy: match base.lossy {
+                    ValueFormat::Log8 => ValueFormat::Log8,
+                    _ => own,
+                },
+            },
+        };
+        let feedback = options
+            .compression_feedback
+            .unwrap_or(formats.lossy == ValueFormat::Log8);
+        let recovery = options.recovery;
         let chunking = self
             .senders
             .iter()
@@ -166,7 +282,7 @@ impl Group {
                 let layout = Layout::new(tensors)
                     .map_err(|e| GroupError::Size(format!("shard {r}: {e}")))?;
                 let id = s
-                    .register_layout_with(&layout, merge_late)
+                    .register_layout_with(&layout, merge_late, Some(formats))
                     .await
                     .map_err(|source| GroupError::Rank { rank: r, source })?;
                 Ok::<_, GroupError>((r, Some(id)))
@@ -190,29 +306,49 @@ impl Group {
             pieces,
             ids,
             recovery,
-            residual: match recovery {
-                LossRecovery::ErrorFeedback => vec![0.0; total as usize],
-                _ => Vec::new(),
+            dtype: options.dtype,
+            formats,
+            lossy_return: options.lossy_return,
+            feedback,
+            residual: match recovery == LossRecovery::ErrorFeedback || feedback {
+                true => vec![0.0; total as usize],
+                false => Vec::new(),
             },
             chunks,
+            widened: Vec::new(),
         });
         Ok(BucketId(bucket_index))
     }
 
-    /// Reduces `buf` (the bucket's flat buffer) across the ranks: the
-    /// important chunks of every rank's buffer exact, the rest as lossy as
-    /// the links' loss tolerance says, what was lost handled by the
-    /// bucket's [`LossRecovery`]. Every rank ends with the same bits.
-    pub async fn allreduce_differentiated(
+    /// Reduces `buf` (the bucket's flat buffer, of the type it was
+    /// registered with: `f32`, [`bf16`](crate::bf16) or
+    /// [`f16`](crate::f16)) across the ranks: the important chunks of every
+    /// rank's buffer exact (or rounded once to their format), the rest as
+    /// lossy as the links' loss tolerance says, what was lost handled by
+    /// the bucket's [`LossRecovery`]. Every rank ends with the same bits.
+    /// `ReduceOp::Max` and `Min` are the exact collectives' only.
+    pub async fn allreduce_differentiated<T: Element>(
         &mut self,
         bucket: BucketId,
-        buf: &mut [f32],
+        buf: &mut [T],
         op: ReduceOp,
     ) -> Result<AllreduceReport, GroupError> {
-        let (world, me) = (self.world, self.rank);
+        if matches!(op, ReduceOp::Max | ReduceOp::Min) {
+            return Err(GroupError::Unsupported(format!(
+                "the differentiated allreduce sums (Sum, Mean), not {op:?}: use allreduce"
+            )));
+        }
         let Some(b) = self.buckets.get_mut(bucket.0) else {
             return Err(GroupError::Size(format!("no bucket {}", bucket.0)));
         };
+        if T::FORMAT != b.dtype {
+            return Err(GroupError::Unsupported(format!(
+                "bucket {} holds {} values, given a buffer of {}",
+                bucket.0,
+                b.dtype,
+                T::FORMAT
+            )));
+        }
         if buf.len() != b.values {
             return Err(GroupError::Size(format!(
                 "a bucket of {} values given {}",
@@ -220,7 +356,35 @@ impl Group {
                 buf.len()
             )));
         }
-        if b.recovery == LossRecovery::ErrorFeedback {
+        if T::FORMAT == ValueFormat::F32 {
+            let values: &mut [f32] = bytemuck::cast_slice_mut(buf);
+            return self.reduce_bucket(bucket, values, op).await;
+        }
+        // The rounds frame f32; a 16-bit buffer widens exactly, and its
+        // result narrows exactly but for log8-returned sums, which every
+        // rank rounds the same way.
+        let mut widened = std::mem::take(&mut b.widened);
+        widened.resize(buf.len(), 0.0);
+        format::widen(buf, &mut widened);
+        let report = self.reduce_bucket(bucket, &mut widened, op).await;
+        if report.is_ok() {
+            format::narrow(&widened, buf);
+        }
+        self.buckets[bucket.0].widened = widened;
+        report
+    }
+
+    /// [`allreduce_differentiated`](Self::allreduce_differentiated) on the
+    /// `f32` values of a checked bucket.
+    async fn reduce_bucket(
+        &mut self,
+        bucket: BucketId,
+        buf: &mut [f32],
+        op: ReduceOp,
+    ) -> Result<AllreduceReport, GroupError> {
+        let (world, me) = (self.world, self.rank);
+        let b = &mut self.buckets[bucket.0];
+        if !b.residual.is_empty() {
             for (v, r) in buf.iter_mut().zip(b.residual.iter_mut()) {
                 *v += *r;
                 *r = 0.0;
@@ -230,6 +394,7 @@ impl Group {
         let pieces = b.pieces.clone();
         let ids = b.ids.clone();
         let recovery = b.recovery;
+        let formats = b.formats;
         let own_chunks = b.chunks[me].clone();
         let layout_id = bucket.0 + 1;
 
@@ -274,9 +439,7 @@ impl Group {
             sent: vec![None; world],
             received: vec![None; world],
             missing: vec![Vec::new(); world],
-            lost: Vec::new(),
-            reduce_time: Duration::ZERO,
-            return_time: Duration::ZERO,
+            ..AllreduceReport::default()
         };
         let mut parts: Vec<Option<gradlane_core::reassembly::Round>> =
             (0..world).map(|_| None).collect();
@@ -302,6 +465,10 @@ impl Group {
                     .collect();
                 parts[r] = Some(got);
             }
+        }
+        let b = &mut self.buckets[bucket.0];
+        if b.feedback {
+            keep_rounding_error(b, buf, &report.sent);
         }
 
         // 2. The owner's sum, in rank order.
@@ -349,8 +516,8 @@ impl Group {
                 for (c, range) in own_chunks.iter().enumerate() {
                     let k = arrived[c].max(1) as f32;
                     let scale = match op {
-                        ReduceOp::Sum => world as f32 / k,
                         ReduceOp::Mean => 1.0 / k,
+                        _ => world as f32 / k,
                     };
                     if scale != 1.0 {
                         sum[range.clone()].iter_mut().for_each(|v| *v *= scale);
@@ -361,24 +528,38 @@ impl Group {
                 let n = world as f32;
                 sum.iter_mut().for_each(|v| *v /= n);
             }
-            (_, ReduceOp::Sum) => {}
+            _ => {}
         }
 
-        // 3. The sums back to everyone, exactly, with each rank's lost
-        //    chunks.
+        // 3. The sums back to everyone, reliably, in their formats, with
+        //    each rank's lost chunks. The owner takes its own shard from
+        //    the message it sends, so it holds the bits everyone gets.
+        let lossy_return = b.lossy_return.then(|| {
+            // The chunks every other rank sent lossy (of a chunk none of
+            // whose bytes arrived, that is all one knows: lossy).
+            (0..own_chunks.len())
+                .map(|c| {
+                    parts
+                        .iter()
+                        .flatten()
+                        .all(|p| p.classes.get(c).is_none_or(|&class| class != IMPORTANT))
+                })
+                .collect::<Vec<bool>>()
+        });
+        let body = encode_reduced(&sum, &own_chunks, formats, lossy_return.as_deref());
         let t = tag(self.next_seq(), Kind::ReducedShard);
-        let sum_bytes = to_bytes(&sum);
-        let out = (0..world)
+        let out: Vec<Option<Bytes>> = (0..world)
             .map(|r| {
                 (r != me).then(|| {
                     let missing = parts[r]
                         .as_ref()
                         .map(|p| p.missing_chunks.as_slice())
                         .unwrap_or(&[]);
-                    reduced_message(&sum_bytes, missing)
+                    reduced_message(&body, missing)
                 })
             })
             .collect();
+        report.return_bytes = out.iter().flatten().map(|m| m.len() as u64).sum();
         let summed = started.elapsed();
         let from = self.others();
         let got = self.exchange(t, out, &from).await?;
@@ -391,29 +572,31 @@ impl Group {
             "differentiated allreduce"
         );
         let b = &mut self.buckets[bucket.0];
-        for (r, body) in got.iter().enumerate() {
+        let own_body = reduced_message(&body, &[]);
+        for (r, message) in got.iter().enumerate() {
             let range = shards[r].clone();
-            match body {
-                Some(body) => {
-                    let (values, missing) = parse_reduced(r, body, range.len())?;
-                    for c in missing {
-                        let Some(local) = b.chunks[r].get(c as usize) else {
-                            return Err(GroupError::OutOfStep {
-                                rank: r,
-                                what: format!("lost chunk {c} is not in its shard"),
-                            });
-                        };
-                        let at = range.start + local.start..range.start + local.end;
-                        if recovery == LossRecovery::ErrorFeedback {
-                            // Kept for this rank's next gradient.
-                            b.residual[at.clone()].copy_from_slice(&buf[at.clone()]);
-                        }
-                        report.lost.push(at);
-                    }
-                    copy_into(r, &values, &mut buf[range], "reduced shard")?;
+            let message = match message {
+                Some(m) => m,
+                None if r == me => &own_body,
+                None => continue,
+            };
+            let (values, missing) = parse_reduced(r, message, &b.chunks[r], formats)?;
+            for c in missing {
+                let Some(local) = b.chunks[r].get(c as usize) else {
+                    return Err(GroupError::OutOfStep {
+                        rank: r,
+                        what: format!("lost chunk {c} is not in its shard"),
+                    });
+                };
+                let at = range.start + local.start..range.start + local.end;
+                if recovery == LossRecovery::ErrorFeedback {
+                    // Kept whole for this rank's next gradient: the values
+                    // it sent, before the sums replace them.
+                    b.residual[at.clone()].copy_from_slice(&buf[at.clone()]);
                 }
-                None => buf[range].copy_from_slice(&sum),
+                report.lost.push(at);
             }
+            buf[range].copy_from_slice(&values);
         }
         Ok(report)
     }
@@ -469,37 +652,210 @@ fn shard_pieces(
     (tensors, counts)
 }
 
-/// The owner's answer to one rank: the reduced shard, then the ids of that
-/// rank's chunks that did not arrive.
-fn reduced_message(sum: &Bytes, missing: &[u32]) -> Bytes {
-    let mut b = Vec::with_capacity(4 + missing.len() * 4 + sum.len());
+/// Keeps in the bucket's residual what the formats took from this rank's
+/// values in the rounds it sent: for each chunk, its values less what the
+/// owner decodes of them. A value that is not finite keeps nothing (the
+/// sum carries it; feeding it back would poison the next step).
+fn keep_rounding_error(b: &mut Bucket, buf: &[f32], sent: &[Option<SendReport>]) {
+    let mut decoded = Vec::new();
+    for (r, report) in sent.iter().enumerate() {
+        let Some(report) = report else { continue };
+        let shard = b.shards[r].clone();
+        for (c, range) in b.chunks[r].iter().enumerate() {
+            let class = report.classes.get(c).copied().unwrap_or(IMPORTANT);
+            let format = b.formats.of(class);
+            if !format.rounds() {
+                continue;
+            }
+            let at = shard.start + range.start..shard.start + range.end;
+            let values = &buf[at.clone()];
+            decoded.resize(values.len(), 0.0);
+            match format {
+                ValueFormat::Log8 => {
+                    if format::log8_round_trip(values, &mut decoded).is_err() {
+                        // Sent in the important format instead (the
+                        // encoder's rule for values not finite).
+                        for (d, &v) in decoded.iter_mut().zip(values) {
+                            *d = b.formats.important.round(v);
+                        }
+                    }
+                }
+                f => {
+                    for (d, &v) in decoded.iter_mut().zip(values) {
+                        *d = f.round(v);
+                    }
+                }
+            }
+            for ((res, &v), &d) in b.residual[at].iter_mut().zip(values).zip(&decoded) {
+                let e = v - d;
+                *res = if e.is_finite() { e } else { 0.0 };
+            }
+        }
+    }
+}
+
+/// The bytes of a summed shard as every rank gets it, after the lost-chunk
+/// list: `[u8 important format][u8 lossy format or 0xFF][u16 0]`, the
+/// count and the local ids of the chunks in the lossy format, then each
+/// chunk's values in order in its format (a `log8` chunk as its scale and
+/// codes). `lossy[c]` says chunk `c` may travel in the lossy format; one
+/// whose sum is not finite cannot in `log8` and travels in the important
+/// format.
+fn encode_reduced(
+    sum: &[f32],
+    chunks: &[Range<usize>],
+    formats: ClassFormats,
+    lossy: Option<&[bool]>,
+) -> Vec<u8> {
+    let in_lossy = |c: usize| -> bool {
+        let Some(lossy) = lossy else { return false };
+        lossy.get(c).copied().unwrap_or(false)
+            && (formats.lossy != ValueFormat::Log8 || log8_scale(&sum[chunks[c].clone()]).is_ok())
+    };
+    let ids: Vec<u32> = (0..chunks.len())
+        .filter(|&c| in_lossy(c))
+        .map(|c| c as u32)
+        .collect();
+    let mut out = Vec::with_capacity(8 + ids.len() * 4 + sum.len() * 4);
+    out.push(formats.important.code());
+    out.push(match lossy {
+        Some(_) => formats.lossy.code(),
+        None => NO_LOSSY_RETURN,
+    });
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&(ids.len() as u32).to_le_bytes());
+    for id in &ids {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    let mut next = ids.iter().peekable();
+    let mut c = 0;
+    while c < chunks.len() {
+        if next.peek() == Some(&&(c as u32)) {
+            next.next();
+            let values = &sum[chunks[c].clone()];
+            match formats.lossy {
+                ValueFormat::Log8 => {
+                    let scale = log8_scale(values).unwrap_or(0.0);
+                    out.extend_from_slice(&scale.to_le_bytes());
+                    let at = out.len();
+                    out.resize(at + values.len(), 0);
+                    log8_encode(values, scale, &mut out[at..]);
+                }
+                f => format::put_elements(f, values, &mut out),
+            }
+            c += 1;
+            continue;
+        }
+        // A run of chunks in the important format, up to the next lossy one.
+        let upto = next.peek().map_or(chunks.len(), |&&id| id as usize);
+        let run = chunks[c].start..chunks[upto - 1].end;
+        format::put_elements(formats.important, &sum[run], &mut out);
+        c = upto;
+    }
+    out
+}
+
+/// The lossy-format byte of a summed shard without lossy-format chunks.
+const NO_LOSSY_RETURN: u8 = 0xFF;
+
+/// The owner's answer to one rank: the ids of that rank's chunks that did
+/// not arrive, then the summed shard ([`encode_reduced`]).
+fn reduced_message(body: &[u8], missing: &[u32]) -> Bytes {
+    let mut b = Vec::with_capacity(4 + missing.len() * 4 + body.len());
     b.extend_from_slice(&(missing.len() as u32).to_le_bytes());
-    b.extend_from_slice(bytemuck::cast_slice(missing));
-    b.extend_from_slice(sum);
+    for id in missing {
+        b.extend_from_slice(&id.to_le_bytes());
+    }
+    b.extend_from_slice(body);
     b.into()
 }
 
-fn parse_reduced(rank: usize, body: &[u8], n: usize) -> Result<(Vec<u8>, Vec<u32>), GroupError> {
+/// Reads an owner's answer: the summed shard's values (`chunks` gives its
+/// chunks as value ranges) and this rank's lost chunks. Anything but what
+/// [`reduced_message`] writes for a bucket of these formats is an error
+/// naming the owner.
+fn parse_reduced(
+    rank: usize,
+    message: &[u8],
+    chunks: &[Range<usize>],
+    formats: ClassFormats,
+) -> Result<(Vec<f32>, Vec<u32>), GroupError> {
     let bad = |what: String| GroupError::OutOfStep { rank, what };
-    let mut r = gradlane_core::bytes::Reader::new(body);
-    let count = r.u32().map_err(|_| bad("an empty reduced shard".into()))? as usize;
-    let ids = r.take(count.saturating_mul(4)).map_err(|_| {
+    let short = |_| {
         bad(format!(
-            "{count} lost chunks in a message of {} bytes",
-            body.len()
+            "a reduced shard cut short at {} bytes",
+            message.len()
         ))
-    })?;
+    };
+    let mut r = gradlane_core::bytes::Reader::new(message);
+    let count = r.u32().map_err(short)? as usize;
+    let ids = r.take(count.saturating_mul(4)).map_err(short)?;
     let missing: Vec<u32> = ids
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
-    let values = r.rest();
-    if values.len() != n * 4 {
+    let [important, lossy, _, _] = r.array::<4>().map_err(short)?;
+    if important != formats.important.code()
+        || (lossy != NO_LOSSY_RETURN && lossy != formats.lossy.code())
+    {
         return Err(bad(format!(
-            "a reduced shard of {} bytes, expected {}",
-            values.len(),
-            n * 4
+            "a reduced shard in formats ({important}, {lossy}), this bucket's are {formats:?}: \
+             register buckets with the same options on every rank"
         )));
     }
-    Ok((values.to_vec(), missing))
+    let count = r.u32().map_err(short)? as usize;
+    if count > chunks.len() {
+        return Err(bad(format!(
+            "{count} lossy chunks in a shard of {}",
+            chunks.len()
+        )));
+    }
+    let ids = r.take(count * 4).map_err(short)?;
+    let mut lossy_ids = Vec::with_capacity(count);
+    for c in ids.chunks_exact(4) {
+        let id = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+        if id >= chunks.len() || lossy_ids.last().is_some_and(|&last| id <= last) {
+            return Err(bad(format!(
+                "lossy chunk {id} out of order or not in the shard"
+            )));
+        }
+        lossy_ids.push(id);
+    }
+    let n = chunks.last().map_or(0, |c| c.end);
+    let mut values = vec![0f32; n];
+    let mut next = lossy_ids.iter().peekable();
+    let mut c = 0;
+    while c < chunks.len() {
+        let (format, upto) = match next.peek() {
+            Some(&&id) if id == c => {
+                next.next();
+                (formats.lossy, c + 1)
+            }
+            Some(&&id) => (formats.important, id),
+            None => (formats.important, chunks.len()),
+        };
+        let range = chunks[c].start..chunks[upto - 1].end;
+        let out = &mut values[range.clone()];
+        match format.element_bytes() {
+            Some(e) => {
+                let bytes = r.take(range.len() * e).map_err(short)?;
+                format::read_elements(format, bytes, out);
+            }
+            None => {
+                let scale = f32::from_le_bytes(r.array::<LOG8_SCALE_BYTES>().map_err(short)?);
+                if !log8_scale_ok(scale) {
+                    return Err(bad(format!("a log8 scale of {scale} in chunk {c}")));
+                }
+                log8_decode(r.take(range.len()).map_err(short)?, scale, out);
+            }
+        }
+        c = upto;
+    }
+    if r.remaining() != 0 {
+        return Err(bad(format!(
+            "{} bytes after a reduced shard of {n} values",
+            r.remaining()
+        )));
+    }
+    Ok((values, missing))
 }

@@ -2,16 +2,18 @@
 //!
 //! A reduction is a reduce-scatter followed by an allgather of the reduced
 //! shards: rank `r` owns shard `r`, receives every other rank's part of it,
-//! sums the parts in rank order and sends the sum back to everyone. Each
-//! rank sends `2 (N-1) / N` of the buffer, and every rank ends with the
-//! owner's bits.
+//! combines the parts in rank order and sends the result back to everyone.
+//! Each rank sends `2 (N-1) / N` of the buffer, and every rank ends with
+//! the owner's bits. A buffer of `bf16` or `f16` travels as itself (two
+//! bytes a value); the owner combines in `f32` and rounds once.
 
 use super::{tag, Group, GroupError, Kind, ReduceOp};
 use bytes::Bytes;
+use gradlane_core::format::Element;
 use std::ops::Range;
 
 /// The values as the bytes of a message.
-pub(super) fn to_bytes(values: &[f32]) -> Bytes {
+pub(super) fn to_bytes<T: bytemuck::Pod>(values: &[T]) -> Bytes {
     Bytes::copy_from_slice(bytemuck::cast_slice(values))
 }
 
@@ -109,12 +111,18 @@ impl Group {
         Ok(())
     }
 
-    /// Reduces `buf` across the ranks in place: every rank ends with the
-    /// same bits (each shard summed by its owner in rank order).
-    pub async fn allreduce(&mut self, buf: &mut [f32], op: ReduceOp) -> Result<(), GroupError> {
+    /// Reduces `buf` (`f32`, [`bf16`](crate::bf16) or [`f16`](crate::f16))
+    /// across the ranks in place: every rank ends with the same bits (each
+    /// shard combined by its owner in rank order, in `f32`, and rounded
+    /// once to the buffer's type).
+    pub async fn allreduce<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), GroupError> {
         let n = buf.len();
         let own = shard(n, self.world, self.rank);
-        let mut reduced = vec![0f32; own.len()];
+        let mut reduced = vec![T::zeroed(); own.len()];
         let world = self.world;
         self.reduce_to_owners(buf, op, &mut reduced, |r| shard(n, world, r))
             .await?;
@@ -140,11 +148,12 @@ impl Group {
 
     /// Reduces `input` (`world` parts of `output`'s length, part `r` for
     /// rank `r`) across the ranks: `output` on rank `r` is the reduction of
-    /// every rank's part `r`, summed in rank order.
-    pub async fn reduce_scatter(
+    /// every rank's part `r`, combined in rank order in `f32` and rounded
+    /// once to the type.
+    pub async fn reduce_scatter<T: Element>(
         &mut self,
-        input: &[f32],
-        output: &mut [f32],
+        input: &[T],
+        output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), GroupError> {
         let k = output.len();
@@ -160,13 +169,13 @@ impl Group {
     }
 
     /// The first half of a reduction: sends part `part(r)` of `input` to
-    /// each rank `r`, and sums this rank's part of every rank's input, in
-    /// rank order, into `out`.
-    async fn reduce_to_owners(
+    /// each rank `r`, and combines this rank's part of every rank's input,
+    /// in rank order, into `out`.
+    async fn reduce_to_owners<T: Element>(
         &mut self,
-        input: &[f32],
+        input: &[T],
         op: ReduceOp,
-        out: &mut [f32],
+        out: &mut [T],
         part: impl Fn(usize) -> Range<usize>,
     ) -> Result<(), GroupError> {
         let t = tag(self.next_seq(), Kind::ReduceShard);
@@ -176,24 +185,20 @@ impl Group {
         let from = self.others();
         let got = self.exchange(t, out_msgs, &from).await?;
         let own = part(self.rank);
-        let mut contribution = vec![0f32; own.len()];
-        out.fill(0.0);
+        let mut contribution = vec![T::zeroed(); own.len()];
+        let mut acc = vec![0f32; own.len()];
         for (r, body) in got.iter().enumerate() {
-            let values: &[f32] = match body {
+            let values: &[T] = match body {
                 Some(body) => {
                     copy_into(r, body, &mut contribution, "shard")?;
                     &contribution
                 }
                 None => &input[own.clone()],
             };
-            for (o, v) in out.iter_mut().zip(values) {
-                *o += v;
-            }
+            op.fold(&mut acc, values, r == 0);
         }
-        if op == ReduceOp::Mean {
-            let n = self.world as f32;
-            out.iter_mut().for_each(|v| *v /= n);
-        }
+        op.finish(&mut acc, self.world);
+        gradlane_core::format::narrow(&acc, out);
         Ok(())
     }
 }

@@ -20,7 +20,7 @@ mod exact;
 mod rendezvous;
 mod sparse;
 
-pub use differentiated::{AllreduceReport, BucketId, LossRecovery};
+pub use differentiated::{AllreduceReport, BucketId, BucketOptions, LossRecovery};
 pub use rendezvous::Rendezvous;
 pub use sparse::{SparseAllgather, SparsePath, SparseReport, SparseRows};
 
@@ -29,12 +29,15 @@ use crate::endpoint::{Endpoint, SetupError};
 use crate::link::{LinkError, LinkReceiver, LinkSender};
 use bytes::Bytes;
 use futures_util::future::try_join_all;
+use gradlane_core::format::Element;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use thiserror::Error;
 
-/// How a reduction combines the ranks' values.
+/// How a reduction combines the ranks' values. Every rank's values are
+/// taken as `f32` and combined in rank order by the rank that owns them,
+/// then rounded once to the buffer's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ReduceOp {
     /// The sum, in rank order.
@@ -42,6 +45,51 @@ pub enum ReduceOp {
     Sum,
     /// The sum in rank order, divided by the number of ranks.
     Mean,
+    /// The largest value (NaN if any rank's is NaN, as `torch.maximum`).
+    /// Exact collectives only.
+    Max,
+    /// The smallest value (NaN if any rank's is NaN). Exact collectives
+    /// only.
+    Min,
+}
+
+impl ReduceOp {
+    /// Folds one rank's `values` into `acc` (rank order); `first` for the
+    /// first rank, whose values start the fold.
+    fn fold<T: Element>(self, acc: &mut [f32], values: &[T], first: bool) {
+        match (self, first) {
+            (_, true) => gradlane_core::format::widen(values, acc),
+            (ReduceOp::Sum | ReduceOp::Mean, false) => {
+                for (a, v) in acc.iter_mut().zip(values) {
+                    *a += v.to_f32();
+                }
+            }
+            (ReduceOp::Max, false) => {
+                for (a, v) in acc.iter_mut().zip(values) {
+                    let v = v.to_f32();
+                    if v.is_nan() || v > *a {
+                        *a = v;
+                    }
+                }
+            }
+            (ReduceOp::Min, false) => {
+                for (a, v) in acc.iter_mut().zip(values) {
+                    let v = v.to_f32();
+                    if v.is_nan() || v < *a {
+                        *a = v;
+                    }
+                }
+            }
+        }
+    }
+
+    /// What is left to do once every rank is folded in: a mean divides.
+    fn finish(self, acc: &mut [f32], world: usize) {
+        if self == ReduceOp::Mean {
+            let n = world as f32;
+            acc.iter_mut().for_each(|v| *v /= n);
+        }
+    }
 }
 
 /// What a rank needs to join its group.
@@ -134,6 +182,11 @@ pub enum GroupError {
     /// A buffer's size does not fit the collective.
     #[error("{0}")]
     Size(String),
+    /// A collective asked of something it does not do (a max over the
+    /// differentiated allreduce, a buffer of another type than its
+    /// bucket's).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// One rank of a group: links to every other rank.

@@ -12,6 +12,7 @@
 
 use super::*;
 use gradlane_core::control::Hello;
+use gradlane_core::format::ClassFormats;
 use gradlane_core::layout::ChunkOptions;
 use gradlane_core::reassembly::{ReassemblyConfig, ReceiverCounters};
 
@@ -116,23 +117,26 @@ impl LinkSender {
     /// is ready for it (one round trip). Its chunks are cut with the
     /// link's chunking and scored with its own history.
     pub async fn register_layout(&mut self, layout: &Layout) -> Result<LayoutId, LinkError> {
-        self.register_layout_with(layout, true).await
+        self.register_layout_with(layout, true, None).await
     }
 
     /// [`register_layout`](Self::register_layout), choosing whether the
     /// peer adds this layout's late lossy data into its next round
     /// (`merge_late`, the default) or drops it, counted: for a sender that
     /// makes up for lost data itself (error feedback), where merging would
-    /// count it twice.
+    /// count it twice; and the value formats of its rounds (`None`: the
+    /// link's [`Config::formats`](crate::Config::formats)).
     pub async fn register_layout_with(
         &mut self,
         layout: &Layout,
         merge_late: bool,
+        formats: Option<ClassFormats>,
     ) -> Result<LayoutId, LinkError> {
         let id = LayoutId::try_from(self.encoders.len())
             .map_err(|_| LinkError::Protocol("more than 65,536 layouts on one link".into()))?;
         let config = EncoderConfig {
             layout_id: id,
+            formats: formats.unwrap_or(self.encoder_template.formats),
             ..self.encoder_template
         };
         let encoder = Encoder::new(layout, config)?;
@@ -169,6 +173,12 @@ impl LinkSender {
     /// The chunking of this end's layouts (the handshake's).
     pub fn chunking(&self) -> ChunkOptions {
         self.encoder_template.chunking
+    }
+
+    /// The value formats of this end's rounds, unless a layout was
+    /// registered with its own ([`Config::formats`](crate::Config::formats)).
+    pub fn formats(&self) -> ClassFormats {
+        self.encoder_template.formats
     }
 
     /// The underlying QUIC connection (for statistics).

@@ -4,7 +4,7 @@
 //!
 //! Each end opens one unidirectional stream for the messages it sends; it
 //! starts with [`MESSAGE_MAGIC`], which no round stream starts with (a
-//! segment's third byte is its version, 1), so the receiver tells the two
+//! segment's third byte is its version, 2), so the receiver tells the two
 //! apart by their first bytes. A message is `[u64 tag][u32 length][body]`,
 //! little-endian. The
 //! receiver reads each body as it arrives, so memory follows what the peer

@@ -208,8 +208,11 @@ impl LinkError {
 pub struct SendReport {
     /// Round index.
     pub round: u32,
-    /// Payload bytes sent reliably.
+    /// Payload bytes sent reliably, in the important part's format.
     pub important_bytes: u64,
+    /// The class of every chunk of the round, by chunk id (0 important,
+    /// `l` lossy level `l`).
+    pub classes: Vec<gradlane_core::classify::Class>,
     /// Streams the important bytes went on ([`Config::lanes`](crate::Config::lanes), fewer
     /// for a round too small to fill them).
     pub lanes: usize,
@@ -219,7 +222,8 @@ pub struct SendReport {
     /// Per lossy level (index `l - 1`): datagrams queued (on streams:
     /// packets of up to 64 KiB written).
     pub lossy_packets: Vec<u64>,
-    /// Per lossy level: payload bytes in the queued datagrams.
+    /// Per lossy level: payload bytes in the queued datagrams (or written
+    /// to the lossy streams), in the lossy levels' format.
     pub lossy_bytes: Vec<u64>,
     /// Per lossy level: datagrams dropped by the sender (deadline passed, or
     /// the path's datagram size shrank below what can be reframed).

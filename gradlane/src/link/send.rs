@@ -108,9 +108,11 @@ impl LinkSender {
         self.lost_seen = lost;
         let plan = start.elapsed();
         tracing::debug!(?plan, "classed");
+        let wire = framer.wire_payload();
         let mut report = SendReport {
             round,
-            important_bytes: framer.end().bytes[0],
+            important_bytes: wire[0],
+            classes: framer.classes().to_vec(),
             lossy_on_stream: on_stream,
             lossy_packets: vec![0; self.levels as usize],
             lossy_bytes: vec![0; self.levels as usize],
@@ -351,7 +353,7 @@ impl LinkSender {
             // packets: count from the round's end, which the framing
             // matches.
             report.lossy_packets[l] += u64::from(encoded.end.packets[l + 1]);
-            report.lossy_bytes[l] += encoded.end.bytes[l + 1];
+            report.lossy_bytes[l] += encoded.wire_payload[l + 1];
             for piece in level {
                 grouped += piece.len();
                 // A lone header belongs with the values after it (see

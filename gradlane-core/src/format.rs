@@ -1,0 +1,677 @@
+//! How values travel: the value format of each class of a round
+//! (docs/DESIGN.md §2.2, "Value formats").
+//!
+//! Every tensor is `f32` in memory on both ends; a [`ValueFormat`] says
+//! what its values become on the wire:
+//!
+//! | format | bytes per value | what a value becomes |
+//! |---|---|---|
+//! | [`F32`](ValueFormat::F32) | 4 | itself |
+//! | [`Bf16`](ValueFormat::Bf16) | 2 | the nearest bfloat16 (ties to even) |
+//! | [`F16`](ValueFormat::F16) | 2 | the nearest IEEE half (ties to even; overflow to ±inf) |
+//! | [`Log8`](ValueFormat::Log8) | 1, plus 4 per chunk | a sign and a level of the reciprocal log quantization (CN113487036A) against the chunk's scale |
+//!
+//! `Bf16` and `F16` are exact for values already of that type, and carry
+//! infinities and NaN as they are (NaN stays NaN). `Log8` is for the lossy
+//! levels only: each chunk carries one `f32` scale `S`, the largest
+//! magnitude in the chunk, and one byte per value (bit 7 the sign, bits
+//! 0-6 the level `q`, 127 for zero). A value `v` gets the smallest `q` with
+//! `|v|/S ≥ b^-q` (`b` = [`LOG8_BASE`]); that is the codec's
+//! `q = ⌈log_b(S/|v|)⌉` with the chunk's largest magnitude as its scale
+//! instead of the sum of magnitudes, so no level is spent above the largest
+//! value. It decodes to the geometric middle of its bucket,
+//! `S·b^-(q-1/2)`, and to `S` itself for `q = 0`.
+//!
+//! **Error bound of `Log8`** (property-tested in this module): a value with
+//! `|v| ≥ S·b^-126` decodes to `d` of its sign with
+//! `b^-1/2 ≤ d/v ≤ b^1/2` (within 1e-6 relative for the `f32` arithmetic):
+//! at most +4.88% / -4.65% at `b = 1.1`; the chunk's largest value is
+//! exact; smaller values (below `S·6.05e-6`) become 0. A chunk holding a
+//! value that is not finite has no such scale: the encoder sends it in the
+//! important part's format instead (see [`log8_encode`]).
+//!
+//! Every table is computed with `f64` operations that IEEE 754 rounds
+//! exactly, so every machine decodes a code to the same bits: replicas of
+//! a model stay bit-identical across hosts.
+
+use std::sync::LazyLock;
+use thiserror::Error;
+
+pub use half::{bf16, f16};
+
+/// The base `b` of `Log8`'s levels: 127 levels span `b^126 ≈ 1.6·10^5`
+/// below each chunk's largest value, within ±4.9% of each value.
+pub const LOG8_BASE: f64 = 1.1;
+
+/// The `Log8` code of zero (and of values below the smallest level).
+pub const LOG8_ZERO: u8 = 0x7F;
+
+/// Levels of `Log8`, `q` in `0..LOG8_LEVELS`.
+pub const LOG8_LEVELS: usize = 127;
+
+/// Bytes of a `Log8` chunk section before its codes: the scale.
+pub const LOG8_SCALE_BYTES: usize = 4;
+
+/// What the values of one class look like on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ValueFormat {
+    /// Four bytes per value, exactly as in memory (the default).
+    #[default]
+    F32,
+    /// bfloat16: the top half of an `f32`, rounded to nearest even. The
+    /// range of `f32` with 8 bits of precision.
+    Bf16,
+    /// IEEE 754 binary16, rounded to nearest even: 11 bits of precision,
+    /// but values above 65504 become infinite.
+    F16,
+    /// One byte per value and one `f32` scale per chunk (see the module
+    /// docs); lossy levels only.
+    Log8,
+}
+
+/// A format name or code that is not one of [`ValueFormat`]'s, or a format
+/// where it cannot go.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum FormatError {
+    /// An unknown name.
+    #[error("unknown value format {0:?}: one of \"f32\", \"bf16\", \"f16\", \"log8\"")]
+    Name(String),
+    /// `Log8` asked for the important part, which travels exactly.
+    #[error("the important part cannot be log8 (it travels exact or rounded once): one of f32, bf16, f16")]
+    LossyOnly,
+}
+
+impl ValueFormat {
+    /// Every format, by code.
+    pub const ALL: [ValueFormat; 4] = [
+        ValueFormat::F32,
+        ValueFormat::Bf16,
+        ValueFormat::F16,
+        ValueFormat::Log8,
+    ];
+
+    /// The code a segment header carries.
+    pub const fn code(self) -> u8 {
+        match self {
+            ValueFormat::F32 => 0,
+            ValueFormat::Bf16 => 1,
+            ValueFormat::F16 => 2,
+            ValueFormat::Log8 => 3,
+        }
+    }
+
+    /// The format of a header's code, if it is one.
+    pub const fn from_code(code: u8) -> Option<Self> {
+        match code {
+            0 => Some(ValueFormat::F32),
+            1 => Some(ValueFormat::Bf16),
+            2 => Some(ValueFormat::F16),
+            3 => Some(ValueFormat::Log8),
+            _ => None,
+        }
+    }
+
+    /// The name users write: "f32", "bf16", "f16", "log8".
+    pub const fn name(self) -> &'static str {
+        match self {
+            ValueFormat::F32 => "f32",
+            ValueFormat::Bf16 => "bf16",
+            ValueFormat::F16 => "f16",
+            ValueFormat::Log8 => "log8",
+        }
+    }
+
+    /// Bytes per value of an element format; `None` for `Log8`, whose
+    /// length depends on the chunks a payload crosses.
+    pub const fn element_bytes(self) -> Option<usize> {
+        match self {
+            ValueFormat::F32 => Some(4),
+            ValueFormat::Bf16 | ValueFormat::F16 => Some(2),
+            ValueFormat::Log8 => None,
+        }
+    }
+
+    /// Whether a value may come out of a round trip other than it went in
+    /// (for `f32` data): every format but `F32`.
+    pub const fn rounds(self) -> bool {
+        !matches!(self, ValueFormat::F32)
+    }
+
+    /// `v` after a round trip through an element format (`Log8` has no
+    /// per-value round trip: see [`log8_encode`]; `v` is returned).
+    pub fn round(self, v: f32) -> f32 {
+        match self {
+            ValueFormat::F32 | ValueFormat::Log8 => v,
+            ValueFormat::Bf16 => f32_from_bf16(bf16_from_f32(v)),
+            ValueFormat::F16 => f32_from_f16(f16_from_f32(v)),
+        }
+    }
+}
+
+impl std::fmt::Display for ValueFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ValueFormat {
+    type Err = FormatError;
+    fn from_str(s: &str) -> Result<Self, FormatError> {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| FormatError::Name(s.to_owned()))
+    }
+}
+
+/// The formats of a round's classes: one for the important part, one for
+/// every lossy level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ClassFormats {
+    /// The important chunks' format: `F32` (default), `Bf16` or `F16`.
+    pub important: ValueFormat,
+    /// The lossy levels' format: any (default `F32`).
+    pub lossy: ValueFormat,
+}
+
+impl ClassFormats {
+    /// Everything `f32`: today's bytes, bit for bit.
+    pub const F32: ClassFormats = ClassFormats {
+        important: ValueFormat::F32,
+        lossy: ValueFormat::F32,
+    };
+
+    /// Both classes in `format` (an element format).
+    pub const fn all(format: ValueFormat) -> Self {
+        ClassFormats {
+            important: format,
+            lossy: format,
+        }
+    }
+
+    /// The format of class `class` (0 important, else lossy).
+    pub const fn of(&self, class: u8) -> ValueFormat {
+        match class {
+            0 => self.important,
+            _ => self.lossy,
+        }
+    }
+
+    /// Refuses `Log8` for the important part.
+    pub fn validate(&self) -> Result<(), FormatError> {
+        match self.important {
+            ValueFormat::Log8 => Err(FormatError::LossyOnly),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A type of value a collective reduces in place: `f32`, [`bf16`] or
+/// [`f16`]. Sums are taken in `f32` and rounded once to the type.
+pub trait Element: bytemuck::Pod + Send + Sync + std::fmt::Debug + sealed::Sealed {
+    /// The format the type travels in.
+    const FORMAT: ValueFormat;
+    /// The value as an `f32` (exact).
+    fn to_f32(self) -> f32;
+    /// The value of the type nearest `v` (ties to even).
+    fn from_f32(v: f32) -> Self;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for super::bf16 {}
+    impl Sealed for super::f16 {}
+}
+
+impl Element for f32 {
+    const FORMAT: ValueFormat = ValueFormat::F32;
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+impl Element for bf16 {
+    const FORMAT: ValueFormat = ValueFormat::Bf16;
+    fn to_f32(self) -> f32 {
+        f32_from_bf16(self.to_bits())
+    }
+    fn from_f32(v: f32) -> Self {
+        bf16::from_bits(bf16_from_f32(v))
+    }
+}
+
+impl Element for f16 {
+    const FORMAT: ValueFormat = ValueFormat::F16;
+    fn to_f32(self) -> f32 {
+        f32_from_f16(self.to_bits())
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_bits(f16_from_f32(v))
+    }
+}
+
+/// Widens `values` into `out` (same length), exactly.
+pub fn widen<T: Element>(values: &[T], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(values) {
+        *o = v.to_f32();
+    }
+}
+
+/// Rounds `values` into `out` (same length), each once to nearest.
+pub fn narrow<T: Element>(values: &[f32], out: &mut [T]) {
+    for (o, &v) in out.iter_mut().zip(values) {
+        *o = T::from_f32(v);
+    }
+}
+
+/// The bfloat16 nearest `v` (ties to even), as bits; NaN stays a (quiet)
+/// NaN, infinities stay infinite, and values beyond bfloat16's largest
+/// round to infinity.
+#[inline]
+pub fn bf16_from_f32(v: f32) -> u16 {
+    let b = v.to_bits();
+    // Written without branches so that loops over slices vectorize.
+    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
+    if nan {
+        ((b >> 16) | 0x40) as u16
+    } else {
+        rounded
+    }
+}
+
+/// The `f32` of bfloat16 bits (exact).
+#[inline]
+pub fn f32_from_bf16(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// The IEEE half nearest `v` (ties to even), as bits.
+#[inline]
+pub fn f16_from_f32(v: f32) -> u16 {
+    half::f16::from_f32(v).to_bits()
+}
+
+/// The `f32` of IEEE half bits (exact).
+#[inline]
+pub fn f32_from_f16(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+
+/// Appends `values` in element format `format` (little-endian) to `out`.
+/// `Log8` is not an element format: use [`log8_encode`].
+pub fn put_elements(format: ValueFormat, values: &[f32], out: &mut Vec<u8>) {
+    match format {
+        ValueFormat::F32 => {
+            if cfg!(target_endian = "little") {
+                out.extend_from_slice(bytemuck::cast_slice(values));
+            } else {
+                values
+                    .iter()
+                    .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+            }
+        }
+        ValueFormat::Bf16 => put_u16s(values, out, bf16_from_f32),
+        ValueFormat::F16 => put_u16s(values, out, f16_from_f32),
+        ValueFormat::Log8 => {}
+    }
+}
+
+fn put_u16s(values: &[f32], out: &mut Vec<u8>, f: fn(f32) -> u16) {
+    let at = out.len();
+    out.resize(at + values.len() * 2, 0);
+    for (d, &v) in out[at..].chunks_exact_mut(2).zip(values) {
+        d.copy_from_slice(&f(v).to_le_bytes());
+    }
+}
+
+/// Writes `values` in element format `format` into `out`, which holds
+/// exactly their bytes (`element_bytes * values.len()`).
+pub fn write_elements(format: ValueFormat, values: &[f32], out: &mut [u8]) {
+    match format {
+        ValueFormat::F32 => crate::wire::put_f32s(out, values),
+        ValueFormat::Bf16 => write_u16s(values, out, bf16_from_f32),
+        ValueFormat::F16 => write_u16s(values, out, f16_from_f32),
+        ValueFormat::Log8 => {}
+    }
+}
+
+fn write_u16s(values: &[f32], out: &mut [u8], f: fn(f32) -> u16) {
+    for (d, &v) in out.chunks_exact_mut(2).zip(values) {
+        d.copy_from_slice(&f(v).to_le_bytes());
+    }
+}
+
+/// Reads element-format bytes into `out` (`bytes.len()` is exactly
+/// `element_bytes * out.len()`). `Log8` is not an element format: use
+/// [`log8_decode`].
+pub fn read_elements(format: ValueFormat, bytes: &[u8], out: &mut [f32]) {
+    match format {
+        ValueFormat::F32 => crate::wire::get_f32s(out, bytes),
+        ValueFormat::Bf16 => read_u16s(bytes, out, f32_from_bf16),
+        ValueFormat::F16 => read_u16s(bytes, out, f32_from_f16),
+        ValueFormat::Log8 => {}
+    }
+}
+
+fn read_u16s(bytes: &[u8], out: &mut [f32], f: fn(u16) -> f32) {
+    for (d, s) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        *d = f(u16::from_le_bytes([s[0], s[1]]));
+    }
+}
+
+/// `Log8`'s tables: `lower[q] = b^-q`, the smallest `|v|/S` of level `q`,
+/// and `middle[q]`, the factor of `S` that level `q` decodes to.
+struct Log8Tables {
+    lower: [f32; LOG8_LEVELS],
+    middle: [f32; LOG8_LEVELS],
+}
+
+static LOG8: LazyLock<Log8Tables> = LazyLock::new(|| {
+    let mut lower = [0f32; LOG8_LEVELS];
+    let mut middle = [0f32; LOG8_LEVELS];
+    // Division and square root are exactly rounded in IEEE 754, so these
+    // are the same bits on every machine (a libm `powf` need not be).
+    let half_step = LOG8_BASE.sqrt();
+    let mut p = 1.0f64;
+    for q in 0..LOG8_LEVELS {
+        lower[q] = p as f32;
+        middle[q] = if q == 0 { 1.0 } else { (p * half_step) as f32 };
+        p /= LOG8_BASE;
+    }
+    Log8Tables { lower, middle }
+});
+
+/// `1 / log2(LOG8_BASE)`: levels per octave.
+const LEVELS_PER_OCTAVE: f32 = 7.272_540_9;
+
+/// The level of `x = |v|/S` in `(0, 1]`: the smallest `q` with
+/// `x ≥ lower[q]`, or [`LOG8_LEVELS`] below the last level.
+#[inline]
+fn log8_level(x: f32, lower: &[f32; LOG8_LEVELS]) -> usize {
+    // A first guess from the bits of x (log2 within ~0.01), then exact
+    // comparisons with the table, which decide.
+    let bits = x.to_bits();
+    let exponent = (bits >> 23) as i32 - 127;
+    let m = f32::from_bits((bits & 0x007F_FFFF) | 0x3F80_0000) - 1.0;
+    let log2 = exponent as f32 + m * (1.346_5 - 0.346_5 * m);
+    let guess = (-log2 * LEVELS_PER_OCTAVE).ceil();
+    let mut q = if guess <= 0.0 {
+        0
+    } else if guess >= LOG8_LEVELS as f32 {
+        LOG8_LEVELS
+    } else {
+        guess as usize
+    };
+    while q < LOG8_LEVELS && x < lower[q] {
+        q += 1;
+    }
+    while q > 0 && x >= lower[q - 1] {
+        q -= 1;
+    }
+    q
+}
+
+/// A chunk that `Log8` cannot carry: it holds a value that is not finite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("value {index} of the chunk is not finite")]
+pub struct NonFinite {
+    /// Where, in the values given.
+    pub index: usize,
+}
+
+/// The `Log8` scale of a chunk: its largest magnitude, or where the chunk
+/// holds a value that is not finite.
+pub fn log8_scale(values: &[f32]) -> Result<f32, NonFinite> {
+    let mut lanes = [0f32; 8];
+    let mut blocks = values.chunks_exact(8);
+    for b in &mut blocks {
+        for i in 0..8 {
+            lanes[i] = lanes[i].max(b[i].abs());
+        }
+    }
+    let mut scale = blocks.remainder().iter().fold(0f32, |m, v| m.max(v.abs()));
+    for l in lanes {
+        scale = scale.max(l);
+    }
+    // `max` ignores NaN, so a NaN needs its own check; a finite scale
+    // proves every value finite but NaN.
+    if !scale.is_finite() || values.iter().any(|v| v.is_nan()) {
+        let index = values.iter().position(|v| !v.is_finite()).unwrap_or(0);
+        return Err(NonFinite { index });
+    }
+    Ok(scale)
+}
+
+/// Encodes one chunk (or the part of one chunk that a segment carries,
+/// with the whole chunk's `scale` from [`log8_scale`]) into `out`, one
+/// code per value. `scale` must be finite and at least every `|v|`.
+pub fn log8_encode(values: &[f32], scale: f32, out: &mut [u8]) {
+    let tables = &*LOG8;
+    if scale == 0.0 || !scale.is_finite() {
+        out.fill(LOG8_ZERO);
+        return;
+    }
+    for (o, &v) in out.iter_mut().zip(values) {
+        // A division, not a product with 1/S: the largest value must come
+        // out at exactly 1 to be exact.
+        let x = (v.abs() / scale).min(1.0);
+        let q = if x > 0.0 {
+            log8_level(x, &tables.lower)
+        } else {
+            LOG8_LEVELS
+        };
+        let sign = if v.is_sign_negative() && q < LOG8_LEVELS {
+            0x80
+        } else {
+            0
+        };
+        *o = sign | (q.min(LOG8_ZERO as usize) as u8);
+    }
+}
+
+/// Whether `scale` can be a `Log8` chunk's scale: finite and not negative.
+/// A peer's other scale is a malformed segment.
+pub fn log8_scale_ok(scale: f32) -> bool {
+    scale.is_finite() && scale >= 0.0
+}
+
+/// The value a `Log8` code decodes to against `scale`.
+#[inline]
+pub fn log8_value(code: u8, scale: f32) -> f32 {
+    let q = (code & 0x7F) as usize;
+    if q >= LOG8_LEVELS {
+        return 0.0;
+    }
+    let d = scale * LOG8.middle[q];
+    if code & 0x80 != 0 {
+        -d
+    } else {
+        d
+    }
+}
+
+/// Decodes codes against `scale` into `out` (one value per code).
+pub fn log8_decode(codes: &[u8], scale: f32, out: &mut [f32]) {
+    let middle = &LOG8.middle;
+    for (o, &c) in out.iter_mut().zip(codes) {
+        let q = (c & 0x7F) as usize;
+        let d = if q < LOG8_LEVELS {
+            scale * middle[q]
+        } else {
+            0.0
+        };
+        *o = if c & 0x80 != 0 { -d } else { d };
+    }
+}
+
+/// `values` after a `Log8` round trip as one chunk: what a receiver of
+/// them holds. A chunk with a value that is not finite is refused.
+pub fn log8_round_trip(values: &[f32], out: &mut [f32]) -> Result<(), NonFinite> {
+    let scale = log8_scale(values)?;
+    let mut codes = vec![0u8; values.len()];
+    log8_encode(values, scale, &mut codes);
+    log8_decode(&codes, scale, out);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Finite f32s of every magnitude, and some exact zeros.
+    fn finite() -> impl Strategy<Value = f32> {
+        prop_oneof![
+            9 => (any::<bool>(), -40i32..10, 0f32..1.0).prop_map(|(neg, e, m)| {
+                let v = (1.0 + m) * 2f32.powi(e);
+                if neg { -v } else { v }
+            }),
+            1 => Just(0.0f32),
+        ]
+    }
+
+    #[test]
+    fn codes_and_names_round_trip() {
+        for f in ValueFormat::ALL {
+            assert_eq!(ValueFormat::from_code(f.code()), Some(f));
+            assert_eq!(f.name().parse::<ValueFormat>(), Ok(f));
+        }
+        assert_eq!(ValueFormat::from_code(4), None);
+        assert!(matches!(
+            "fp8".parse::<ValueFormat>(),
+            Err(FormatError::Name(_))
+        ));
+        assert_eq!(
+            ClassFormats {
+                important: ValueFormat::Log8,
+                lossy: ValueFormat::Log8
+            }
+            .validate(),
+            Err(FormatError::LossyOnly)
+        );
+    }
+
+    #[test]
+    fn bf16_matches_the_reference_rounding() {
+        // Every bf16 value survives the trip; ties round to even.
+        for bits in 0..=u16::MAX {
+            let v = f32_from_bf16(bits);
+            let back = bf16_from_f32(v);
+            if v.is_nan() {
+                assert!(f32_from_bf16(back).is_nan());
+            } else {
+                assert_eq!(back, bits, "{v}");
+            }
+        }
+        assert_eq!(bf16_from_f32(f32::from_bits(0x3F80_8000)), 0x3F80); // tie, even below
+        assert_eq!(bf16_from_f32(f32::from_bits(0x3F81_8000)), 0x3F82); // tie, even above
+        assert_eq!(bf16_from_f32(f32::MAX), 0x7F80); // overflows to inf
+    }
+
+    #[test]
+    fn f16_is_exact_for_halves_and_overflows_to_inf() {
+        for bits in 0..=u16::MAX {
+            let v = f32_from_f16(bits);
+            if !v.is_nan() {
+                assert_eq!(f16_from_f32(v), bits);
+            }
+        }
+        assert_eq!(f32_from_f16(f16_from_f32(70000.0)), f32::INFINITY);
+    }
+
+    #[test]
+    fn log8_tables_are_the_same_bits_as_computed_exactly() {
+        // The table is b^-q; check a few against f64 powers (which agree
+        // to well within an f32 ulp) and that it falls strictly.
+        let t = &*LOG8;
+        for q in [0usize, 1, 10, 63, 126] {
+            let want = LOG8_BASE.powi(-(q as i32));
+            assert!(((t.lower[q] as f64) - want).abs() <= want * 1e-7, "{q}");
+        }
+        assert!(t.lower.windows(2).all(|w| w[1] < w[0]));
+        assert!((LEVELS_PER_OCTAVE as f64 - 1.0 / LOG8_BASE.log2()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn the_level_guess_is_fixed_up_to_the_exact_level() {
+        let t = &*LOG8;
+        for q in 0..LOG8_LEVELS {
+            // At each boundary and just inside the level on both sides.
+            let at = t.lower[q];
+            assert_eq!(log8_level(at, &t.lower), q);
+            let below = f32::from_bits(at.to_bits() - 1);
+            assert_eq!(log8_level(below, &t.lower), q + 1);
+        }
+        assert_eq!(log8_level(f32::MIN_POSITIVE / 4.0, &t.lower), LOG8_LEVELS);
+    }
+
+    proptest! {
+        /// bf16 and f16: a value of the type goes through unchanged, and
+        /// any other is its nearest neighbour of the type.
+        #[test]
+        fn sixteen_bit_formats_round_to_nearest(v in finite()) {
+            let b = ValueFormat::Bf16.round(v);
+            prop_assert_eq!(ValueFormat::Bf16.round(b), b);
+            prop_assert!((b - v).abs() <= v.abs() * 2f32.powi(-8));
+            let h = ValueFormat::F16.round(v);
+            prop_assert_eq!(ValueFormat::F16.round(h).to_bits(), h.to_bits());
+            if v.abs() < 65504.0 && v.abs() > 6.2e-5 {
+                prop_assert!((h - v).abs() <= v.abs() * 2f32.powi(-11));
+            }
+        }
+
+        /// Log8 within its stated bound: the sign kept, the ratio within
+        /// b^±1/2, the largest value exact, small values zero, zeros zero.
+        #[test]
+        fn log8_is_within_its_bound(values in prop::collection::vec(finite(), 1..300)) {
+            let scale = log8_scale(&values).unwrap();
+            let mut codes = vec![0u8; values.len()];
+            log8_encode(&values, scale, &mut codes);
+            let mut out = vec![1f32; values.len()];
+            log8_decode(&codes, scale, &mut out);
+            let (lo, hi) = (LOG8_BASE.sqrt().recip() as f32, LOG8_BASE.sqrt() as f32);
+            let smallest = scale * LOG8.lower[LOG8_LEVELS - 1];
+            for (&v, &d) in values.iter().zip(&out) {
+                if v == 0.0 || v.abs() < smallest {
+                    prop_assert_eq!(d, 0.0);
+                    continue;
+                }
+                if v.abs() == scale {
+                    prop_assert_eq!(d, v);
+                }
+                prop_assert_eq!(d.is_sign_negative(), v.is_sign_negative());
+                let ratio = d / v;
+                prop_assert!(ratio >= lo * (1.0 - 1e-6) && ratio <= hi * (1.0 + 1e-6),
+                    "v {} decoded {} (scale {})", v, d, scale);
+            }
+        }
+
+        /// Any code and any acceptable scale decode to a finite value, and
+        /// never panic.
+        #[test]
+        fn any_code_decodes_finite(codes in prop::collection::vec(any::<u8>(), 0..64), scale in 0f32..f32::MAX) {
+            let mut out = vec![0f32; codes.len()];
+            log8_decode(&codes, scale, &mut out);
+            prop_assert!(out.iter().all(|v| v.is_finite()));
+        }
+    }
+
+    #[test]
+    fn a_chunk_with_a_value_not_finite_has_no_scale() {
+        assert_eq!(
+            log8_scale(&[1.0, f32::INFINITY]),
+            Err(NonFinite { index: 1 })
+        );
+        assert_eq!(log8_scale(&[f32::NAN, 1.0]), Err(NonFinite { index: 0 }));
+        assert_eq!(log8_scale(&[0.0; 9]), Ok(0.0));
+        let mut out = [1f32; 3];
+        log8_round_trip(&[0.0, 0.0, -0.0], &mut out).unwrap();
+        assert_eq!(out, [0.0; 3]);
+        assert!(!log8_scale_ok(f32::NAN) && !log8_scale_ok(-1.0) && log8_scale_ok(0.0));
+    }
+}
