@@ -235,6 +235,62 @@ fn workers_take_the_dataset_seed_from_the_server() {
     drop(second);
 }
 
+/// A worker given `--workers`, as a user who started the server with it
+/// writes by habit, checks it against the server's K: the same number
+/// trains, another is refused with both numbers.
+#[test]
+fn a_worker_checks_its_workers_against_the_servers() {
+    let dir = cert_dir("workers");
+    let (server, addr) = server(&dir, &["--algo", "asgd", "--workers", "2"]);
+    let (status, _, err) = worker(&dir, &addr, &["--id", "0", "--workers", "3"]).finish();
+    assert!(!status.success());
+    assert!(
+        err.contains("--workers 3 differs from the server's --workers 2"),
+        "{err}"
+    );
+    let short = ["--workers", "2", "--steps", "5", "--compute-ms", "0"];
+    for id in ["0", "1"] {
+        let (status, out, err) =
+            worker(&dir, &addr, &[&["--id", id][..], &short].concat()).finish();
+        assert!(status.success(), "{err}");
+        assert!(out.contains(&format!("worker {id} pushes=5")), "{out}");
+    }
+    let (status, _, err) = server.finish();
+    assert!(status.success(), "{err}");
+}
+
+/// A flag given to a role that does not take it is refused, with a tip
+/// naming the role that does; a flag before the subcommand is refused, not
+/// dropped, with a tip to put it after.
+#[test]
+fn a_misplaced_flag_is_refused_with_where_it_goes() {
+    for (args, says) in [
+        (
+            &["worker", "--batch", "64"][..],
+            "--batch is an option of `ps_train` without a subcommand (the loopback comparison) \
+             and of `ps_train server`, not of `ps_train worker`",
+        ),
+        (
+            &["server", "--algo", "ormo", "--id", "1"][..],
+            "--id is an option of `ps_train worker`, not of `ps_train server`",
+        ),
+        (
+            &["--workers", "3", "server", "--algo", "ormo"][..],
+            "put --workers after `server`",
+        ),
+        (
+            &["--algos", "ormo", "worker"][..],
+            "--algos is an option of `ps_train` without a subcommand (the loopback comparison) \
+             only; `ps_train worker` does not take it",
+        ),
+    ] {
+        let (status, out, err) = Proc::spawn(args).finish();
+        assert_eq!(status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?} started: {out}");
+    }
+}
+
 /// The all-in-one mode checks its flags before it starts anything: no
 /// certificates, no server line, an error naming the flag, a failing exit.
 #[test]

@@ -32,7 +32,7 @@
 
 use gradlane_tools::cli as common;
 
-use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
+use clap::{Args as ClapArgs, CommandFactory, Parser, Subcommand, ValueEnum};
 use common::BoxError;
 use gradlane::generate_certs;
 use gradlane::ps::baselines::{Asgd, SyncMomentum};
@@ -44,6 +44,7 @@ use gradlane::ps_net::{self, Compression, ServerHandle, Worker, WorkerInfo};
 use gradlane::{Config, Faults};
 use gradlane_core::rng::SplitMix64;
 use gradlane_tools::mlp::{Dataset, Mlp};
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -51,8 +52,12 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// Train an MLP through the gradlane parameter server.
+///
+/// Options before a subcommand belong to the loopback comparison alone: with
+/// a subcommand they are refused (not silently dropped), and an option given
+/// to the wrong role is refused with a tip naming the role that takes it.
 #[derive(Debug, Parser)]
-#[command(name = "ps_train")]
+#[command(name = "ps_train", args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     role: Option<Role>,
@@ -261,6 +266,11 @@ struct WorkerArgs {
     /// being taken.
     #[arg(long)]
     seed: Option<u64>,
+    /// The number of workers K this worker expects the server to serve
+    /// (the server's `--workers`). The server tells every worker its K;
+    /// with this flag a different one is an error instead of being taken.
+    #[arg(long)]
+    workers: Option<usize>,
     /// This worker's slowdown.
     #[arg(long, default_value_t = 1.0)]
     skew: f64,
@@ -314,6 +324,17 @@ enum TrainError {
         /// The server's.
         server: u64,
     },
+    /// The worker was told to expect another number of workers.
+    #[error(
+        "this worker's --workers {mine} differs from the server's --workers {server}; \
+         drop --workers to take the server's"
+    )]
+    WorkersMismatch {
+        /// `--workers`.
+        mine: usize,
+        /// The server's.
+        server: usize,
+    },
     /// Time ran out before the server answered any push.
     #[error(
         "--seconds {seconds} ran out before the server answered a push (it held one for \
@@ -351,7 +372,8 @@ enum TrainError {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let cli = Cli::try_parse_from(&args).unwrap_or_else(|e| with_placement_tip(e, &args).exit());
     match cli.role {
         Some(Role::Server(a)) => common::main_with("ps_train server", a, serve),
         Some(Role::Worker(a)) => common::main_with("ps_train worker", a, work),
@@ -363,6 +385,109 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+/// The roles' flag names, for [`with_placement_tip`]: `None` is the
+/// loopback comparison (no subcommand).
+fn roles_and_flags() -> Vec<(Option<String>, Vec<String>)> {
+    let cli = Cli::command();
+    let longs = |c: &clap::Command| -> Vec<String> {
+        c.get_arguments()
+            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+            .collect()
+    };
+    let mut roles = vec![(None, longs(&cli))];
+    for sub in cli.get_subcommands() {
+        roles.push((Some(sub.get_name().to_string()), longs(sub)));
+    }
+    roles
+}
+
+/// How a role is named in a tip.
+fn role_name(role: Option<&str>) -> String {
+    match role {
+        Some(r) => format!("`ps_train {r}`"),
+        None => "`ps_train` without a subcommand (the loopback comparison)".to_string(),
+    }
+}
+
+/// clap's error for a flag in `args` given where ps_train does not take it,
+/// with a tip naming where it goes. The roles share many flag names but not
+/// all (`--algo` is the server's, `--id` a worker's), and clap alone only
+/// says that the flag is unexpected there.
+fn with_placement_tip(mut e: clap::Error, args: &[OsString]) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let first_string = |v: Option<&ContextValue>| match v {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        Some(ContextValue::Strings(s)) => s.first().cloned(),
+        _ => None,
+    };
+    let roles = roles_and_flags();
+    let takes = |role: Option<&str>, flag: &str| {
+        roles
+            .iter()
+            .any(|(r, flags)| r.as_deref() == role && flags.iter().any(|f| f == flag))
+    };
+    let tip = match e.kind() {
+        // A flag after a subcommand that does not take it, or a role's flag
+        // with no subcommand.
+        ErrorKind::UnknownArgument => {
+            let Some(given) = first_string(e.get(ContextKind::InvalidArg)) else {
+                return e;
+            };
+            let flag = given.split('=').next().unwrap_or(&given).to_string();
+            let subcommands: Vec<&str> = roles.iter().filter_map(|(r, _)| r.as_deref()).collect();
+            let role = args
+                .iter()
+                .skip(1)
+                .map(|a| a.to_string_lossy())
+                .find(|a| subcommands.contains(&a.as_ref()))
+                .map(|a| a.into_owned());
+            let owners: Vec<String> = roles
+                .iter()
+                .filter(|(r, flags)| *r != role && flags.contains(&flag))
+                .map(|(r, _)| role_name(r.as_deref()))
+                .collect();
+            if owners.is_empty() {
+                return e;
+            }
+            format!(
+                "{flag} is an option of {}, not of {}",
+                owners.join(" and of "),
+                role_name(role.as_deref())
+            )
+        }
+        // A flag of the loopback comparison before a subcommand.
+        ErrorKind::ArgumentConflict => {
+            let (Some(role), Some(given)) = (
+                first_string(e.get(ContextKind::InvalidSubcommand)),
+                first_string(e.get(ContextKind::PriorArg)),
+            ) else {
+                return e;
+            };
+            let flag = given.split(' ').next().unwrap_or(&given).to_string();
+            if takes(Some(&role), &flag) {
+                format!(
+                    "put {flag} after `{role}`: options before a subcommand are those of {}",
+                    role_name(None)
+                )
+            } else {
+                format!(
+                    "{flag} is an option of {} only; {} does not take it",
+                    role_name(None),
+                    role_name(Some(&role))
+                )
+            }
+        }
+        _ => return e,
+    };
+    let mut tips = match e.get(ContextKind::Suggested) {
+        Some(ContextValue::StyledStrs(s)) => s.clone(),
+        _ => Vec::new(),
+    };
+    tips.push(tip.into());
+    e.insert(ContextKind::Suggested, ContextValue::StyledStrs(tips));
+    e
 }
 
 fn momentum_lr(t: &Training) -> f64 {
@@ -679,6 +804,13 @@ async fn work(a: WorkerArgs) -> Result<(), BoxError> {
         return Err(TrainError::SeedMismatch {
             mine,
             server: welcome.seed,
+        }
+        .into());
+    }
+    if let Some(mine) = a.workers.filter(|&k| k != welcome.workers) {
+        return Err(TrainError::WorkersMismatch {
+            mine,
+            server: welcome.workers,
         }
         .into());
     }
