@@ -4,19 +4,24 @@
 #
 #   bash scripts/demo.sh                    # ResNet-50, 5 rounds
 #   bash scripts/demo.sh --model tiny --rounds 3 --congestion cubic
+#   BIN_DIR=target/debug bash scripts/demo.sh   # programs built already
 #
-# Extra arguments go to the sender. Certificates are made in certs/ on the
-# first run. Both tables are printed; the receiver is stopped on exit.
+# Extra arguments go to the sender. BIN_DIR names a directory holding
+# certs, receiver and sender built already (no release build then).
+# Certificates are made in certs/ on the first run. The receiver listens
+# on a free loopback port. Both tables are printed; the receiver is
+# stopped on exit.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 
-ADDR=127.0.0.1:4433
-
-echo "== building certs, receiver and sender (release; the first build takes a few minutes)" >&2
-cargo build --release --bin certs --bin receiver --bin sender
-
-BIN=target/release
+if [[ -n ${BIN_DIR:-} ]]; then
+    BIN=$BIN_DIR
+else
+    echo "== building certs, receiver and sender (release; the first build takes a few minutes)" >&2
+    cargo build --release --bin certs --bin receiver --bin sender
+    BIN=target/release
+fi
 if [[ ! -f certs/ca.pem || ! -f certs/server.pem || ! -f certs/server.key ]]; then
     echo "== making certificates in certs/" >&2
     "$BIN/certs" --out-dir certs --san localhost --san 127.0.0.1 --force >&2
@@ -43,13 +48,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== receiver on $ADDR" >&2
-"$BIN/receiver" --listen "$ADDR" --rounds "$ROUNDS" --seed 2 >"$RECV_OUT" 2>&1 &
+echo "== receiver on 127.0.0.1, a free port" >&2
+"$BIN/receiver" --listen 127.0.0.1:0 --rounds "$ROUNDS" --seed 2 >"$RECV_OUT" 2>&1 &
 RECV_PID=$!
 
-# Wait until the receiver listens (it says so on its output), at most 10 s.
+# Wait until the receiver listens (it says where on its output), at most 10 s.
+ADDR=
 for _ in $(seq 100); do
-    grep -q "listening on" "$RECV_OUT" && break
+    ADDR=$(sed -n 's/^receiver: listening on //p' "$RECV_OUT")
+    [[ -n $ADDR ]] && break
     if ! kill -0 "$RECV_PID" 2>/dev/null; then
         echo "receiver exited early:" >&2
         cat "$RECV_OUT" >&2
@@ -57,8 +64,13 @@ for _ in $(seq 100); do
     fi
     sleep 0.1
 done
+if [[ -z $ADDR ]]; then
+    echo "receiver did not say where it listens within 10 s:" >&2
+    cat "$RECV_OUT" >&2
+    exit 1
+fi
 
-echo "== sender: --loss 0.05 --delay-ms 1 $*" >&2
+echo "== sender to $ADDR: --loss 0.05 --delay-ms 1 $*" >&2
 echo
 echo "### sender"
 echo

@@ -36,6 +36,8 @@
 #                      instead of the terminal with a "[rank R] " prefix
 #   --grace S          GRACE: when one rank fails, the others are killed after
 #                      S seconds (default 30)
+#   --dry-run          DRY_RUN=1: check the options, print what would run and
+#                      exit (needs no root; touches nothing)
 #   OFFLOADS=off|on    TSO/GSO/GRO of the veths (default off: the stack cuts
 #                      segments of MTU size before the queue, so a loss or a
 #                      tail drop hits one 1500-byte packet, not a 64 KB batch)
@@ -72,6 +74,7 @@ LOW_SHARE=${LOW_SHARE:-5}
 LOG_DIR=${LOG_DIR:-}
 GRACE=${GRACE:-30}
 OFFLOADS=${OFFLOADS:-off}
+DRY_RUN=${DRY_RUN:-0}
 
 usage() {
     sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
@@ -94,6 +97,7 @@ while (($#)); do
         --dscp-priority) DSCP_PRIORITY=1; shift ;;
         --log-dir) LOG_DIR=${2:?--log-dir needs a value}; shift 2 ;;
         --grace) GRACE=${2:?--grace needs a value}; shift 2 ;;
+        --dry-run) DRY_RUN=1; shift ;;
         --) shift; break ;;
         *) die "unknown option '$1' (the command goes after --; see --help)" ;;
     esac
@@ -127,6 +131,14 @@ for d in $PRIORITY_DSCP; do
     int_in "$d" 0 63 || die "PRIORITY_DSCP must hold DSCP values 0..63, not '$d'"
 done
 [[ $OFFLOADS == on || $OFFLOADS == off ]] || die "OFFLOADS must be on or off"
+[[ $DRY_RUN == 0 || $DRY_RUN == 1 ]] || die "DRY_RUN must be 0 or 1"
+if ((DRY_RUN)); then
+    printf 'testbed: would run on %s ranks, %s each (queue %s bytes, loss %s, TCP %s, DSCP priority %s):' \
+        "$RANKS" "$RATE" "$QUEUE_BYTES" "$LOSS" "$TCP_CC" "$DSCP_PRIORITY"
+    printf ' %q' "$@"
+    echo
+    exit 0
+fi
 ((EUID == 0)) || die "needs root (network namespaces, tc, iptables)"
 
 missing=()
