@@ -10,7 +10,10 @@
 #    built as a release wheel and installed into it; pytest on
 #    python/tests.
 #
-# Both halves always run; the exit status is nonzero if either failed.
+# Each half also runs README's commands as a user types them
+# (tools/tests/readme_commands.rs; python/tests/test_readme.py for the
+# Python ones). Both halves always run; the exit status is nonzero if
+# either failed.
 # Needs Python 3.11 or newer (PYTHON names the interpreter; default
 # python3) with its venv module.
 set -uo pipefail
