@@ -8,9 +8,11 @@
 #
 # Extra arguments go to the sender. BIN_DIR names a directory holding
 # certs, receiver and sender built already (no release build then).
-# Certificates are made in certs/ on the first run. The receiver listens
-# on a free loopback port. Both tables are printed; the receiver is
-# stopped on exit.
+# The run's certificates are made in a temporary directory, removed on
+# exit with everything else the demo made: certs/ stays yours (a `certs`
+# command after the demo does not find it taken, and the demo does not
+# depend on what it holds). The receiver listens on a free loopback port.
+# Both tables are printed; the receiver is stopped on exit.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -21,10 +23,6 @@ else
     echo "== building certs, receiver and sender (release; the first build takes a few minutes)" >&2
     cargo build --release --bin certs --bin receiver --bin sender
     BIN=target/release
-fi
-if [[ ! -f certs/ca.pem || ! -f certs/server.pem || ! -f certs/server.key ]]; then
-    echo "== making certificates in certs/" >&2
-    "$BIN/certs" --out-dir certs --san localhost --san 127.0.0.1 --force >&2
 fi
 
 # Rounds for the receiver: the sender's --rounds if given, else the default.
@@ -37,19 +35,24 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     esac
 done
 
-RECV_OUT=$(mktemp -t gradlane-receiver.XXXXXX)
+WORK=$(mktemp -d -t gradlane-demo.XXXXXX)
+CERTS=$WORK/certs
+RECV_OUT=$WORK/receiver.out
 RECV_PID=
 cleanup() {
     if [[ -n "$RECV_PID" ]] && kill -0 "$RECV_PID" 2>/dev/null; then
         kill "$RECV_PID" 2>/dev/null || true
         wait "$RECV_PID" 2>/dev/null || true
     fi
-    rm -f "$RECV_OUT"
+    rm -rf "$WORK"
 }
 trap cleanup EXIT
 
+"$BIN/certs" --out-dir "$CERTS" --san localhost --san 127.0.0.1 >/dev/null
+
 echo "== receiver on 127.0.0.1, a free port" >&2
-"$BIN/receiver" --listen 127.0.0.1:0 --rounds "$ROUNDS" --seed 2 >"$RECV_OUT" 2>&1 &
+"$BIN/receiver" --listen 127.0.0.1:0 --cert "$CERTS/server.pem" --key "$CERTS/server.key" \
+    --rounds "$ROUNDS" --seed 2 >"$RECV_OUT" 2>&1 &
 RECV_PID=$!
 
 # Wait until the receiver listens (it says where on its output), at most 10 s.
@@ -75,7 +78,7 @@ echo
 echo "### sender"
 echo
 status=0
-"$BIN/sender" --connect "$ADDR" --server-name localhost --seed 1 \
+"$BIN/sender" --connect "$ADDR" --server-name localhost --ca "$CERTS/ca.pem" --seed 1 \
     --loss 0.05 --delay-ms 1 "$@" || status=$?
 if [[ $status -ne 0 ]]; then
     # Let the receiver notice the closed link and say why it stopped.
