@@ -15,7 +15,8 @@ use std::time::Instant;
 #[derive(Debug, Clone, Copy)]
 pub enum ScriptCheck {
     /// Runs on loopback from a copy in the section's directory, with this
-    /// build's programs (BIN_DIR) instead of a release build.
+    /// build's programs (BIN_DIR) instead of a release build; it must leave
+    /// nothing behind there, where the user's next commands run.
     Run,
     /// Needs root (or a capture); its arguments go to this program, whose
     /// parser checks them.
@@ -130,11 +131,24 @@ pub fn run_script(
                     .current_dir(dir)
                     .env("BIN_DIR", &build.dir),
             )?;
+            let before = entries(dir)?;
             running
                 .finish(RUN_LIMIT)
                 .map_err(|e| format!("{shown} {e}:\n{}", running.tail()))?;
+            let left: Vec<String> = entries(dir)?
+                .into_iter()
+                .filter(|e| !before.contains(e))
+                .collect();
+            if !left.is_empty() {
+                return Err(format!(
+                    "{shown} ran, but left {} in the checkout: a command after it that \
+                     makes them (`certs`) finds them taken",
+                    left.join(", ")
+                ));
+            }
             Ok(Outcome::Ran(format!(
-                "{shown} from a copy, with this build's programs (BIN_DIR) ({:.1} s)",
+                "{shown} from a copy, with this build's programs (BIN_DIR), leaving nothing \
+                 behind ({:.1} s)",
                 t.elapsed().as_secs_f64()
             )))
         }
@@ -182,6 +196,14 @@ pub fn run_script(
             "not run: the test command that runs this check".to_string(),
         )),
     }
+}
+
+/// The names in `dir`.
+fn entries(dir: &Path) -> Result<Vec<String>, String> {
+    let list = std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    Ok(list
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect())
 }
 
 /// The tools programs a script builds or runs: `--bin NAME`,
