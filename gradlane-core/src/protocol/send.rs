@@ -49,7 +49,8 @@ pub struct SendPlan {
     pub sent_before: u64,
     /// Bytes of the important part's streams.
     pub reliable_len: u64,
-    /// Bytes of the lossy part (on streams, when it goes there).
+    /// Payload bytes of the lossy part on the wire, in its format (on
+    /// streams, when it goes there).
     pub lossy_len: u64,
 }
 

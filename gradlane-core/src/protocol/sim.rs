@@ -801,7 +801,7 @@ impl Pair {
             release_on_sent: self.s.timing.release_on_sent(false),
             sent_before: sender.out.sent_bytes,
             reliable_len,
-            lossy_len: encoded.end.bytes[1..].iter().sum(),
+            lossy_len: encoded.wire_payload[1..].iter().sum(),
         };
         let mut machine = RoundSend::new(plan);
         machine.handle(self.now, SendEvent::ImportantHanded);

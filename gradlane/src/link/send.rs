@@ -131,7 +131,8 @@ impl LinkSender {
             release_on_sent: self.timing.release_on_sent(marked),
             sent_before: sent_bytes(&self.conn),
             reliable_len: framer.reliable_len() as u64,
-            lossy_len: framer.end().bytes[1..].iter().sum(),
+            // What goes on the wire, in the levels' format.
+            lossy_len: wire[1..].iter().sum(),
         };
         let mut flight = InFlight::new(RoundSend::new(plan), self.control.clone());
         let sending = Sending { start, on_stream };
