@@ -37,6 +37,8 @@ class Group:
         idle_timeout: float | None = None,
         dscp: bool = False,
         lossy_carrier: Literal["adaptive", "datagrams"] = "adaptive",
+        important_format: Literal["f32", "bf16", "f16"] = "f32",
+        lossy_format: Literal["f32", "bf16", "f16", "log8"] = "f32",
     ) -> None: ...
     @property
     def rank(self) -> int: ...
@@ -48,15 +50,30 @@ class Group:
     def closed(self) -> bool: ...
     def barrier(self) -> None: ...
     def broadcast(self, root: int, buf: Buffer) -> None: ...
-    def allreduce(self, buf: Buffer, op: Literal["sum", "mean"] = "sum") -> None: ...
+    def allreduce(
+        self,
+        buf: Buffer,
+        op: Literal["sum", "mean", "max", "min"] = "sum",
+        dtype: Literal["float32", "bfloat16", "float16"] | None = None,
+    ) -> None: ...
     def allgather(self, input: Buffer, output: Buffer) -> None: ...
     def reduce_scatter(
-        self, input: Buffer, output: Buffer, op: Literal["sum", "mean"] = "sum"
+        self,
+        input: Buffer,
+        output: Buffer,
+        op: Literal["sum", "mean", "max", "min"] = "sum",
+        dtype: Literal["float32", "bfloat16", "float16"] | None = None,
     ) -> None: ...
     def register_bucket(
         self,
         shapes: list[tuple[str, list[int], Literal["conv2d", "dense"]]],
         recovery: Literal["zero_fill", "rescale", "error_feedback"] = "zero_fill",
+        *,
+        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        important_format: Literal["f32", "bf16", "f16"] | None = None,
+        lossy_format: Literal["f32", "bf16", "f16", "log8"] | None = None,
+        lossy_return: bool = False,
+        compression_feedback: bool | None = None,
     ) -> int: ...
     def allreduce_differentiated(
         self, bucket: int, buf: Buffer, op: Literal["sum", "mean"] = "mean"

@@ -96,6 +96,47 @@ impl<T: Element> Exported<T> {
     }
 }
 
+/// A 16-bit value as its bits: a bfloat16 or IEEE half. Taken from a
+/// buffer of numpy float16 (format "e") or of 16-bit integers ("h", "H"),
+/// which is how a torch bfloat16 tensor crosses
+/// (`tensor.view(torch.int16).numpy()`): numpy has no bfloat16.
+#[derive(Debug, Clone, Copy)]
+#[repr(transparent)]
+pub(crate) struct Bits16(u16);
+
+// SAFETY: a plain u16 (every bit pattern valid, no padding), and only
+// buffers of 2-byte items in a native-order format are compatible.
+unsafe impl Element for Bits16 {
+    fn is_compatible_format(format: &std::ffi::CStr) -> bool {
+        let f = format.to_bytes();
+        let f = match f.first() {
+            Some(b'@' | b'=') => &f[1..],
+            Some(b'<') if cfg!(target_endian = "little") => &f[1..],
+            _ => f,
+        };
+        matches!(f, b"e" | b"h" | b"H")
+    }
+}
+
+/// Slices of [`Bits16`] as the element type gradlane reduces.
+pub(crate) fn bits_as<T: bytemuck::Pod>(values: &mut [Bits16]) -> &mut [T] {
+    const { assert!(std::mem::size_of::<T>() == 2, "a 16-bit type") };
+    // SAFETY: Bits16 is a transparent u16; `T` is Pod of the same size and
+    // alignment at most 2 (checked by bytemuck below on the u16 view).
+    let raw: &mut [u16] =
+        unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u16>(), values.len()) };
+    bytemuck::cast_slice_mut(raw)
+}
+
+/// Read-only [`bits_as`].
+pub(crate) fn bits_as_ref<T: bytemuck::Pod>(values: &[Bits16]) -> &[T] {
+    const { assert!(std::mem::size_of::<T>() == 2, "a 16-bit type") };
+    // SAFETY: as for `bits_as`.
+    let raw: &[u16] =
+        unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u16>(), values.len()) };
+    bytemuck::cast_slice(raw)
+}
+
 /// A buffer a call only reads.
 pub(crate) struct InBuf<T: Element>(Exported<T>);
 
@@ -128,11 +169,6 @@ impl<T: Element> OutBuf<T> {
     /// `ValueError`.
     pub(crate) fn get(obj: &Bound<'_, PyAny>, what: &str, dtype: &str) -> PyResult<Self> {
         Exported::get(obj, what, dtype, true).map(Self)
-    }
-
-    /// How many values the buffer holds.
-    pub(crate) fn len(&self) -> usize {
-        self.0.len
     }
 
     /// The values, to write.

@@ -108,7 +108,9 @@ impl CallError {
         let (err, rank, missing) = match self {
             CallError::Group(e) => match e {
                 // A buffer that does not fit the collective: bad input.
-                RustGroupError::Size(_) => return PyValueError::new_err(message),
+                RustGroupError::Size(_) | RustGroupError::Unsupported(_) => {
+                    return PyValueError::new_err(message)
+                }
                 RustGroupError::Setup(_) | RustGroupError::Endpoint(_) => {
                     (GroupSetupError::new_err(message), None, None)
                 }

@@ -1,13 +1,16 @@
 //! The `Group` class: one rank of a gradlane group, and its collectives on
 //! Python buffers.
 
-use crate::buffer::{disjoint, InBuf, OutBuf};
+use crate::buffer::{bits_as, bits_as_ref, disjoint, Bits16, InBuf, OutBuf};
 use crate::errors::CallError;
 use crate::runtime;
 use gradlane::{
-    AllreduceReport, BucketId, Config, DscpMarks, Faults, Group, GroupConfig, Layout, LossRecovery,
-    LossyCarrier, ReduceOp, Rendezvous, SparseAllgather, SparseRows, TensorSpec,
+    bf16, f16, AllreduceReport, BucketId, BucketOptions, ClassFormats, Config, DscpMarks, Faults,
+    Group, GroupConfig, Layout, LossRecovery, LossyCarrier, ReduceOp, Rendezvous, SparseAllgather,
+    SparseRows, TensorSpec, ValueFormat,
 };
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::PyTypeError;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict, PyTuple};
@@ -28,7 +31,8 @@ const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 /// Group(rank, world, *, root=None, addresses=None, listen="0.0.0.0:0",
 ///       cert_dir=None, server_name=None, join_timeout=60.0,
 ///       loss_tolerance=0.2, injected_loss=0.0, seed=0, idle_timeout=None,
-///       dscp=False, lossy_carrier="adaptive")
+///       dscp=False, lossy_carrier="adaptive", important_format="f32",
+///       lossy_format="f32")
 ///
 /// The constructor joins the group (the GIL is released while it waits)
 /// and returns once this rank has a link to every other rank. Give exactly
@@ -59,7 +63,11 @@ const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 /// allreduce's lossy part, "adaptive" (low-priority streams while the path
 /// loses nothing, datagrams after a loss; cheapest in CPU) or "datagrams"
 /// (always: lossy data is never retransmitted, not even before the first
-/// loss is seen, at more CPU).
+/// loss is seen, at more CPU). important_format and lossy_format: how the
+/// differentiated allreduce's classes travel, unless a bucket says
+/// otherwise (register_bucket): "f32" (exact), "bf16" (half the bytes, 8
+/// bits of precision), "f16", or for the lossy levels "log8" (a byte a
+/// value, within 4.9%).
 ///
 /// Every rank must call the same collectives in the same order, as in any
 /// process group; a rank that calls something else, or dies, makes the
@@ -70,9 +78,10 @@ const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 ///
 /// Buffers: any object with a C-contiguous float32 buffer (numpy arrays,
 /// `tensor.numpy()` of a CPU tensor, array.array("f")), used in place
-/// without copying; a buffer that a call writes must be writable. A
-/// wrong element type is a TypeError; a strided view, a read-only output,
-/// a wrong size, an unknown option a ValueError.
+/// without copying; the reductions also take float16 (numpy) and bfloat16
+/// (16-bit integers with dtype="bfloat16"). A buffer that a call writes
+/// must be writable. A wrong element type is a TypeError; a strided view,
+/// a read-only output, a wrong size, an unknown option a ValueError.
 ///
 /// A Group is a context manager: leaving the with block closes it.
 #[pyclass(module = "gradlane", name = "Group", frozen)]
@@ -91,6 +100,8 @@ struct State {
     group: Group,
     /// The registered buckets, by the index Python knows them by.
     buckets: Vec<Bucket>,
+    /// The Group's formats, which a bucket's own complete.
+    formats: ClassFormats,
 }
 
 /// A registered bucket.
@@ -98,6 +109,8 @@ struct Bucket {
     id: BucketId,
     /// The values its flat buffer holds.
     values: usize,
+    /// Their type.
+    dtype: ValueFormat,
 }
 
 /// How a reduction combines the ranks' values, from Python's string.
@@ -105,10 +118,108 @@ fn reduce_op(op: &str) -> PyResult<ReduceOp> {
     match op {
         "sum" => Ok(ReduceOp::Sum),
         "mean" => Ok(ReduceOp::Mean),
+        "max" => Ok(ReduceOp::Max),
+        "min" => Ok(ReduceOp::Min),
         _ => Err(PyValueError::new_err(format!(
-            "unknown op {op:?}: expected \"sum\" or \"mean\""
+            "unknown op {op:?}: expected \"sum\", \"mean\", \"max\" or \"min\""
         ))),
     }
+}
+
+/// The element type a buffer holds, from Python's `dtype` ("float32",
+/// "bfloat16", "float16") or, when none is given, from the buffer's own
+/// format (numpy float32 or float16; bfloat16 must be named, as numpy has
+/// none).
+fn value_dtype(obj: &Bound<'_, PyAny>, what: &str, dtype: Option<&str>) -> PyResult<ValueFormat> {
+    if let Some(d) = dtype {
+        return match d {
+            "float32" | "f32" => Ok(ValueFormat::F32),
+            "bfloat16" | "bf16" => Ok(ValueFormat::Bf16),
+            "float16" | "f16" | "half" => Ok(ValueFormat::F16),
+            _ => Err(PyValueError::new_err(format!(
+                "unknown dtype {d:?}: expected \"float32\", \"bfloat16\" or \"float16\""
+            ))),
+        };
+    }
+    let raw = PyUntypedBuffer::get(obj)?;
+    let format = raw.format().to_string_lossy().into_owned();
+    match (format.trim_start_matches(['@', '=', '<']), raw.item_size()) {
+        ("f", 4) => Ok(ValueFormat::F32),
+        ("e", 2) => Ok(ValueFormat::F16),
+        _ => Err(PyTypeError::new_err(format!(
+            "{what} has format {format:?} ({} bytes per item): gradlane reduces float32 and \
+             float16 buffers, and bfloat16 ones passed as 16-bit integers with \
+             dtype=\"bfloat16\" (tensor.view(torch.int16).numpy())",
+            raw.item_size()
+        ))),
+    }
+}
+
+/// A value format from Python's name ("f32", "bf16", "f16", "log8").
+fn value_format(what: &str, name: &str) -> PyResult<ValueFormat> {
+    name.parse()
+        .map_err(|e: gradlane::FormatError| PyValueError::new_err(format!("{what}: {e}")))
+}
+
+/// Runs `$body` with `$v` bound to `$obj`'s values as a mutable slice of
+/// the element type `$dtype` names (the buffer held until it returns).
+macro_rules! with_values_mut {
+    ($obj:expr, $what:expr, $dtype:expr, |$v:ident| $body:expr) => {
+        match $dtype {
+            ValueFormat::F32 => {
+                let mut held = OutBuf::<f32>::get($obj, $what, "float32")?;
+                let $v = held.as_mut_slice();
+                $body
+            }
+            ValueFormat::Bf16 => {
+                let mut held = OutBuf::<Bits16>::get($obj, $what, "bfloat16 (as 16-bit integers)")?;
+                let $v = bits_as::<bf16>(held.as_mut_slice());
+                $body
+            }
+            ValueFormat::F16 | ValueFormat::Log8 => {
+                let mut held = OutBuf::<Bits16>::get($obj, $what, "float16")?;
+                let $v = bits_as::<f16>(held.as_mut_slice());
+                $body
+            }
+        }
+    };
+}
+
+/// Runs `$body` with `$i` and `$o` bound to an input and an output buffer
+/// of the element type `$dtype` names, checked not to share memory.
+macro_rules! with_in_out {
+    ($input:expr, $output:expr, $dtype:expr, |$i:ident, $o:ident| $body:expr) => {
+        match $dtype {
+            ValueFormat::F32 => {
+                let input = InBuf::<f32>::get($input, "input", "float32")?;
+                let mut output = OutBuf::<f32>::get($output, "output", "float32")?;
+                disjoint(&input, &output)?;
+                let ($i, $o) = (input.as_slice(), output.as_mut_slice());
+                $body
+            }
+            ValueFormat::Bf16 => {
+                let input = InBuf::<Bits16>::get($input, "input", "bfloat16 (as 16-bit integers)")?;
+                let mut output =
+                    OutBuf::<Bits16>::get($output, "output", "bfloat16 (as 16-bit integers)")?;
+                disjoint(&input, &output)?;
+                let ($i, $o) = (
+                    bits_as_ref::<bf16>(input.as_slice()),
+                    bits_as::<bf16>(output.as_mut_slice()),
+                );
+                $body
+            }
+            ValueFormat::F16 | ValueFormat::Log8 => {
+                let input = InBuf::<Bits16>::get($input, "input", "float16")?;
+                let mut output = OutBuf::<Bits16>::get($output, "output", "float16")?;
+                disjoint(&input, &output)?;
+                let ($i, $o) = (
+                    bits_as_ref::<f16>(input.as_slice()),
+                    bits_as::<f16>(output.as_mut_slice()),
+                );
+                $body
+            }
+        }
+    };
 }
 
 /// A bucket's loss recovery, from Python's string.
@@ -240,6 +351,7 @@ fn report_dict<'py>(py: Python<'py>, report: &AllreduceReport) -> PyResult<Bound
         report.lost.iter().map(|r| r.len()).sum::<usize>(),
     )?;
     let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    out.set_item("return_bytes", report.return_bytes)?;
     out.set_item("reduce_ns", ns(report.reduce_time))?;
     out.set_item("return_ns", ns(report.return_time))?;
     Ok(out)
@@ -282,6 +394,8 @@ impl PyGroup {
         idle_timeout = None,
         dscp = false,
         lossy_carrier = "adaptive",
+        important_format = "f32",
+        lossy_format = "f32",
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -300,6 +414,8 @@ impl PyGroup {
         idle_timeout: Option<f64>,
         dscp: bool,
         lossy_carrier: &str,
+        important_format: &str,
+        lossy_format: &str,
     ) -> PyResult<Self> {
         let world = usize::try_from(world)
             .ok()
@@ -341,8 +457,13 @@ impl PyGroup {
             )));
         }
         let join_timeout = seconds("join_timeout", join_timeout)?;
+        let formats = ClassFormats {
+            important: value_format("important_format", important_format)?,
+            lossy: value_format("lossy_format", lossy_format)?,
+        };
         let mut link = Config {
             loss_tolerance,
+            formats,
             ..Config::default()
         };
         if injected_loss > 0.0 {
@@ -411,6 +532,7 @@ impl PyGroup {
             state: Mutex::new(Some(State {
                 group,
                 buckets: Vec::new(),
+                formats,
             })),
             bytes_at_close: AtomicU64::new(0),
         })
@@ -479,15 +601,25 @@ impl PyGroup {
         )
     }
 
-    /// Reduces `buf` across the ranks in place: op "sum" or "mean" (the sum
-    /// divided by world). Each value is summed in rank order by one rank
-    /// and sent back exactly, so every rank ends with the same bits.
-    #[pyo3(signature = (buf, op = "sum"))]
-    fn allreduce(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, op: &str) -> PyResult<()> {
+    /// Reduces `buf` across the ranks in place: op "sum", "mean" (the sum
+    /// divided by world), "max" or "min" (NaN if any rank's value is NaN).
+    /// Each value is combined in rank order by one rank, in float32, rounded
+    /// once to the buffer's type and sent back exactly, so every rank ends
+    /// with the same bits. `buf` holds float32 or float16 values (numpy), or
+    /// bfloat16 ones as 16-bit integers with dtype="bfloat16"; a 16-bit
+    /// buffer travels as itself, two bytes a value.
+    #[pyo3(signature = (buf, op = "sum", dtype = None))]
+    fn allreduce(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        op: &str,
+        dtype: Option<&str>,
+    ) -> PyResult<()> {
         let op = reduce_op(op)?;
-        let mut buf = OutBuf::<f32>::get(buf, "buf", "float32")?;
-        let values = buf.as_mut_slice();
-        self.with_state(py, |s, rt| Ok(rt.block_on(s.group.allreduce(values, op))?))
+        let dtype = value_dtype(buf, "buf", dtype)?;
+        with_values_mut!(buf, "buf", dtype, |values| self
+            .with_state(py, |s, rt| Ok(rt.block_on(s.group.allreduce(values, op))?)))
     }
 
     /// Gathers every rank's `input` into `output` in rank order: `output`
@@ -510,54 +642,114 @@ impl PyGroup {
     }
 
     /// `input` holds world parts of output's length, part r for rank r;
-    /// `output` on rank r becomes the reduction ("sum" or "mean") of every
-    /// rank's part r, summed in rank order. The two must not share memory.
-    #[pyo3(signature = (input, output, op = "sum"))]
+    /// `output` on rank r becomes the reduction ("sum", "mean", "max" or
+    /// "min") of every rank's part r, combined in rank order in float32 and
+    /// rounded once. Both hold the same type (dtype as for allreduce). The
+    /// two must not share memory.
+    #[pyo3(signature = (input, output, op = "sum", dtype = None))]
     fn reduce_scatter(
         &self,
         py: Python<'_>,
         input: &Bound<'_, PyAny>,
         output: &Bound<'_, PyAny>,
         op: &str,
+        dtype: Option<&str>,
     ) -> PyResult<()> {
         let op = reduce_op(op)?;
-        let input = InBuf::<f32>::get(input, "input", "float32")?;
-        let mut output = OutBuf::<f32>::get(output, "output", "float32")?;
-        disjoint(&input, &output)?;
-        let (input, output) = (input.as_slice(), output.as_mut_slice());
-        self.with_state(py, |s, rt| {
-            Ok(rt.block_on(s.group.reduce_scatter(input, output, op))?)
-        })
+        let dtype = value_dtype(output, "output", dtype)?;
+        with_in_out!(input, output, dtype, |i, o| self.with_state(py, |s, rt| {
+            Ok(rt.block_on(s.group.reduce_scatter(i, o, op))?)
+        }))
     }
 
     /// Registers a gradient bucket for allreduce_differentiated: a flat
-    /// float32 buffer holding the tensors `shapes` describes, in order.
-    /// Each is (name, shape, kind): kind "conv2d" for a convolution weight
-    /// of shape [out, in, kh, kw] (chunked per kernel) or "dense" for any
-    /// other shape (chunked in 1 KiB blocks); names are unique within the
+    /// buffer holding the tensors `shapes` describes, in order. Each is
+    /// (name, shape, kind): kind "conv2d" for a convolution weight of shape
+    /// [out, in, kh, kw] (chunked per kernel) or "dense" for any other shape
+    /// (chunked in blocks of 256 values); names are unique within the
     /// bucket. `recovery` says what becomes of a lossy chunk that did not
     /// arrive: "zero_fill" (counted as zero; late chunks added into the
     /// next call), "rescale" (each value's sum scaled up to all ranks from
     /// those whose part arrived) or "error_feedback" (the rank keeps what
     /// it lost and adds it into its next gradient of this bucket).
     ///
-    /// This is a collective: every rank registers the same buckets in the
-    /// same order. Returns the bucket's id (0, 1, ... in registration
-    /// order).
-    #[pyo3(signature = (shapes, recovery = "zero_fill"))]
+    /// dtype: what the buffer holds, "float32" (default), "bfloat16" or
+    /// "float16"; a 16-bit bucket travels as itself.
+    /// important_format and lossy_format: how the important chunks and the
+    /// lossy levels travel, "f32", "bf16", "f16" (important or lossy) or
+    /// "log8" (lossy only: a byte a value within 4.9%, and a scale per
+    /// chunk); by default the Group's. lossy_return: the owner sends back
+    /// the sums of chunks every rank sent lossy in the lossy format.
+    /// compression_feedback: keep what rounding took from this rank's
+    /// values and add it into its next gradient (None: on for log8).
+    ///
+    /// This is a collective: every rank registers the same buckets, with
+    /// the same settings, in the same order. Returns the bucket's id (0,
+    /// 1, ... in registration order).
+    #[pyo3(signature = (
+        shapes,
+        recovery = "zero_fill",
+        *,
+        dtype = "float32",
+        important_format = None,
+        lossy_format = None,
+        lossy_return = false,
+        compression_feedback = None,
+    ))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn register_bucket(
         &self,
         py: Python<'_>,
         shapes: Vec<(String, Vec<i64>, String)>,
         recovery: &str,
+        dtype: &str,
+        important_format: Option<&str>,
+        lossy_format: Option<&str>,
+        lossy_return: bool,
+        compression_feedback: Option<bool>,
     ) -> PyResult<usize> {
         let recovery = loss_recovery(recovery)?;
+        let dtype = match dtype {
+            "float32" | "f32" => ValueFormat::F32,
+            "bfloat16" | "bf16" => ValueFormat::Bf16,
+            "float16" | "f16" | "half" => ValueFormat::F16,
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown dtype {dtype:?}: expected \"float32\", \"bfloat16\" or \"float16\""
+                )))
+            }
+        };
+        let important = important_format
+            .map(|f| value_format("important_format", f))
+            .transpose()?;
+        let lossy = lossy_format
+            .map(|f| value_format("lossy_format", f))
+            .transpose()?;
         let layout = bucket_layout(shapes)?;
         let values = usize::try_from(layout.total_values())
             .map_err(|_| PyValueError::new_err("bucket too large for this machine"))?;
         self.with_state(py, |s, rt| {
-            let id = rt.block_on(s.group.register_bucket(&layout, recovery))?;
-            s.buckets.push(Bucket { id, values });
+            let formats = match (important, lossy) {
+                (None, None) => None,
+                (i, l) => {
+                    let base = s.formats;
+                    let f = ClassFormats {
+                        important: i.unwrap_or(base.important),
+                        lossy: l.unwrap_or(base.lossy),
+                    };
+                    f.validate().map_err(|e| CallError::Value(e.to_string()))?;
+                    Some(f)
+                }
+            };
+            let options = BucketOptions {
+                recovery,
+                dtype,
+                formats,
+                lossy_return,
+                compression_feedback,
+            };
+            let id = rt.block_on(s.group.register_bucket_with(&layout, options))?;
+            s.buckets.push(Bucket { id, values, dtype });
             Ok(s.buckets.len() - 1)
         })
     }
@@ -601,27 +793,39 @@ impl PyGroup {
         buf: &Bound<'py, PyAny>,
         op: &str,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let op = reduce_op(op)?;
-        let mut buf = OutBuf::<f32>::get(buf, "buf", "float32")?;
-        let len = buf.len();
-        let values = buf.as_mut_slice();
-        let report = self.with_state(py, |s, rt| {
-            let b = s.buckets.get(bucket).ok_or_else(|| {
-                CallError::Value(format!(
-                    "no bucket {bucket}: {} registered",
-                    s.buckets.len()
+        let op = match reduce_op(op)? {
+            op @ (ReduceOp::Sum | ReduceOp::Mean) => op,
+            _ => {
+                return Err(PyValueError::new_err(
+                    "allreduce_differentiated sums: op \"mean\" or \"sum\" (max and min are \
+                     allreduce's)",
                 ))
-            })?;
-            if b.values != len {
-                return Err(CallError::Value(format!(
-                    "bucket {bucket} holds {} values, buf has {len}",
-                    b.values
+            }
+        };
+        let registered = self.with_state(py, |s, _| {
+            s.buckets
+                .get(bucket)
+                .map(|b| (b.id, b.values, b.dtype))
+                .ok_or_else(|| {
+                    CallError::Value(format!(
+                        "no bucket {bucket}: {} registered",
+                        s.buckets.len()
+                    ))
+                })
+        })?;
+        let (id, values, dtype) = registered;
+        let report = with_values_mut!(buf, "buf", dtype, |v| {
+            if v.len() != values {
+                return Err(PyValueError::new_err(format!(
+                    "bucket {bucket} holds {values} values, buf has {}",
+                    v.len()
                 )));
             }
-            let id = b.id;
-            let started = Instant::now();
-            let report = rt.block_on(s.group.allreduce_differentiated(id, values, op))?;
-            Ok((report, started.elapsed()))
+            self.with_state(py, |s, rt| {
+                let started = Instant::now();
+                let report = rt.block_on(s.group.allreduce_differentiated(id, v, op))?;
+                Ok((report, started.elapsed()))
+            })
         })?;
         let (report, took) = report;
         let out = report_dict(py, &report)?;

@@ -176,10 +176,58 @@ def scenario_dies(g):
     return {"type": None}
 
 
+def bf16_bits(a):
+    """float32 values rounded to the nearest bfloat16 (ties to even), as
+    the 16-bit integers a bfloat16 tensor's view(torch.int16) shows."""
+    b = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16).view(np.int16)
+
+
+def bf16_values(bits16):
+    """The float32 values of bfloat16 bits."""
+    return (np.asarray(bits16).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def scenario_formats(g):
+    """16-bit buffers through the exact reductions (every op), then a
+    bfloat16 bucket and an f32 bucket in bf16 + log8 through the
+    differentiated allreduce with seeded loss."""
+    rank, out = g.rank, {}
+    x = values(rank, 1001)
+    for op in ("sum", "mean", "max", "min"):
+        h = x.astype(np.float16)
+        g.allreduce(h, op=op)
+        out[f"f16_{op}"] = h.tobytes()
+        b = bf16_bits(x)
+        g.allreduce(b, op=op, dtype="bfloat16")
+        out[f"bf16_{op}"] = b.tobytes()
+    parts = bf16_bits(values(rank, 30, salt=2))
+    mine = np.empty(10, np.int16)
+    g.reduce_scatter(parts, mine, op="sum", dtype="bfloat16")
+    out["bf16_reduce_scatter"] = mine.tobytes()
+
+    steps = []
+    packed = g.register_bucket(
+        LOSSY_BUCKET, important_format="bf16", lossy_format="log8", lossy_return=True
+    )
+    native = g.register_bucket(LOSSY_BUCKET, dtype="bfloat16", recovery="rescale")
+    stats = []
+    for step in range(3):
+        f = gradient(rank, step, LOSSY_BUCKET_VALUES)
+        stats.append(g.allreduce_differentiated(packed, f, op="mean"))
+        b = bf16_bits(gradient(rank, 10 + step, LOSSY_BUCKET_VALUES))
+        stats.append(g.allreduce_differentiated(native, b, op="mean"))
+        steps.append((f.tobytes(), b.tobytes()))
+    out["steps"], out["stats"] = steps, stats
+    return out
+
+
 SCENARIOS = {
     "exact": scenario_exact,
     "lossy": scenario_lossy,
     "dies": scenario_dies,
+    "formats": scenario_formats,
 }
 
 
@@ -306,6 +354,40 @@ def test_with_injected_loss_every_rank_ends_with_the_same_bits(cert_dir):
     assert missing == sum(s["lost_ranges"] for s in stats), stats
 
 
+def test_sixteen_bit_buffers_and_formats_keep_every_rank_identical(cert_dir):
+    got = run_ranks("formats", cert_dir, {"injected_loss": 0.05, "seed": 3})
+    x = [values(r, 1001) for r in range(WORLD)]
+    for op, combine in [
+        ("sum", lambda a: rank_sum(a)),
+        ("mean", lambda a: rank_sum(a) / np.float32(WORLD)),
+        ("max", lambda a: np.maximum.reduce(a)),
+        ("min", lambda a: np.minimum.reduce(a)),
+    ]:
+        want16 = combine([v.astype(np.float16).astype(np.float32) for v in x]).astype(np.float16)
+        wantb = bf16_bits(combine([bf16_values(bf16_bits(v)) for v in x]))
+        for r in range(WORLD):
+            assert got[r][f"f16_{op}"] == want16.tobytes(), (op, r)
+            assert got[r][f"bf16_{op}"] == wantb.tobytes(), (op, r)
+    parts = [bf16_values(bf16_bits(values(r, 30, salt=2))) for r in range(WORLD)]
+    for r in range(WORLD):
+        want = bf16_bits(rank_sum([p[10 * r:10 * (r + 1)] for p in parts]))
+        assert got[r]["bf16_reduce_scatter"] == want.tobytes(), r
+    for step in range(3):
+        for r in range(1, WORLD):
+            assert got[r]["steps"][step] == got[0]["steps"][step], (step, r)
+        f = np.frombuffer(got[0]["steps"][step][0], np.float32)
+        assert np.isfinite(f).all()
+    # bf16 + log8 puts about 0.45 of the f32 bytes on the wire; a bf16
+    # bucket half.
+    for r in range(WORLD):
+        packed, native = got[r]["stats"][0::2], got[r]["stats"][1::2]
+        for s in packed + native:
+            assert s["sent_important_bytes"] > 0 and s["return_bytes"] > 0, s
+        sent = sum(s["sent_important_bytes"] + s["sent_lossy_bytes"] for s in packed)
+        values_sent = 3 * LOSSY_BUCKET_VALUES * (WORLD - 1) / WORLD
+        assert 0.40 < sent / (4 * values_sent) < 0.5, sent / (4 * values_sent)
+
+
 def test_a_rank_that_exits_is_named_by_the_others(cert_dir):
     # A 3 s idle timeout: a silent link fails after 3 s; the queue timeout
     # bounds the whole test.
@@ -352,7 +434,13 @@ def test_bad_buffers_are_type_and_value_errors(solo):
     with pytest.raises(ValueError, match="share memory"):
         solo.allgather(good, good)
     with pytest.raises(ValueError, match="unknown op"):
-        solo.allreduce(good, op="max")
+        solo.allreduce(good, op="prod")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        solo.allreduce(good, dtype="float8")
+    with pytest.raises(TypeError, match="bfloat16"):
+        solo.allreduce(np.zeros(6, np.int16))  # bf16 bits must say so
+    with pytest.raises(TypeError, match="bfloat16"):
+        solo.allreduce(good, dtype="bfloat16")  # 4-byte items are not bf16
     with pytest.raises(ValueError, match="unknown op"):
         solo.reduce_scatter(good, np.zeros(6, np.float32), op="avg")
     with pytest.raises(ValueError, match="root"):
@@ -375,8 +463,15 @@ def test_bad_buckets_and_sparse_rows_are_value_errors(solo):
         solo.allreduce_differentiated(b, np.zeros(BUCKET_VALUES + 1, np.float32))
     with pytest.raises(ValueError, match="no bucket"):
         solo.allreduce_differentiated(b + 1, np.zeros(BUCKET_VALUES, np.float32))
-    with pytest.raises(ValueError, match="unknown op"):
+    with pytest.raises(ValueError, match="sums"):
         solo.allreduce_differentiated(b, np.zeros(BUCKET_VALUES, np.float32), op="max")
+    with pytest.raises(ValueError, match="log8"):
+        solo.register_bucket(BUCKET, important_format="log8")
+    with pytest.raises(ValueError, match="unknown value format"):
+        solo.register_bucket(BUCKET, lossy_format="int4")
+    h = solo.register_bucket(BUCKET, dtype="float16")
+    with pytest.raises(TypeError, match="float16"):
+        solo.allreduce_differentiated(h, np.zeros(BUCKET_VALUES, np.float32))
     grad = gradient(0, 0)
     stats = solo.allreduce_differentiated(b, grad.copy(), op="sum")
     assert stats["lost_ranges"] == 0

@@ -163,6 +163,18 @@ def scenario_backend(rank):
     o = torch.empty(2)
     dist.reduce_scatter(o, list(inp.chunk(WORLD)))
     out["reduce_scatter_sum"] = o.numpy().copy()
+    # 16-bit tensors travel as themselves; MAX and MIN.
+    for dtype in (torch.bfloat16, torch.float16):
+        t = (torch.arange(7, dtype=torch.float32) * 0.37 * (rank + 1)).to(dtype)
+        dist.all_reduce(t)
+        out[f"all_reduce_{dtype}"] = t.float().numpy().copy()
+        o = torch.empty(2, dtype=dtype)
+        dist.reduce_scatter_tensor(o, (inp * 0.37).to(dtype), op=dist.ReduceOp.AVG)
+        out[f"reduce_scatter_{dtype}"] = o.float().numpy().copy()
+    for op in ("MAX", "MIN"):
+        t = torch.tensor([1.0, -2.0, float(rank)]) * (1 - 2 * rank)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        out[f"all_reduce_{op}"] = t.numpy().copy()
     dist.barrier()
 
     # Bad input: a clear exception, and the ranks stay in step (the
@@ -171,7 +183,7 @@ def scenario_backend(rank):
     for what, call in [
         ("float64", lambda: dist.all_reduce(torch.zeros(4, dtype=torch.float64))),
         ("non-contiguous", lambda: dist.all_reduce(torch.zeros(4, 4).t())),
-        ("max", lambda: dist.all_reduce(torch.zeros(4), op=dist.ReduceOp.MAX)),
+        ("product", lambda: dist.all_reduce(torch.zeros(4), op=dist.ReduceOp.PRODUCT)),
         ("wrong size", lambda: dist.all_gather_into_tensor(torch.empty(5), torch.zeros(2))),
     ]:
         try:
@@ -189,7 +201,14 @@ def scenario_backend(rank):
 
 
 def scenario_hook(
-    rank, backend, injected_loss, steps, dscp=False, overlap=False, lossy_carrier="adaptive"
+    rank,
+    backend,
+    injected_loss,
+    steps,
+    dscp=False,
+    overlap=False,
+    lossy_carrier="adaptive",
+    formats=("f32", "f32"),
 ):
     """DDP over `backend`: a model with the gradlane hook next to the same
     model with the backend's allreduce, on the same batches."""
@@ -210,6 +229,8 @@ def scenario_hook(
         dscp=dscp,
         overlap=overlap,
         lossy_carrier=lossy_carrier,
+        important_format=formats[0],
+        lossy_format=formats[1],
     )
     ddp_hooked.register_comm_hook(state, gl.ddp_hook)
     ddp_plain = DDP(plain)
@@ -337,8 +358,109 @@ def scenario_killed_hook(rank, overlap):
     return {**first, "again": again, "again_s": time.monotonic() - started}
 
 
+def scenario_bf16_ddp(rank, backend):
+    """A bfloat16 model under DDP over `backend`: its parameters after
+    STEPS steps (DDP reduces its bfloat16 gradients in bfloat16)."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group(backend)
+    model = small_cnn(seed=100).to(torch.bfloat16)
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    for step in range(STEPS):
+        x, y = batch(step, rank)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x.to(torch.bfloat16)).float(), y).backward()
+        opt.step()
+    out = {"params": [p.detach().float().numpy().copy() for p in model.parameters()]}
+    dist.destroy_process_group()
+    return out
+
+
+def scenario_torch_hook(rank, backend, hook, steps):
+    """One of torch's own DDP communication hooks (what a user turns on
+    instead of gradlane's) over `backend`: the loss and parameters of each
+    step."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group(backend)
+    model = wide_cnn(seed=7)
+    ddp = DDP(model)
+    if hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    else:
+        state = psgd.PowerSGDState(
+            process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2
+        )
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    out = {"loss": [], "params": []}
+    for step in range(steps):
+        x, y = batch(step, rank, n=8)
+        opt.zero_grad()
+        loss = F.cross_entropy(ddp(x), y)
+        loss.backward()
+        opt.step()
+        out["loss"].append(float(loss))
+        out["params"].append(params_of(model))
+    dist.destroy_process_group()
+    return out
+
+
+def scenario_amp(rank, backend, transport):
+    """fp16 autocast with a GradScaler over `backend` (`transport` "hook":
+    gradlane's hook, in bf16 + log8, over it). Rank 0 scales its loss up at
+    step 1 so that its gradient overflows: every rank must skip that step
+    and halve its scale, as over gloo. The scale and parameters after
+    each step."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group(backend)
+    model = small_cnn(seed=100)
+    ddp = DDP(model)
+    state = None
+    if transport == "hook":
+        import gradlane.torch as gl
+
+        state = gl.HookState(important_format="bf16", lossy_format="log8")
+        ddp.register_comm_hook(state, gl.ddp_hook)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    out = {"scale": [], "params": [], "finite_grads": []}
+    for step in range(4):
+        x, y = batch(step, rank)
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = F.cross_entropy(ddp(x), y)
+        if step == 1 and rank == 0:
+            loss = loss * 1e30  # overflows in fp16 backward
+        scaler.scale(loss).backward()
+        out["finite_grads"].append(all(bool(torch.isfinite(p.grad).all()) for p in model.parameters()))
+        scaler.step(opt)
+        scaler.update()
+        out["scale"].append(float(scaler.get_scale()))
+        out["params"].append(params_of(model))
+    if state is not None:
+        state.close()
+    dist.destroy_process_group()
+    return out
+
+
 SCENARIOS = {
     "backend": scenario_backend,
+    "bf16_ddp": scenario_bf16_ddp,
+    "torch_hook": scenario_torch_hook,
+    "amp": scenario_amp,
     "ddp_gloo": scenario_ddp_gloo,
     "hook": scenario_hook,
     "fsdp": scenario_fsdp,
@@ -479,6 +601,19 @@ def test_collectives_through_torch_distributed(backend):
             o["reduce_scatter_tensor_avg"], rs_sum[2 * r:2 * r + 2] / WORLD, rtol=1e-7
         )
         np.testing.assert_array_equal(o["reduce_scatter_sum"], rs_sum[2 * r:2 * r + 2])
+        for dtype in (torch.bfloat16, torch.float16):
+            parts = [
+                (torch.arange(7, dtype=torch.float32) * 0.37 * (q + 1)).to(dtype).float()
+                for q in range(WORLD)
+            ]
+            want = sum(parts[1:], parts[0]).to(dtype).float().numpy()
+            np.testing.assert_array_equal(o[f"all_reduce_{dtype}"], want)
+            rs = [(torch.from_numpy(x) * 0.37).to(dtype).float() for x in rs_in]
+            want = (sum(rs[1:], rs[0]) / WORLD).to(dtype).float().numpy()[2 * r:2 * r + 2]
+            np.testing.assert_array_equal(o[f"reduce_scatter_{dtype}"], want)
+        signs = [np.array([1.0, -2.0, float(q)], np.float32) * (1 - 2 * q) for q in range(WORLD)]
+        np.testing.assert_array_equal(o["all_reduce_MAX"], np.maximum.reduce(signs))
+        np.testing.assert_array_equal(o["all_reduce_MIN"], np.minimum.reduce(signs))
 
 
 def test_bad_input_is_a_clear_exception(backend):
@@ -487,7 +622,7 @@ def test_bad_input_is_a_clear_exception(backend):
         assert bad["float64"][0] == "TypeError" and "float32" in bad["float64"][1], bad
         assert bad["non-contiguous"][0] == "ValueError", bad
         assert "contiguous" in bad["non-contiguous"][1], bad
-        assert bad["max"][0] == "ValueError" and "AVG" in bad["max"][1], bad
+        assert bad["product"][0] == "ValueError" and "MAX" in bad["product"][1], bad
         assert bad["wrong size"][0] == "ValueError" and "needs" in bad["wrong size"][1], bad
         # The ranks stayed in step.
         np.testing.assert_array_equal(backend[r]["after_bad"], np.full(3, WORLD, np.float32))
@@ -541,6 +676,72 @@ def test_hook_with_injected_loss_keeps_every_rank_bit_identical(cert_dir, lossy_
                 assert got[r]["stats"][step]["sent_lossy_on_stream_bytes"] == 0, (r, step)
 
 
+@pytest.mark.parametrize(
+    "formats", [("bf16", "log8"), ("f32", "log8"), ("bf16", "bf16"), ("f16", "f32")]
+)
+def test_hook_in_each_format_keeps_every_rank_bit_identical_under_loss(cert_dir, formats):
+    steps = 4
+    got = run_ranks("hook", cert_dir, "gloo", 0.05, steps, False, False, "datagrams", formats)
+    for step in range(steps):
+        for r in range(1, WORLD):
+            for a, b in zip(got[0]["hooked"][step], got[r]["hooked"][step], strict=True):
+                assert np.isfinite(a).all()
+                assert np.array_equal(bits(a), bits(b)), f"{formats} step {step}: rank {r}"
+        # Near the exact allreduce all the same (lr 0.1, a few steps).
+        for a, b in zip(got[0]["hooked"][step], got[0]["plain"][step], strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=0.05)
+    totals = [got[r]["totals"] for r in range(WORLD)]
+    assert sum(t["missing_ranges"] for t in totals) > 0, totals
+    # The bytes on the wire are the formats': bf16 half of f32, log8 about
+    # a quarter.
+    per_value = {"f32": 4, "bf16": 2, "f16": 2, "log8": 1}
+    for t in totals:
+        ratio = t["sent_lossy_bytes"] / t["sent_important_bytes"]
+        want = per_value[formats[1]] / per_value[formats[0]] * 0.25
+        assert want / 1.5 < ratio < want * 1.5, (formats, ratio, t)
+
+
+def test_a_bf16_model_under_ddp_matches_gloo(cert_dir):
+    gloo = run_ranks("bf16_ddp", cert_dir, "gloo")
+    ours = run_ranks("bf16_ddp", cert_dir, "gradlane")
+    for r in range(WORLD):
+        for a, b in zip(ours[r]["params"], gloo[r]["params"], strict=True):
+            # bfloat16 tolerance: 8 bits of precision, a few steps.
+            np.testing.assert_allclose(a, b, rtol=2**-6, atol=2**-8, err_msg=f"rank {r}")
+        for a, b in zip(ours[r]["params"], ours[0]["params"], strict=True):
+            assert np.array_equal(bits(a), bits(b)), f"rank {r} vs 0"
+
+
+@pytest.mark.parametrize("hook", ["fp16", "bf16", "powersgd"])
+def test_torchs_own_hooks_train_over_gradlane_as_over_gloo(cert_dir, hook):
+    steps = 4
+    gloo = run_ranks("torch_hook", cert_dir, "gloo", hook, steps)
+    ours = run_ranks("torch_hook", cert_dir, "gradlane", hook, steps)
+    for r in range(WORLD):
+        np.testing.assert_allclose(ours[r]["loss"], gloo[r]["loss"], rtol=1e-3)
+        for a, b in zip(ours[r]["params"][-1], gloo[r]["params"][-1], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4, err_msg=f"{hook} rank {r}")
+        # The loss falls: it trains.
+        assert ours[r]["loss"][-1] < ours[r]["loss"][0], ours[r]["loss"]
+
+
+@pytest.mark.parametrize(("backend", "transport"), [("gradlane", "backend"), ("gloo", "hook")])
+def test_an_overflowed_fp16_step_is_skipped_as_over_gloo(cert_dir, backend, transport):
+    gloo = run_ranks("amp", cert_dir, "gloo", "backend")
+    ours = run_ranks("amp", cert_dir, backend, transport)
+    for r in range(WORLD):
+        # Rank 0's overflow reached every rank: all skipped step 1 and
+        # halved the scale, exactly as over gloo.
+        assert ours[r]["finite_grads"] == gloo[r]["finite_grads"] == [True, False, True, True]
+        assert ours[r]["scale"] == gloo[r]["scale"], (ours[r]["scale"], gloo[r]["scale"])
+        assert ours[r]["scale"][1] == ours[r]["scale"][0] / 2
+        for a, b in zip(ours[r]["params"][1], ours[r]["params"][0], strict=True):
+            assert np.array_equal(bits(a), bits(b)), "the overflowed step changed nothing"
+        tol = 1e-6 if transport == "backend" else 1e-2
+        for a, b in zip(ours[r]["params"][-1], gloo[r]["params"][-1], strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=tol)
+
+
 def test_hook_state_rejects_unknown_options():
     import gradlane.torch as gl
 
@@ -556,6 +757,10 @@ def test_hook_state_rejects_unknown_options():
         gl.HookState(lossy_carrier="streams")
     with pytest.raises(ValueError, match="a Group passed in keeps its own"):
         gl.HookState(group=object(), lossy_carrier="datagrams")
+    with pytest.raises(ValueError, match="log8 is for the lossy part"):
+        gl.HookState(important_format="log8")
+    with pytest.raises(ValueError, match="unknown lossy_format"):
+        gl.HookState(lossy_format="int8")
     state = gl.HookState(0.1, "error_feedback")
     assert (state.loss_tolerance, state.recovery, state.steps) == (0.1, "error_feedback", 0)
     assert state.last_stats == {} and state.totals == {}

@@ -4,9 +4,11 @@ communication hook.
 The backend: with gradlane installed, ``dist.init_process_group("gradlane")``
 finds it through the entry point group ``torch.distributed.backends`` (no
 import needed in the script). Its collectives run on a
-:class:`gradlane.Group` over QUIC: allreduce (SUM, AVG), broadcast,
+:class:`gradlane.Group` over QUIC: allreduce, broadcast,
 allgather, allgather_into_tensor, reduce_scatter, reduce_scatter_tensor,
-barrier, on CPU tensors. Set GRADLANE_CERT_DIR to the certificates
+barrier, on CPU tensors; the reductions (SUM, AVG, MAX, MIN) on float32,
+bfloat16 and float16, so torch's fp16/bf16 compression hooks and
+PowerSGD run over it. Set GRADLANE_CERT_DIR to the certificates
 (:func:`gradlane.generate_certs`); torchrun's MASTER_ADDR, RANK,
 WORLD_SIZE as usual.
 

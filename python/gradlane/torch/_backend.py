@@ -6,12 +6,15 @@ while the network works) and returns a :class:`GradlaneWork` that is
 already done: its ``wait()`` returns True at once and its
 ``get_future()`` is a completed :class:`torch.futures.Future`.
 
-Tensors: CPU and contiguous. Reductions (allreduce, reduce_scatter) take
-float32 only, used in place through ``tensor.numpy()`` without copies.
-Pure data movement (broadcast, allgather) takes any dtype: the bytes are
-moved, viewed as float32 where the size allows (no copy), through a
-padded float32 copy otherwise. Anything else is a TypeError or a
-ValueError naming the tensor and what is wrong with it.
+Tensors: CPU and contiguous. Reductions (allreduce, reduce_scatter; SUM,
+AVG, MAX, MIN) take float32, bfloat16 and float16, used in place without
+copies; a 16-bit tensor travels as itself (two bytes a value), and each
+value is combined in float32 in rank order and rounded once, so every
+rank ends with the same bits. Pure data movement (broadcast, allgather)
+takes any dtype: the bytes are moved, viewed as float32 where the size
+allows (no copy), through a padded float32 copy otherwise. Anything else
+is a TypeError or a ValueError naming the tensor and what is wrong with
+it.
 """
 
 from __future__ import annotations
@@ -62,16 +65,25 @@ class GradlaneWork(dist._Work):
 # ------------------------------------------------------------ tensors
 
 
-def _check_tensor(t, what, *, float32):
+#: The dtypes gradlane reduces, and the name its Group takes each by.
+REDUCED_DTYPES = {
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+}
+
+
+def _check_tensor(t, what, *, reduce):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"gradlane: {what} must be a torch.Tensor, not {type(t).__name__}")
     if t.device.type != "cpu":
         raise ValueError(
             f"gradlane: {what} is on {t.device}; the gradlane backend takes CPU tensors only"
         )
-    if float32 and t.dtype != torch.float32:
+    if reduce and t.dtype not in REDUCED_DTYPES:
         raise TypeError(
-            f"gradlane: {what} is {t.dtype}; gradlane reduces torch.float32 tensors only"
+            f"gradlane: {what} is {t.dtype}; gradlane reduces torch.float32, "
+            "torch.bfloat16 and torch.float16 tensors"
         )
     if t.is_sparse or t.layout != torch.strided:
         raise ValueError(f"gradlane: {what} has layout {t.layout}; only dense tensors")
@@ -82,9 +94,14 @@ def _check_tensor(t, what, *, float32):
         )
 
 
-def _f32(t):
-    """The float32 numpy view of a checked float32 CPU tensor (no copy)."""
-    return t.detach().numpy().reshape(-1)
+def values_view(t):
+    """A flat numpy view of a checked float tensor's values (no copy) and
+    the dtype name :class:`gradlane.Group` takes it with: numpy has no
+    bfloat16, so a bfloat16 tensor crosses as its 16-bit integers."""
+    flat = t.detach().reshape(-1)
+    if t.dtype == torch.bfloat16:
+        flat = flat.view(torch.int16)
+    return flat.numpy(), REDUCED_DTYPES[t.dtype]
 
 
 def _bytes_view(t):
@@ -110,12 +127,21 @@ def _padded(t):
     return buf, raw.size
 
 
+_OPS = {
+    dist.ReduceOp.SUM: "sum",
+    dist.ReduceOp.AVG: "mean",
+    dist.ReduceOp.MAX: "max",
+    dist.ReduceOp.MIN: "min",
+}
+
+
 def _op_name(op, what):
-    if op == dist.ReduceOp.SUM:
-        return "sum"
-    if op == dist.ReduceOp.AVG:
-        return "mean"
-    raise ValueError(f"gradlane: {what} supports ReduceOp.SUM and ReduceOp.AVG, not {op}")
+    for known, name in _OPS.items():
+        if op == known:
+            return name
+    raise ValueError(
+        f"gradlane: {what} supports ReduceOp.SUM, AVG, MAX and MIN, not {op}"
+    )
 
 
 def _one(tensors, what):
@@ -171,23 +197,25 @@ class GradlaneProcessGroup(dist.ProcessGroup):
     def __repr__(self):
         return f"GradlaneProcessGroup(rank={self._rank}, size={self._size})"
 
-    # --- reductions (float32)
+    # --- reductions (float32, bfloat16, float16)
     def allreduce(self, tensors, opts=None):
-        """Sums (ReduceOp.SUM) or averages (ReduceOp.AVG) each tensor over
-        the ranks, in place; every rank ends with the same bits."""
+        """Reduces each tensor over the ranks in place (ReduceOp.SUM, AVG,
+        MAX, MIN); every rank ends with the same bits."""
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
         for i, t in enumerate(tensors):
-            _check_tensor(t, f"allreduce tensor {i}", float32=True)
+            _check_tensor(t, f"allreduce tensor {i}", reduce=True)
         for t in tensors:
-            self.group.allreduce(_f32(t), op=op)
+            view, dtype = values_view(t)
+            self.group.allreduce(view, op=op, dtype=dtype)
         return GradlaneWork(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
         for i, t in enumerate(tensors):
-            _check_tensor(t, f"allreduce_coalesced tensor {i}", float32=True)
+            _check_tensor(t, f"allreduce_coalesced tensor {i}", reduce=True)
         for t in tensors:
-            self.group.allreduce(_f32(t), op=op)
+            view, dtype = values_view(t)
+            self.group.allreduce(view, op=op, dtype=dtype)
         return GradlaneWork(tensors)
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -196,17 +224,21 @@ class GradlaneProcessGroup(dist.ProcessGroup):
         op = _op_name(
             opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter"
         )
-        _check_tensor(input, "reduce_scatter input", float32=True)
-        _check_tensor(output, "reduce_scatter output", float32=True)
+        _check_tensor(input, "reduce_scatter input", reduce=True)
+        _check_tensor(output, "reduce_scatter output", reduce=True)
+        if input.dtype != output.dtype:
+            raise TypeError(
+                f"gradlane: reduce_scatter input is {input.dtype}, its output {output.dtype}"
+            )
         if input.numel() != output.numel() * self._size:
             raise ValueError(
                 f"gradlane: reduce_scatter input has {input.numel()} values, needs "
                 f"{output.numel()} x {self._size} ranks = {output.numel() * self._size}"
             )
-        inv, outv = _f32(input), _f32(output)
+        (inv, dtype), (outv, _) = values_view(input), values_view(output)
         if np.shares_memory(inv, outv):
             inv = inv.copy()  # in place: the Group takes separate buffers
-        self.group.reduce_scatter(inv, outv, op=op)
+        self.group.reduce_scatter(inv, outv, op=op, dtype=dtype)
         return GradlaneWork([output])
 
     _reduce_scatter_base = reduce_scatter_single
@@ -217,13 +249,13 @@ class GradlaneProcessGroup(dist.ProcessGroup):
         parts are concatenated into one buffer (a copy)."""
         output = _one(output_tensors, "reduce_scatter")
         inputs = _one(input_tensors, "reduce_scatter")
-        _check_tensor(output, "reduce_scatter output", float32=True)
+        _check_tensor(output, "reduce_scatter output", reduce=True)
         if len(inputs) != self._size:
             raise ValueError(
                 f"gradlane: reduce_scatter takes {self._size} input tensors, got {len(inputs)}"
             )
         for i, t in enumerate(inputs):
-            _check_tensor(t, f"reduce_scatter input {i}", float32=True)
+            _check_tensor(t, f"reduce_scatter input {i}", reduce=True)
             if t.numel() != output.numel():
                 raise ValueError(
                     f"gradlane: reduce_scatter input {i} has {t.numel()} values, "
@@ -244,7 +276,7 @@ class GradlaneProcessGroup(dist.ProcessGroup):
         """Makes each tensor on every rank equal to rank ``opts.rootRank``'s."""
         root = opts.rootRank if opts is not None else 0
         for i, t in enumerate(tensors):
-            _check_tensor(t, f"broadcast tensor {i}", float32=False)
+            _check_tensor(t, f"broadcast tensor {i}", reduce=False)
         for t in tensors:
             view = _bytes_view(t)
             if view is not None:
@@ -260,8 +292,8 @@ class GradlaneProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts=None):
         """``output`` (``size`` times ``input``'s values, same dtype) becomes
         every rank's ``input`` in rank order."""
-        _check_tensor(input, "allgather input", float32=False)
-        _check_tensor(output, "allgather output", float32=False)
+        _check_tensor(input, "allgather input", reduce=False)
+        _check_tensor(output, "allgather output", reduce=False)
         if output.dtype != input.dtype:
             raise TypeError(
                 f"gradlane: allgather output is {output.dtype}, its input {input.dtype}"
@@ -306,9 +338,9 @@ class GradlaneProcessGroup(dist.ProcessGroup):
             raise ValueError(
                 f"gradlane: allgather takes {self._size} output tensors, got {len(outputs)}"
             )
-        _check_tensor(input, "allgather input", float32=False)
+        _check_tensor(input, "allgather input", reduce=False)
         for i, o in enumerate(outputs):
-            _check_tensor(o, f"allgather output {i}", float32=False)
+            _check_tensor(o, f"allgather output {i}", reduce=False)
             if o.numel() != input.numel() or o.dtype != input.dtype:
                 raise ValueError(
                     f"gradlane: allgather output {i} is {o.numel()} x {o.dtype}, "

@@ -11,14 +11,18 @@ import torch.distributed as dist
 
 import gradlane
 from gradlane.torch._backend import (
+    REDUCED_DTYPES,
     cert_dir_from_env,
     gradlane_group_of,
     idle_timeout_from_env,
     rank_listen_from_env,
+    values_view,
 )
 
 RECOVERIES = ("zero_fill", "rescale", "error_feedback")
 LOSSY_CARRIERS = ("adaptive", "datagrams")
+IMPORTANT_FORMATS = ("f32", "bf16", "f16")
+LOSSY_FORMATS = ("f32", "bf16", "f16", "log8")
 
 
 class HookState:
@@ -37,6 +41,25 @@ class HookState:
       arrived so that the expected sum is unbiased; ``"error_feedback"``
       keeps what was lost on the sender and adds it to the next step's
       gradient (best when loss is sustained, costs a bucket-sized buffer).
+    - ``important_format`` (default ``"f32"``): how the important chunks
+      travel. ``"bf16"`` halves their bytes and the summed gradient's on
+      the way back, at bfloat16's 8 bits of precision: what torch's
+      ``bf16_compress_hook`` does to every value. Choose it where the
+      network binds (a slow or lossy link); keep ``"f32"`` where the CPU
+      does (a fast LAN, loopback). ``"f16"`` overflows above 65504.
+      Buckets of bfloat16 or float16 gradients always travel in their own
+      dtype.
+    - ``lossy_format`` (default ``"f32"``): how the lossy chunks travel.
+      ``"log8"`` sends one byte a value (within 4.9%, values below
+      1/160,000 of their chunk's largest become 0) and a 4-byte scale per
+      chunk: a quarter of the f32 bytes for the least important chunks,
+      where precision matters least. ``"bf16"`` halves them.
+    - ``compression_feedback`` (default None: on for ``"log8"``): each rank
+      keeps what rounding took from its gradient and adds it to its next
+      step's (as EF-SGD does). Leave it on; off only for ablations.
+    - ``lossy_return`` (default False): the summed lossy chunks come back
+      in the lossy format too (fewer bytes, the lossy format's error on
+      those sums).
     - ``overlap`` (default False): run each bucket's allreduce on a
       thread of the state's while backward computes the next buckets (as
       gloo does), instead of inside the hook. Worth it where the host has
@@ -77,8 +100,10 @@ class HookState:
 
     Statistics: ``last_stats`` holds the sum over the buckets of the last
     complete step of what ``allreduce_differentiated`` reported (bytes sent
-    exact and lossy, lossy bytes zero-filled, ranges lost and missing,
-    late chunks); ``totals`` the same summed over all ``steps`` steps.
+    on the wire in each class's format: ``sent_important_bytes``,
+    ``sent_lossy_bytes`` and ``return_bytes``, the summed shards sent
+    back; lossy bytes zero-filled, ranges lost and missing, late chunks);
+    ``totals`` the same summed over all ``steps`` steps.
     Some of the keys are times in nanoseconds: ``hook_ns``, how long the
     buckets' allreduces took, Python side included; ``network_ns``, the
     part of that spent in the Rust allreduce (the difference is what the
@@ -98,6 +123,10 @@ class HookState:
         dscp: bool = False,
         overlap: bool = False,
         lossy_carrier: str = "adaptive",
+        important_format: str = "f32",
+        lossy_format: str = "f32",
+        compression_feedback: bool | None = None,
+        lossy_return: bool = False,
     ):
         if not 0.0 <= float(loss_tolerance) <= 1.0:
             raise ValueError(f"gradlane: loss_tolerance {loss_tolerance} is not in [0, 1]")
@@ -112,6 +141,16 @@ class HookState:
                 f"gradlane: unknown lossy_carrier {lossy_carrier!r}; "
                 f"one of {', '.join(LOSSY_CARRIERS)}"
             )
+        if important_format not in IMPORTANT_FORMATS:
+            raise ValueError(
+                f"gradlane: unknown important_format {important_format!r}; "
+                f"one of {', '.join(IMPORTANT_FORMATS)} (log8 is for the lossy part only)"
+            )
+        if lossy_format not in LOSSY_FORMATS:
+            raise ValueError(
+                f"gradlane: unknown lossy_format {lossy_format!r}; "
+                f"one of {', '.join(LOSSY_FORMATS)}"
+            )
         if group is not None and (injected_loss or dscp or lossy_carrier != "adaptive"):
             raise ValueError(
                 "gradlane: injected_loss, dscp and lossy_carrier are settings of the Group "
@@ -124,6 +163,10 @@ class HookState:
         self.dscp = bool(dscp)
         self.overlap = bool(overlap)
         self.lossy_carrier = lossy_carrier
+        self.important_format = important_format
+        self.lossy_format = lossy_format
+        self.compression_feedback = compression_feedback
+        self.lossy_return = bool(lossy_return)
         self.group = group
         self._own_group = False
         # (bucket index, parameter shapes) -> gradlane bucket id.
@@ -233,7 +276,15 @@ class HookState:
                 (f"b{index}.p{i}", list(s), "conv2d" if len(s) == 4 else "dense")
                 for i, s in enumerate(shapes)
             ]
-            bid = g.register_bucket(layout, recovery=self.recovery)
+            bid = g.register_bucket(
+                layout,
+                recovery=self.recovery,
+                dtype=key[-1],
+                important_format=self.important_format,
+                lossy_format=self.lossy_format,
+                lossy_return=self.lossy_return,
+                compression_feedback=self.compression_feedback,
+            )
             self._buckets[key] = bid
         return bid
 
@@ -257,20 +308,20 @@ def ddp_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     :class:`HookState`).
 
     Register with ``ddp.register_comm_hook(HookState(...), ddp_hook)``.
-    Takes CPU float32 gradients.
+    Takes CPU gradients of float32, bfloat16 or float16.
     """
     queued = time.perf_counter_ns()
     buf = bucket.buffer()
-    if buf.device.type != "cpu" or buf.dtype != torch.float32:
+    if buf.device.type != "cpu" or buf.dtype not in REDUCED_DTYPES:
         raise TypeError(
-            f"gradlane: ddp_hook takes CPU float32 gradients, the bucket is "
-            f"{buf.dtype} on {buf.device}"
+            f"gradlane: ddp_hook takes CPU float32, bfloat16 or float16 gradients, the "
+            f"bucket is {buf.dtype} on {buf.device}"
         )
     shapes = tuple(tuple(p.shape) for p in bucket.parameters())
+    flat, dtype = values_view(buf)
     # DDP rebuilds its buckets after the first step, so the shapes are
     # part of the key.
-    key = (bucket.index(), shapes)
-    flat = buf.detach().numpy().reshape(-1)
+    key = (bucket.index(), shapes, dtype)
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     last = bucket.is_last()
     if state.overlap:
