@@ -34,6 +34,22 @@
 //!   differ, with the allgatherv or the broadcast in rank order;
 //! - TCP ring: a ring allreduce (reduce-scatter then allgather) over
 //!   tokio TCP streams.
+//!
+//! Value formats: `--format` takes one or more specs, `IMPORTANT` or
+//! `IMPORTANT+LOSSY` (`f32`, `bf16`, `f16`; the lossy part also `log8`),
+//! and the three reducing variants run once per spec, named after it:
+//! `exact bf16` reduces a `bf16` buffer (the gradient rounded once, before
+//! the clock starts, as a bf16 model's gradient would already be), and
+//! `differentiated bf16+log8` reduces the `f32` gradient with its buckets'
+//! important part in bf16 and its lossy levels in log8. So
+//!
+//! ```text
+//! cargo run --release --bin allreduce_bench -- --ranks 3 --model resnet18 --format f32,bf16,bf16+log8
+//! ```
+//!
+//! puts exact f32, exact bf16 and differentiated bf16+log8 (and the
+//! others) side by side. With the default `f32` alone the names carry no
+//! format, as before formats existed.
 
 use gradlane_tools::cli as common;
 
@@ -41,9 +57,11 @@ use clap::Parser;
 use common::BoxError;
 use futures_util::future::join_all;
 use gradlane::{
-    generate_certs, presets, BucketId, Config, Faults, Group, GroupConfig, Layout, LossRecovery,
-    ReduceOp, Rendezvous, SparseAllgather, SparseRows, TensorSpec,
+    bf16, f16, generate_certs, presets, BucketId, BucketOptions, ClassFormats, Config, Element,
+    Faults, Group, GroupConfig, Layout, LossRecovery, ReduceOp, Rendezvous, SparseAllgather,
+    SparseRows, TensorSpec, ValueFormat,
 };
+use gradlane_core::format::{narrow, widen};
 use gradlane_core::rng::SplitMix64;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -108,6 +126,47 @@ struct Args {
     /// default each rank's IP address, which the certificate must name).
     #[arg(long, requires = "rank")]
     server_name: Option<String>,
+    /// Value formats on the wire, comma separated; the exact and both
+    /// differentiated variants run once per spec. A spec is IMPORTANT or
+    /// IMPORTANT+LOSSY, each one of f32, bf16, f16 (LOSSY also log8; it
+    /// defaults to IMPORTANT). The exact variant reduces a buffer of the
+    /// IMPORTANT type (the gradient rounded to it); the differentiated
+    /// ones reduce the f32 gradient, its important chunks in IMPORTANT
+    /// and its lossy levels in LOSSY. E.g. `f32,bf16,bf16+log8`.
+    #[arg(long, value_delimiter = ',', value_parser = format_spec, default_value = "f32")]
+    format: Vec<ClassFormats>,
+    /// The differentiated variants' owners send the sums of the chunks
+    /// that every rank sent lossy back in the lossy format (reliably, so
+    /// every rank still ends with the same bits) instead of the important
+    /// part's: fewer bytes back, at the lossy format's error.
+    #[arg(long)]
+    lossy_return: bool,
+}
+
+/// A `--format` spec, `IMPORTANT` or `IMPORTANT+LOSSY`.
+fn format_spec(spec: &str) -> Result<ClassFormats, String> {
+    let (important, lossy) = spec.split_once('+').unwrap_or((spec, spec));
+    let important: ValueFormat = important.trim().parse().map_err(|e| format!("{e}"))?;
+    let lossy: ValueFormat = lossy.trim().parse().map_err(|e| format!("{e}"))?;
+    if important == ValueFormat::Log8 {
+        // log8 has no per-value round trip: it quantizes against a chunk's
+        // scale, so it can neither be a buffer's type nor carry the part
+        // that must arrive as sent.
+        return Err(format!(
+            "{spec:?}: log8 cannot be the important format (the important part travels \
+             exact or rounded once: f32, bf16 or f16); log8 is for the lossy part, as in bf16+log8"
+        ));
+    }
+    Ok(ClassFormats { important, lossy })
+}
+
+/// A spec as the user writes it: `bf16` when both parts agree, else
+/// `bf16+log8`.
+fn spec_name(formats: ClassFormats) -> String {
+    match formats.important == formats.lossy {
+        true => formats.important.to_string(),
+        false => format!("{}+{}", formats.important, formats.lossy),
+    }
 }
 
 /// Where this process's ranks are and how they meet.
@@ -209,15 +268,104 @@ struct Row {
     mismatches: usize,
 }
 
-const VARIANTS: [&str; 7] = [
-    "differentiated",
-    "differentiated, all reliable",
-    "exact",
-    "sparse allgather, equal counts",
-    "sparse allgather, unequal counts, allgatherv",
-    "sparse allgather, unequal counts, broadcast in order",
-    "TCP ring",
-];
+/// What a variant of the table runs.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// The differentiated allreduce of the f32 gradient at this loss
+    /// tolerance, its buckets' rounds in these formats.
+    Differentiated {
+        tolerance: f64,
+        formats: ClassFormats,
+    },
+    /// The exact allreduce of a buffer of this type.
+    Exact(ValueFormat),
+    /// The sparse allgather; how unequal counts are gathered, if unequal.
+    Sparse(Option<SparseAllgather>),
+    /// The ring over kernel TCP.
+    Tcp,
+}
+
+/// One row of the table per loss rate.
+#[derive(Debug, Clone)]
+struct Variant {
+    name: String,
+    kind: Kind,
+    /// Seeds the QUIC ranks' fault injectors: the same for every format of
+    /// a variant, so that formats meet the same draws.
+    seed: u64,
+}
+
+/// The variants of a run: the differentiated, all-reliable and exact ones
+/// once per format spec (the exact one once per important type), then the
+/// sparse allgathers and the TCP ring. With the default `f32` alone the
+/// names are the plain ones ("exact"), as before formats existed, so that
+/// tables stay comparable; otherwise each says its format ("exact bf16",
+/// "differentiated bf16+log8").
+fn variants(formats: &[ClassFormats], lossy_return: bool) -> Vec<Variant> {
+    let plain = formats == [ClassFormats::F32] && !lossy_return;
+    let named = |base: &str, spec: String| match plain {
+        true => base.to_string(),
+        false => format!("{base} {spec}"),
+    };
+    let mut out = Vec::new();
+    for (base, tolerance, seed) in [
+        ("differentiated", 0.2, 100),
+        ("differentiated, all reliable", 0.0, 101),
+    ] {
+        for &f in formats {
+            let mut name = named(base, spec_name(f));
+            if lossy_return {
+                name.push_str(", lossy return");
+            }
+            out.push(Variant {
+                name,
+                kind: Kind::Differentiated {
+                    tolerance,
+                    formats: f,
+                },
+                seed,
+            });
+        }
+    }
+    let mut types: Vec<ValueFormat> = Vec::new();
+    for f in formats {
+        if !types.contains(&f.important) {
+            types.push(f.important);
+        }
+    }
+    for t in types {
+        out.push(Variant {
+            name: named("exact", t.to_string()),
+            kind: Kind::Exact(t),
+            seed: 102,
+        });
+    }
+    for (name, unequal, seed) in [
+        ("sparse allgather, equal counts", None, 106),
+        (
+            "sparse allgather, unequal counts, allgatherv",
+            Some(SparseAllgather::Allgatherv),
+            107,
+        ),
+        (
+            "sparse allgather, unequal counts, broadcast in order",
+            Some(SparseAllgather::BroadcastInOrder),
+            108,
+        ),
+    ] {
+        out.push(Variant {
+            name: name.to_string(),
+            kind: Kind::Sparse(unequal),
+            seed,
+        });
+    }
+    out.push(Variant {
+        name: "TCP ring".to_string(),
+        kind: Kind::Tcp,
+        seed: 0,
+    });
+    out
+}
 
 async fn run(args: Args) -> Result<(), BoxError> {
     if args.rounds == 0 {
@@ -233,6 +381,31 @@ async fn run(args: Args) -> Result<(), BoxError> {
     let skip =
         |name: &str| !args.only.is_empty() && !args.only.iter().any(|o| name.contains(o.as_str()));
     let world = place.world;
+    // A spec given twice would only repeat its rows.
+    let mut formats: Vec<ClassFormats> = Vec::new();
+    for &f in &args.format {
+        if !formats.contains(&f) {
+            formats.push(f);
+        }
+    }
+    let plain = formats == [ClassFormats::F32] && !args.lossy_return;
+    let variants = variants(&formats, args.lossy_return);
+    // Across processes every QUIC group of every loss rate meets rank 0 at
+    // a port of its own from MASTER_PORT + 1 on, and the TCP ring listens
+    // from MASTER_PORT + 100: more groups than that would collide.
+    let quic_groups = variants
+        .iter()
+        .filter(|v| !skip(&v.name) && !matches!(v.kind, Kind::Tcp))
+        .count()
+        * args.losses.len();
+    if place.across.is_some() && quic_groups >= 100 {
+        return Err(format!(
+            "{quic_groups} groups (variants x loss rates) do not fit the 99 ports from \
+             --master-port + 1 (the TCP ring's start at + 100): fewer formats, loss rates or \
+             variants (--only)"
+        )
+        .into());
+    }
     // Across processes a group of its own times the rounds and gathers
     // what each rank measured; its port is the first.
     let mut control = match place.across {
@@ -261,14 +434,29 @@ async fn run(args: Args) -> Result<(), BoxError> {
             total as f64 * 4e-6,
             2.0 * (world - 1) as f64 / world as f64 * total as f64 * 4e-6
         );
+        if !plain {
+            let specs: Vec<String> = formats.iter().map(|&f| spec_name(f)).collect();
+            println!(
+                "formats {}: exact reduces a buffer of the important type, differentiated the \
+                 f32 gradient (important+lossy parts){}; MB sent are wire bytes, the bound and \
+                 Gbit/s count the gradient at 4 bytes a value",
+                specs.join(", "),
+                if args.lossy_return {
+                    ", the sums of lossy chunks returned in the lossy format"
+                } else {
+                    ""
+                }
+            );
+        }
     }
     let mut rows: Vec<Row> = Vec::new();
     let mut next_group = 1;
     for &loss in &args.losses {
         // Every variant gets its groups at once; rounds interleave.
         let mut runners: Vec<Runner> = Vec::new();
-        for (v, name) in VARIANTS.iter().enumerate() {
-            if skip(name) || (name.starts_with("TCP") && loss > 0.0) {
+        for variant in &variants {
+            let name = variant.name.as_str();
+            if skip(name) || (matches!(variant.kind, Kind::Tcp) && loss > 0.0) {
                 continue;
             }
             if place.reports() {
@@ -287,23 +475,22 @@ async fn run(args: Args) -> Result<(), BoxError> {
                     cc,
                 )
             };
-            let runner = match v {
-                0 | 1 => {
-                    let tolerance = if v == 0 { 0.2 } else { 0.0 };
-                    let groups = join(tolerance, 100 + v as u64).await?;
-                    Runner::differentiated(groups, &buckets).await?
-                }
-                2 => Runner::Exact(join(0.2, 102).await?),
-                3..=5 => {
-                    let groups = join(0.2, 103 + v as u64).await?;
-                    let unequal = match v {
-                        3 => None,
-                        4 => Some(SparseAllgather::Allgatherv),
-                        _ => Some(SparseAllgather::BroadcastInOrder),
+            let runner = match variant.kind {
+                Kind::Differentiated { tolerance, formats } => {
+                    let groups = join(tolerance, variant.seed).await?;
+                    let options = BucketOptions {
+                        recovery: LossRecovery::ZeroFill,
+                        formats: Some(formats),
+                        lossy_return: args.lossy_return,
+                        ..BucketOptions::default()
                     };
-                    Runner::Sparse(groups, unequal)
+                    Runner::differentiated(groups, &buckets, options).await?
                 }
-                _ => Runner::Tcp(ring(&place, control.as_mut()).await?),
+                Kind::Exact(buffer_type) => {
+                    Runner::Exact(join(0.2, variant.seed).await?, buffer_type)
+                }
+                Kind::Sparse(unequal) => Runner::Sparse(join(0.2, variant.seed).await?, unequal),
+                Kind::Tcp => Runner::Tcp(ring(&place, control.as_mut()).await?),
             };
             rows.push(Row {
                 name: name.to_string(),
@@ -402,18 +589,23 @@ struct Sample {
 
 enum Runner {
     Differentiated(Vec<Group>, Vec<BucketId>),
-    Exact(Vec<Group>),
+    /// The groups, and the type of the buffer reduced.
+    Exact(Vec<Group>, ValueFormat),
     Sparse(Vec<Group>, Option<SparseAllgather>),
     Tcp(Vec<Ring>),
 }
 
 impl Runner {
-    async fn differentiated(mut groups: Vec<Group>, buckets: &[Layout]) -> Result<Self, BoxError> {
+    async fn differentiated(
+        mut groups: Vec<Group>,
+        buckets: &[Layout],
+        options: BucketOptions,
+    ) -> Result<Self, BoxError> {
         let mut ids = Vec::new();
         for b in buckets {
             let regs = groups
                 .iter_mut()
-                .map(|g| g.register_bucket(b, LossRecovery::ZeroFill));
+                .map(|g| g.register_bucket_with(b, options));
             let got: Result<Vec<BucketId>, _> = join_all(regs).await.into_iter().collect();
             ids.push(got?[0]);
         }
@@ -427,6 +619,13 @@ impl Runner {
         round: usize,
         first_rank: usize,
     ) -> Result<Sample, BoxError> {
+        // A 16-bit exact variant reduces its own type: the gradient is
+        // rounded to it before the clock starts, as a bf16 model's gradient
+        // would already be.
+        let mut narrowed = match self {
+            Runner::Exact(_, buffer_type) => Narrowed::of(*buffer_type, &bufs),
+            _ => Narrowed::No,
+        };
         let start = Instant::now();
         let before = self.bytes();
         let mut zero_filled = 0;
@@ -454,20 +653,11 @@ impl Runner {
                     offset += n;
                 }
             }
-            Runner::Exact(groups) => {
-                let mut offset = 0;
-                for b in buckets {
-                    let n = b.total_values() as usize;
-                    let calls = groups
-                        .iter_mut()
-                        .zip(bufs.iter_mut())
-                        .map(|(g, buf)| g.allreduce(&mut buf[offset..offset + n], ReduceOp::Mean));
-                    for r in join_all(calls).await {
-                        r?;
-                    }
-                    offset += n;
-                }
-            }
+            Runner::Exact(groups, _) => match &mut narrowed {
+                Narrowed::No => exact_round(groups, buckets, &mut bufs).await?,
+                Narrowed::Bf16(b) => exact_round(groups, buckets, b).await?,
+                Narrowed::F16(b) => exact_round(groups, buckets, b).await?,
+            },
             Runner::Sparse(groups, unequal) => {
                 let rows: Vec<SparseRows> = bufs
                     .iter()
@@ -507,6 +697,8 @@ impl Runner {
         }
         let time = start.elapsed();
         let after = self.bytes();
+        // Widening is exact, so the ranks' results compare bit for bit.
+        narrowed.widen_into(&mut bufs);
         let ranks = bufs.len();
         let same = bufs.iter().all(|b| same_bits(b, &bufs[0]));
         Ok(Sample {
@@ -522,7 +714,7 @@ impl Runner {
     /// lost packets and PTO-driven probes so far.
     fn paths(&self) -> String {
         let group = match self {
-            Runner::Differentiated(g, _) | Runner::Exact(g) | Runner::Sparse(g, _) => &g[0],
+            Runner::Differentiated(g, _) | Runner::Exact(g, _) | Runner::Sparse(g, _) => &g[0],
             Runner::Tcp(_) => return "kernel TCP".into(),
         };
         (0..group.world())
@@ -543,7 +735,7 @@ impl Runner {
     /// Bytes sent by all ranks so far.
     fn bytes(&self) -> u64 {
         match self {
-            Runner::Differentiated(g, _) | Runner::Exact(g) | Runner::Sparse(g, _) => {
+            Runner::Differentiated(g, _) | Runner::Exact(g, _) | Runner::Sparse(g, _) => {
                 g.iter().map(|g| g.bytes_sent()).sum()
             }
             Runner::Tcp(ring) => ring.iter().map(|r| r.sent).sum(),
@@ -552,10 +744,76 @@ impl Runner {
 
     async fn close(self) {
         match self {
-            Runner::Differentiated(g, _) | Runner::Exact(g) | Runner::Sparse(g, _) => {
+            Runner::Differentiated(g, _) | Runner::Exact(g, _) | Runner::Sparse(g, _) => {
                 join_all(g.into_iter().map(|g| g.close())).await;
             }
             Runner::Tcp(_) => {}
+        }
+    }
+}
+
+/// Every bucket of one round through the exact allreduce (mean), on
+/// every local rank at once, of buffers of type `T`.
+async fn exact_round<T: Element>(
+    groups: &mut [Group],
+    buckets: &[Layout],
+    bufs: &mut [Vec<T>],
+) -> Result<(), BoxError> {
+    let mut offset = 0;
+    for b in buckets {
+        let n = b.total_values() as usize;
+        let calls = groups
+            .iter_mut()
+            .zip(bufs.iter_mut())
+            .map(|(g, buf)| g.allreduce(&mut buf[offset..offset + n], ReduceOp::Mean));
+        for r in join_all(calls).await {
+            r?;
+        }
+        offset += n;
+    }
+    Ok(())
+}
+
+/// One round's buffers of a 16-bit exact variant, one per local rank
+/// (`No`: the variant reduces the f32 buffers themselves).
+enum Narrowed {
+    No,
+    Bf16(Vec<Vec<bf16>>),
+    F16(Vec<Vec<f16>>),
+}
+
+impl Narrowed {
+    /// `grads` rounded once to `buffer_type`.
+    fn of(buffer_type: ValueFormat, grads: &[Vec<f32>]) -> Self {
+        fn to<T: Element>(grads: &[Vec<f32>]) -> Vec<Vec<T>> {
+            grads
+                .iter()
+                .map(|g| {
+                    let mut out = vec![T::from_f32(0.0); g.len()];
+                    narrow(g, &mut out);
+                    out
+                })
+                .collect()
+        }
+        match buffer_type {
+            ValueFormat::Bf16 => Narrowed::Bf16(to(grads)),
+            ValueFormat::F16 => Narrowed::F16(to(grads)),
+            // f32; log8 is refused as a buffer type by `format_spec`.
+            _ => Narrowed::No,
+        }
+    }
+
+    /// The reduced values back into `bufs`, exactly.
+    fn widen_into(&self, bufs: &mut [Vec<f32>]) {
+        fn back<T: Element>(narrowed: &[Vec<T>], bufs: &mut [Vec<f32>]) {
+            for (n, b) in narrowed.iter().zip(bufs.iter_mut()) {
+                widen(n, b);
+            }
+        }
+        match self {
+            Narrowed::No => {}
+            Narrowed::Bf16(n) => back(n, bufs),
+            Narrowed::F16(n) => back(n, bufs),
         }
     }
 }
