@@ -7,8 +7,12 @@
 #
 #   sudo bash scripts/allreduce_bottleneck.sh                      # defaults below
 #   RATE=500mbit LOSSES="0 0.05" ROUNDS=3 sudo -E bash scripts/allreduce_bottleneck.sh --model resnet18
+#   sudo bash scripts/allreduce_bottleneck.sh --model resnet18 --format f32,bf16,bf16+log8
 #
-# Arguments after the options go to allreduce_bench (see its --help).
+# Arguments after the options go to allreduce_bench (see its --help), after
+# the script's own --losses, --delay-ms, --rounds and --only: e.g. --format
+# to compare value formats (exact f32, exact bf16, differentiated
+# bf16+log8, ...) or --lossy-return.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
