@@ -537,6 +537,55 @@ async fn raw_client(
     conn
 }
 
+/// A peer of protocol 1 (every value f32, no format byte) is refused at
+/// the handshake with a reason that names both versions, and the server
+/// goes on accepting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_of_the_old_protocol_is_refused_at_the_handshake() {
+    use gradlane_core::control::{codes, framed, Hello};
+    let layout = presets::tiny();
+    let dir = cert_dir("old-protocol");
+    let server = server(&dir, quick());
+    let addr = server.local_addr().unwrap();
+    let local = "127.0.0.1:0".parse().unwrap();
+    let ep = gradlane::quic::client(local, &dir.join("ca.pem"), &Config::default()).unwrap();
+    let old_peer = async {
+        let conn = ep.connect(addr, "localhost").unwrap().await.unwrap();
+        let (mut send, _recv) = conn.open_bi().await.unwrap();
+        let mut hello = Hello {
+            layout: layout.clone(),
+            chunking: Default::default(),
+        }
+        .encode();
+        hello[3] = b'1'; // "GLH1": the f32-only protocol's hello
+        send.write_all(&framed(&hello)).await.unwrap();
+        conn.closed().await
+    };
+    let (refused, closed) = tokio::join!(server.accept(), old_peer);
+    let err = refused.unwrap().unwrap_err().to_string();
+    assert!(
+        err.contains("protocol 1") && err.contains("same gradlane release"),
+        "{err}"
+    );
+    match closed {
+        quinn::ConnectionError::ApplicationClosed(c) => {
+            assert_eq!(c.error_code.into_inner(), codes::BAD_HELLO as u64);
+            let reason = String::from_utf8_lossy(&c.reason);
+            assert!(
+                reason.contains("protocol 1") && reason.contains("this end 2"),
+                "{reason}"
+            );
+        }
+        other => panic!("closed with {other:?}"),
+    }
+    // The server still takes a peer of this protocol.
+    let client = gradlane::Endpoint::client(dir.join("ca.pem"), quick()).unwrap();
+    let (link, accepted) =
+        tokio::join!(client.connect(addr, "localhost", &layout), server.accept());
+    link.unwrap();
+    accepted.unwrap().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_peers_are_counted_or_cut_off_and_others_keep_working() {
     let layout = presets::tiny();
