@@ -254,18 +254,24 @@ def scenario_hook(
     return out
 
 
-def scenario_fsdp(rank):
-    """FSDP2's fully_shard over the gradlane backend: two steps, then
-    every rank's full parameters."""
+def scenario_fsdp(rank, mixed=False):
+    """FSDP2's fully_shard over the gradlane backend (with `mixed`, in
+    bfloat16 with bfloat16 gradient reduction, as large models train): two
+    steps, then every rank's full parameters."""
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dist.init_process_group("gradlane")
     model = small_cnn(seed=100)
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+        if mixed
+        else MixedPrecisionPolicy()
+    )
     for layer in (model[0], model[3]):
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(2):
         x, y = batch(step, rank)
@@ -776,10 +782,11 @@ def test_creator_without_cert_dir_says_what_to_set(monkeypatch):
         gl.create_process_group(dist.HashStore(), 0, 1, None)
 
 
-def test_fsdp2_fully_shard_trains_like_the_reference(cert_dir):
+@pytest.mark.parametrize("mixed", [False, True])
+def test_fsdp2_fully_shard_trains_like_the_reference(cert_dir, mixed):
     import torch.nn.functional as F
 
-    got = run_ranks("fsdp", cert_dir)
+    got = run_ranks("fsdp", cert_dir, mixed)
     model = small_cnn(seed=100)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(2):
@@ -788,9 +795,13 @@ def test_fsdp2_fully_shard_trains_like_the_reference(cert_dir):
         F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
         opt.step()
     want = params_of(model)
+    # bfloat16 compute and reduction: bfloat16's precision over two steps.
+    atol = 1e-2 if mixed else 1e-6
     for r in range(WORLD):
         for got_p, want_p in zip(got[r]["params"], want, strict=True):
-            np.testing.assert_allclose(got_p, want_p, rtol=0, atol=1e-6, err_msg=f"rank {r}")
+            np.testing.assert_allclose(got_p, want_p, rtol=0, atol=atol, err_msg=f"rank {r}")
+        for a, b in zip(got[r]["params"], got[0]["params"], strict=True):
+            assert np.array_equal(bits(a), bits(b)), f"rank {r} vs 0"
 
 
 def test_a_killed_rank_is_an_exception_on_the_others(cert_dir):
