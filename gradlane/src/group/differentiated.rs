@@ -134,6 +134,8 @@ pub(super) struct Bucket {
     chunks: Vec<Vec<Range<usize>>>,
     /// A 16-bit buffer widened to `f32` for the call (kept for the next).
     widened: Vec<f32>,
+    /// The owner's sum (kept for the next call).
+    sum: Vec<f32>,
 }
 
 /// What one differentiated allreduce did, seen from one rank.
@@ -316,6 +318,7 @@ impl Group {
             },
             chunks,
             widened: Vec::new(),
+            sum: Vec::new(),
         });
         Ok(BucketId(bucket_index))
     }
@@ -473,42 +476,40 @@ impl Group {
 
         // 2. The owner's sum, in rank order.
         let n = own.len();
-        let mut sum = vec![0f32; n];
+        let mut sum = std::mem::take(&mut b.sum);
+        sum.clear();
+        sum.resize(n, 0.0);
         // Per chunk of this rank's shard: how many ranks' parts of it are in.
         let mut arrived = vec![world as u32; own_chunks.len()];
-        for (r, part) in parts.iter().enumerate() {
-            let mut values: Vec<f32>;
-            let src: &[f32] = if r == me {
-                &buf[own.clone()]
-            } else {
-                match part {
-                    Some(round) => {
-                        values = round.tensors.concat();
-                        if values.len() != n {
-                            return Err(GroupError::OutOfStep {
-                                rank: r,
-                                what: format!("a shard of {} values, expected {n}", values.len()),
-                            });
-                        }
-                        // A chunk counts whole or not at all: the part of a
-                        // fragmented chunk that did arrive is dropped too,
-                        // so that a rank's lost chunk is exactly what it
-                        // is told it lost.
-                        for &c in &round.missing_chunks {
-                            if let Some(a) = arrived.get_mut(c as usize) {
-                                *a = a.saturating_sub(1);
-                            }
-                            if let Some(range) = own_chunks.get(c as usize) {
-                                values[range.clone()].fill(0.0);
-                            }
-                        }
-                        &values
-                    }
-                    None => continue,
+        for (r, part) in parts.iter_mut().enumerate() {
+            if r == me {
+                add_into(&mut sum, &buf[own.clone()]);
+                continue;
+            }
+            let Some(round) = part else { continue };
+            let got: usize = round.tensors.iter().map(Vec::len).sum();
+            if got != n {
+                return Err(GroupError::OutOfStep {
+                    rank: r,
+                    what: format!("a shard of {got} values, expected {n}"),
+                });
+            }
+            // A chunk counts whole or not at all: the part of a fragmented
+            // chunk that did arrive is dropped too, so that a rank's lost
+            // chunk is exactly what it is told it lost. The round's tensors
+            // are this rank's to change (they go back to the link next).
+            for &c in &round.missing_chunks {
+                if let Some(a) = arrived.get_mut(c as usize) {
+                    *a = a.saturating_sub(1);
                 }
-            };
-            for (s, v) in sum.iter_mut().zip(src) {
-                *s += v;
+                if let Some(range) = own_chunks.get(c as usize) {
+                    zero_flat(&mut round.tensors, range.clone());
+                }
+            }
+            let mut at = 0;
+            for t in &round.tensors {
+                add_into(&mut sum[at..at + t.len()], t);
+                at += t.len();
             }
         }
         match (recovery, op) {
@@ -532,8 +533,9 @@ impl Group {
         }
 
         // 3. The sums back to everyone, reliably, in their formats, with
-        //    each rank's lost chunks. The owner takes its own shard from
-        //    the message it sends, so it holds the bits everyone gets.
+        //    every rank's lost chunks: one message for all, so that it is
+        //    framed once. The owner takes its own shard from it too, so it
+        //    holds the bits everyone gets.
         let lossy_return = b.lossy_return.then(|| {
             // The chunks every other rank sent lossy (of a chunk none of
             // whose bytes arrived, that is all one knows: lossy).
@@ -546,20 +548,29 @@ impl Group {
                 })
                 .collect::<Vec<bool>>()
         });
-        let body = encode_reduced(&sum, &own_chunks, formats, lossy_return.as_deref());
+        let missing: Vec<&[u32]> = parts
+            .iter()
+            .map(|p| p.as_ref().map_or(&[][..], |p| p.missing_chunks.as_slice()))
+            .collect();
+        let message = Bytes::from(encode_reduced(
+            &missing,
+            &sum,
+            &own_chunks,
+            formats,
+            lossy_return.as_deref(),
+        ));
+        b.sum = sum;
+        // The parts' tensors back to their links, for the next rounds.
+        for (r, part) in parts.into_iter().enumerate() {
+            if let (Some(round), Some(receiver)) = (part, self.receivers[r].as_mut()) {
+                receiver.recycle(round.tensors);
+            }
+        }
         let t = tag(self.next_seq(), Kind::ReducedShard);
         let out: Vec<Option<Bytes>> = (0..world)
-            .map(|r| {
-                (r != me).then(|| {
-                    let missing = parts[r]
-                        .as_ref()
-                        .map(|p| p.missing_chunks.as_slice())
-                        .unwrap_or(&[]);
-                    reduced_message(&body, missing)
-                })
-            })
+            .map(|r| (r != me).then(|| message.clone()))
             .collect();
-        report.return_bytes = out.iter().flatten().map(|m| m.len() as u64).sum();
+        report.return_bytes = message.len() as u64 * (world as u64 - 1);
         let summed = started.elapsed();
         let from = self.others();
         let got = self.exchange(t, out, &from).await?;
@@ -572,16 +583,15 @@ impl Group {
             "differentiated allreduce"
         );
         let b = &mut self.buckets[bucket.0];
-        let own_body = reduced_message(&body, &[]);
-        for (r, message) in got.iter().enumerate() {
+        for (r, received) in got.iter().enumerate() {
             let range = shards[r].clone();
-            let message = match message {
+            let message = match received {
                 Some(m) => m,
-                None if r == me => &own_body,
+                None if r == me => &message,
                 None => continue,
             };
-            let (values, missing) = parse_reduced(r, message, &b.chunks[r], formats)?;
-            for c in missing {
+            let shard = parse_reduced(r, (me, world), message, &b.chunks[r], formats)?;
+            for &c in &shard.missing {
                 let Some(local) = b.chunks[r].get(c as usize) else {
                     return Err(GroupError::OutOfStep {
                         rank: r,
@@ -596,7 +606,7 @@ impl Group {
                 }
                 report.lost.push(at);
             }
-            buf[range].copy_from_slice(&values);
+            shard.decode(&b.chunks[r], formats, &mut buf[range]);
         }
         Ok(report)
     }
@@ -694,14 +704,36 @@ fn keep_rounding_error(b: &mut Bucket, buf: &[f32], sent: &[Option<SendReport>])
     }
 }
 
-/// The bytes of a summed shard as every rank gets it, after the lost-chunk
-/// list: `[u8 important format][u8 lossy format or 0xFF][u16 0]`, the
-/// count and the local ids of the chunks in the lossy format, then each
-/// chunk's values in order in its format (a `log8` chunk as its scale and
-/// codes). `lossy[c]` says chunk `c` may travel in the lossy format; one
-/// whose sum is not finite cannot in `log8` and travels in the important
-/// format.
+/// Adds `values` into `sum`, value by value.
+fn add_into(sum: &mut [f32], values: &[f32]) {
+    for (s, v) in sum.iter_mut().zip(values) {
+        *s += v;
+    }
+}
+
+/// Sets values `range` of the concatenation of `tensors` to zero.
+fn zero_flat(tensors: &mut [Vec<f32>], range: Range<usize>) {
+    let mut start = 0;
+    for t in tensors {
+        let end = start + t.len();
+        let (from, to) = (range.start.max(start), range.end.min(end));
+        if from < to {
+            t[from - start..to - start].fill(0.0);
+        }
+        start = end;
+    }
+}
+
+/// The owner's message with its summed shard, the same for every rank:
+/// `[u32 world]`, then for each rank `[u32 count][u32 id; count]`, the
+/// local ids of its chunks that did not arrive; `[u8 important format][u8
+/// lossy format or 0xFF][u16 0]`, the count and the local ids of the
+/// chunks in the lossy format, then each chunk's values in order in its
+/// format (a `log8` chunk as its scale and codes). `lossy[c]` says chunk
+/// `c` may travel in the lossy format; one whose sum is not finite cannot
+/// in `log8` and travels in the important format.
 fn encode_reduced(
+    missing: &[&[u32]],
     sum: &[f32],
     chunks: &[Range<usize>],
     formats: ClassFormats,
@@ -716,7 +748,15 @@ fn encode_reduced(
         .filter(|&c| in_lossy(c))
         .map(|c| c as u32)
         .collect();
-    let mut out = Vec::with_capacity(8 + ids.len() * 4 + sum.len() * 4);
+    let lists: usize = missing.iter().map(|m| 4 + 4 * m.len()).sum();
+    let mut out = Vec::with_capacity(4 + lists + 8 + ids.len() * 4 + sum.len() * 4);
+    out.extend_from_slice(&(missing.len() as u32).to_le_bytes());
+    for m in missing {
+        out.extend_from_slice(&(m.len() as u32).to_le_bytes());
+        for id in *m {
+            out.extend_from_slice(&id.to_le_bytes());
+        }
+    }
     out.push(formats.important.code());
     out.push(match lossy {
         Some(_) => formats.lossy.code(),
@@ -758,28 +798,25 @@ fn encode_reduced(
 /// The lossy-format byte of a summed shard without lossy-format chunks.
 const NO_LOSSY_RETURN: u8 = 0xFF;
 
-/// The owner's answer to one rank: the ids of that rank's chunks that did
-/// not arrive, then the summed shard ([`encode_reduced`]).
-fn reduced_message(body: &[u8], missing: &[u32]) -> Bytes {
-    let mut b = Vec::with_capacity(4 + missing.len() * 4 + body.len());
-    b.extend_from_slice(&(missing.len() as u32).to_le_bytes());
-    for id in missing {
-        b.extend_from_slice(&id.to_le_bytes());
-    }
-    b.extend_from_slice(body);
-    b.into()
+/// An owner's message, checked: this rank's lost chunks, the chunks in
+/// the lossy format, and the values' bytes.
+struct ReducedShard<'a> {
+    missing: Vec<u32>,
+    lossy_ids: Vec<usize>,
+    values: &'a [u8],
 }
 
-/// Reads an owner's answer: the summed shard's values (`chunks` gives its
-/// chunks as value ranges) and this rank's lost chunks. Anything but what
-/// [`reduced_message`] writes for a bucket of these formats is an error
-/// naming the owner.
-fn parse_reduced(
+/// Reads and checks owner `rank`'s message for this rank (`me` of
+/// `world`; `chunks` gives the shard's chunks as value ranges): anything
+/// but what [`encode_reduced`] writes for a bucket of these formats is an
+/// error naming the owner, found before a value is written.
+fn parse_reduced<'a>(
     rank: usize,
-    message: &[u8],
+    (me, world): (usize, usize),
+    message: &'a [u8],
     chunks: &[Range<usize>],
     formats: ClassFormats,
-) -> Result<(Vec<f32>, Vec<u32>), GroupError> {
+) -> Result<ReducedShard<'a>, GroupError> {
     let bad = |what: String| GroupError::OutOfStep { rank, what };
     let short = |_| {
         bad(format!(
@@ -788,12 +825,23 @@ fn parse_reduced(
         ))
     };
     let mut r = gradlane_core::bytes::Reader::new(message);
-    let count = r.u32().map_err(short)? as usize;
-    let ids = r.take(count.saturating_mul(4)).map_err(short)?;
-    let missing: Vec<u32> = ids
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let ranks = r.u32().map_err(short)? as usize;
+    if ranks != world {
+        return Err(bad(format!(
+            "a reduced shard for {ranks} ranks, the group has {world}"
+        )));
+    }
+    let mut missing = Vec::new();
+    for q in 0..world {
+        let count = r.u32().map_err(short)? as usize;
+        let ids = r.take(count.saturating_mul(4)).map_err(short)?;
+        if q == me {
+            missing = ids
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+        }
+    }
     let [important, lossy, _, _] = r.array::<4>().map_err(short)?;
     if important != formats.important.code()
         || (lossy != NO_LOSSY_RETURN && lossy != formats.lossy.code())
@@ -811,7 +859,7 @@ fn parse_reduced(
         )));
     }
     let ids = r.take(count * 4).map_err(short)?;
-    let mut lossy_ids = Vec::with_capacity(count);
+    let mut lossy_ids: Vec<usize> = Vec::with_capacity(count);
     for c in ids.chunks_exact(4) {
         let id = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
         if id >= chunks.len() || lossy_ids.last().is_some_and(|&last| id <= last) {
@@ -821,41 +869,77 @@ fn parse_reduced(
         }
         lossy_ids.push(id);
     }
-    let n = chunks.last().map_or(0, |c| c.end);
-    let mut values = vec![0f32; n];
+    let values = r.rest();
+    // Every chunk's bytes, and every log8 scale, before any is decoded.
+    let mut at = 0usize;
     let mut next = lossy_ids.iter().peekable();
-    let mut c = 0;
-    while c < chunks.len() {
-        let (format, upto) = match next.peek() {
+    for (c, range) in chunks.iter().enumerate() {
+        let format = match next.peek() {
             Some(&&id) if id == c => {
                 next.next();
-                (formats.lossy, c + 1)
+                formats.lossy
             }
-            Some(&&id) => (formats.important, id),
-            None => (formats.important, chunks.len()),
+            _ => formats.important,
         };
-        let range = chunks[c].start..chunks[upto - 1].end;
-        let out = &mut values[range.clone()];
         match format.element_bytes() {
-            Some(e) => {
-                let bytes = r.take(range.len() * e).map_err(short)?;
-                format::read_elements(format, bytes, out);
-            }
+            Some(e) => at += range.len() * e,
             None => {
-                let scale = f32::from_le_bytes(r.array::<LOG8_SCALE_BYTES>().map_err(short)?);
+                let scale = values
+                    .get(at..at + LOG8_SCALE_BYTES)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .ok_or_else(|| short(gradlane_core::bytes::Short::Truncated))?;
                 if !log8_scale_ok(scale) {
                     return Err(bad(format!("a log8 scale of {scale} in chunk {c}")));
                 }
-                log8_decode(r.take(range.len()).map_err(short)?, scale, out);
+                at += LOG8_SCALE_BYTES + range.len();
             }
         }
-        c = upto;
     }
-    if r.remaining() != 0 {
+    if at != values.len() {
         return Err(bad(format!(
-            "{} bytes after a reduced shard of {n} values",
-            r.remaining()
+            "a reduced shard of {} value bytes, its chunks need {at}",
+            values.len()
         )));
     }
-    Ok((values, missing))
+    Ok(ReducedShard {
+        missing,
+        lossy_ids,
+        values,
+    })
+}
+
+impl ReducedShard<'_> {
+    /// Decodes the (checked) values into `out`, the shard.
+    fn decode(&self, chunks: &[Range<usize>], formats: ClassFormats, out: &mut [f32]) {
+        let mut bytes = self.values;
+        let mut next = self.lossy_ids.iter().peekable();
+        let mut c = 0;
+        while c < chunks.len() {
+            let (format, upto) = match next.peek() {
+                Some(&&id) if id == c => {
+                    next.next();
+                    (formats.lossy, c + 1)
+                }
+                Some(&&id) => (formats.important, id),
+                None => (formats.important, chunks.len()),
+            };
+            let range = chunks[c].start..chunks[upto - 1].end;
+            let out = &mut out[range.clone()];
+            match format.element_bytes() {
+                Some(e) => {
+                    let (these, rest) = bytes.split_at(range.len() * e);
+                    format::read_elements(format, these, out);
+                    bytes = rest;
+                }
+                None => {
+                    let (scale, rest) = bytes.split_at(LOG8_SCALE_BYTES);
+                    let scale = f32::from_le_bytes([scale[0], scale[1], scale[2], scale[3]]);
+                    let (codes, rest) = rest.split_at(range.len());
+                    log8_decode(codes, scale, out);
+                    bytes = rest;
+                }
+            }
+            c = upto;
+        }
+    }
 }
