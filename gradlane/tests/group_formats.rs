@@ -413,3 +413,60 @@ async fn compression_feedback_makes_up_what_rounding_took() {
         error[0]
     );
 }
+
+/// fp16 mixed precision overflows into infinities and NaN for GradScaler
+/// to find: they come out of the sum where they went in, on every rank,
+/// even in chunks that would have been lossy log8 under 20% loss, and the
+/// chunks' other values stay finite (no poisoned scale).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_not_finite_come_out_where_they_went_in_on_every_rank() {
+    let world = 3;
+    let n = bucket().total_values() as usize;
+    let mut groups = group_with("formats-nonfinite", world, lossy(0.2)).await;
+    let options = BucketOptions {
+        formats: Some(ClassFormats {
+            important: ValueFormat::Bf16,
+            lossy: ValueFormat::Log8,
+        }),
+        lossy_return: true,
+        ..BucketOptions::default()
+    };
+    let id = register(&mut groups, options).await;
+    let calm: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 60, n)).collect();
+    differentiated(&mut groups, id, &calm, ReduceOp::Mean).await;
+    // The smallest values' chunks: the ones classed lossy. The gradient's
+    // scale changes every 288 values; find the quietest block.
+    let quiet = (0..n / 288)
+        .min_by(|&a, &b| {
+            let m = |k: usize| {
+                calm[0][k * 288..(k + 1) * 288]
+                    .iter()
+                    .map(|v| v.abs())
+                    .sum::<f32>()
+            };
+            m(a).total_cmp(&m(b))
+        })
+        .unwrap();
+    let (at_inf, at_nan) = (quiet * 288 + 5, quiet * 288 + 40);
+    let mut inputs: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 61, n)).collect();
+    inputs[1][at_inf] = f32::INFINITY;
+    inputs[2][at_nan] = f32::NAN;
+    let (got, _) = differentiated(&mut groups, id, &inputs, ReduceOp::Mean).await;
+    for (r, g) in got.iter().enumerate() {
+        same_bits(g, &got[0], &format!("rank {r}"));
+        assert_eq!(g[at_inf], f32::INFINITY, "rank {r}");
+        assert!(g[at_nan].is_nan(), "rank {r}");
+        let chunk = quiet * 288..(quiet + 1) * 288;
+        let poisoned = g[chunk]
+            .iter()
+            .enumerate()
+            .filter(|&(i, v)| {
+                i + quiet * 288 != at_inf && i + quiet * 288 != at_nan && !v.is_finite()
+            })
+            .count();
+        assert_eq!(
+            poisoned, 0,
+            "rank {r}: other values of the chunk not finite"
+        );
+    }
+}
