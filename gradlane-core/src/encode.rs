@@ -19,7 +19,7 @@
 //! Values travel in the format of their class
 //! ([`EncoderConfig::formats`]): `f32` by default; with a 16-bit or `Log8`
 //! format a segment's payload is the values converted as it is framed
-//! (see [`payload`](crate::payload)), and only `f32` segments are ever
+//! (see [`payload`]), and only `f32` segments are ever
 //! handed out as views of the caller's memory. A chunk holding a value
 //! that is not finite always travels in the important part, so an
 //! overflow that mixed-precision training must see is never lost or

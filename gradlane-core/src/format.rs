@@ -207,7 +207,7 @@ impl ClassFormats {
 }
 
 /// A type of value a collective reduces in place: `f32`, [`bf16`] or
-/// [`f16`]. Sums are taken in `f32` and rounded once to the type.
+/// [`struct@f16`]. Sums are taken in `f32` and rounded once to the type.
 pub trait Element: bytemuck::Pod + Send + Sync + std::fmt::Debug + sealed::Sealed {
     /// The format the type travels in.
     const FORMAT: ValueFormat;
@@ -387,7 +387,7 @@ static LOG8: LazyLock<Log8Tables> = LazyLock::new(|| {
 });
 
 /// `1 / log2(LOG8_BASE)`: levels per octave.
-const LEVELS_PER_OCTAVE: f32 = 7.272_540_9;
+const LEVELS_PER_OCTAVE: f32 = 7.272_541;
 
 /// The level of `x = |v|/S` in `(0, 1]`: the smallest `q` with
 /// `x ≥ lower[q]`, or [`LOG8_LEVELS`] below the last level.

@@ -113,6 +113,13 @@ pub enum LayoutError {
     /// `block_values` must be at least 1.
     #[error("block_values must be at least 1")]
     ZeroBlock,
+    /// The plan's chunk table could not be allocated (a layout and
+    /// chunking a peer announced may ask for more than the machine has).
+    #[error("a plan of {chunks} chunks does not fit in memory")]
+    OutOfMemory {
+        /// The chunks the plan would hold.
+        chunks: u64,
+    },
 }
 
 /// The ordered list of a model's gradient tensors, validated.
@@ -281,16 +288,13 @@ impl ChunkPlan {
         if options.block_values == 0 {
             return Err(LayoutError::ZeroBlock);
         }
-        let mut chunks = Vec::new();
         let mut tensor_first = Vec::with_capacity(layout.len() + 1);
         let mut tensor_bytes = Vec::with_capacity(layout.len());
         let mut tensor_step = Vec::with_capacity(layout.len());
         for (id, spec) in layout.tensors().iter().enumerate() {
-            let first = u32::try_from(chunks.len()).map_err(|_| LayoutError::TooManyChunks)?;
-            tensor_first.push(first);
             let len = layout.tensor_len(id) as u32; // < 2^30, checked by Layout::new
             tensor_bytes.push(len * 4);
-            let step = match spec.kind {
+            tensor_step.push(match spec.kind {
                 TensorKind::Conv2d => match options.conv {
                     ConvChunking::PerKernel => {
                         (spec.shape[1] * spec.shape[2] * spec.shape[3]) as u32
@@ -298,8 +302,26 @@ impl ChunkPlan {
                     ConvChunking::PerSlice => (spec.shape[2] * spec.shape[3]) as u32,
                 },
                 TensorKind::Dense => options.block_values,
-            };
-            tensor_step.push(step);
+            });
+        }
+        // Counted before anything is allocated: a layout from a peer's
+        // hello may ask for billions of chunks in a few bytes, and a table
+        // that size must be refused, not attempted.
+        let count: u64 = tensor_bytes
+            .iter()
+            .zip(&tensor_step)
+            .map(|(&bytes, &step)| (bytes as u64 / 4).div_ceil(step.max(1) as u64))
+            .sum();
+        if count > u32::MAX as u64 {
+            return Err(LayoutError::TooManyChunks);
+        }
+        let mut chunks = Vec::new();
+        chunks
+            .try_reserve_exact(count as usize)
+            .map_err(|_| LayoutError::OutOfMemory { chunks: count })?;
+        for (id, (&bytes, &step)) in tensor_bytes.iter().zip(&tensor_step).enumerate() {
+            tensor_first.push(chunks.len() as u32);
+            let len = bytes / 4;
             let mut start = 0u32;
             while start < len {
                 let n = step.min(len - start);
@@ -375,6 +397,22 @@ impl ChunkPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A plan of more chunks than ids is refused before its table is
+    /// allocated (five tensors of a billion values in blocks of one would
+    /// be 60 GB): a peer's hello of a few bytes can ask for it.
+    #[test]
+    fn too_many_chunks_are_refused_before_allocation() {
+        let tensors = (0..5)
+            .map(|i| TensorSpec::dense(format!("t{i}"), [1_000_000_000]))
+            .collect();
+        let layout = Layout::new(tensors).unwrap();
+        let one = ChunkOptions {
+            block_values: 1,
+            ..Default::default()
+        };
+        assert_eq!(layout.plan(one), Err(LayoutError::TooManyChunks));
+    }
 
     #[test]
     fn conv_chunks_are_kernels() {

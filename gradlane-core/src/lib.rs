@@ -37,7 +37,7 @@
 //! - [`score`]: each chunk's smoothed contribution.
 //! - [`classify`]: important chunks and graded lossy levels.
 //! - [`wire`]: the segment header every piece of a round carries.
-//! - [`format`]: the value formats a class travels in (`f32`, `bf16`,
+//! - [`mod@format`]: the value formats a class travels in (`f32`, `bf16`,
 //!   `f16`, `log8`) and their error bounds.
 //! - [`payload`]: a segment's payload laid out in its format.
 //! - [`encode`]: a round scored, classed and framed for sending.

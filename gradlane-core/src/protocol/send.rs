@@ -188,6 +188,17 @@ impl RoundSend {
             SendEvent::Confirmed { at } => {
                 self.confirmed.get_or_insert(at);
             }
+            // Lossy streams with nothing on them (an all-reliable round):
+            // there is nothing to wait for, and the estimate of sent
+            // stream bytes may never quite reach the important part's own
+            // length, which would cost the give-up second every round.
+            SendEvent::LossyQueued
+                if self.phase == Phase::Lossy
+                    && self.plan.lossy_on_stream
+                    && self.plan.lossy_len == 0 =>
+            {
+                self.drained_lossy(None);
+            }
             SendEvent::LossyQueued if self.phase == Phase::Lossy => {
                 self.phase = Phase::Draining {
                     give_up: now + DRAIN_GIVE_UP,
@@ -354,5 +365,35 @@ impl RoundSend {
         // Datagrams of the round may be on their way: tell the peer none
         // follow, so it does not wait out its grace for them.
         self.report();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An all-reliable round on the stream carrier: once the lossy part
+    /// (empty) is queued the round waits only for its confirmation, not
+    /// for a count of sent bytes.
+    #[test]
+    fn an_empty_lossy_part_on_streams_is_not_drained() {
+        let now = Instant::now();
+        let mut m = RoundSend::new(SendPlan {
+            round: 3,
+            lossy_on_stream: true,
+            release_on_sent: true,
+            sent_before: 1000,
+            reliable_len: 500,
+            lossy_len: 0,
+        });
+        m.handle(now, SendEvent::ImportantHanded);
+        m.handle(now, SendEvent::SentBytes(1000 + 500));
+        assert_eq!(m.poll_action(), Some(SendAction::ReleaseLossy));
+        m.handle(now, SendEvent::LossyQueued);
+        assert_eq!(m.wants(), None);
+        assert_eq!(m.poll_timeout(), None);
+        let at = now + Duration::from_millis(2);
+        m.handle(at, SendEvent::Confirmed { at });
+        assert_eq!(m.outcome(), Some(Ok(at)));
     }
 }
