@@ -377,6 +377,8 @@ pub struct RoundFramer {
     reliable_done: bool,
     /// The part of the round's allocation not yet handed out.
     buf: BytesMut,
+    /// The log8 chunks' scales, each computed once.
+    scales: payload::Log8Scales,
 }
 
 impl RoundFramer {
@@ -421,6 +423,10 @@ impl RoundFramer {
         // A little headroom, so that a later round with a few more headers
         // still fits the recycled buffer.
         let buf = reclaimed.unwrap_or_else(|| BytesMut::with_capacity(total + total / 64));
+        let mut scales = payload::Log8Scales::default();
+        if formats.lossy == ValueFormat::Log8 {
+            scales.reset(plan.len());
+        }
         Self {
             plan,
             layout,
@@ -434,6 +440,7 @@ impl RoundFramer {
             next_important: 0,
             reliable_done: false,
             buf,
+            scales,
         }
     }
 
@@ -682,6 +689,7 @@ impl RoundFramer {
             (0, tensor),
             (p.offset / 4, p.len / 4),
             &mut self.buf[at..],
+            &mut self.scales,
         );
     }
 
@@ -711,6 +719,7 @@ impl RoundFramer {
             (cover.start, &values),
             (first, n),
             &mut self.buf[at..],
+            &mut self.scales,
         );
     }
 

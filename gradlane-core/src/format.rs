@@ -321,7 +321,9 @@ pub fn put_elements(format: ValueFormat, values: &[f32], out: &mut Vec<u8>) {
     }
 }
 
-fn put_u16s(values: &[f32], out: &mut Vec<u8>, f: fn(f32) -> u16) {
+// Generic over the conversion (not a `fn` pointer) so that it is inlined
+// into the loop, which then vectorizes.
+fn put_u16s(values: &[f32], out: &mut Vec<u8>, f: impl Fn(f32) -> u16) {
     let at = out.len();
     out.resize(at + values.len() * 2, 0);
     for (d, &v) in out[at..].chunks_exact_mut(2).zip(values) {
@@ -340,7 +342,7 @@ pub fn write_elements(format: ValueFormat, values: &[f32], out: &mut [u8]) {
     }
 }
 
-fn write_u16s(values: &[f32], out: &mut [u8], f: fn(f32) -> u16) {
+fn write_u16s(values: &[f32], out: &mut [u8], f: impl Fn(f32) -> u16) {
     for (d, &v) in out.chunks_exact_mut(2).zip(values) {
         d.copy_from_slice(&f(v).to_le_bytes());
     }
@@ -358,18 +360,63 @@ pub fn read_elements(format: ValueFormat, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-fn read_u16s(bytes: &[u8], out: &mut [f32], f: fn(u16) -> f32) {
+fn read_u16s(bytes: &[u8], out: &mut [f32], f: impl Fn(u16) -> f32) {
     for (d, s) in out.iter_mut().zip(bytes.chunks_exact(2)) {
         *d = f(u16::from_le_bytes([s[0], s[1]]));
     }
 }
 
-/// `Log8`'s tables: `lower[q] = b^-q`, the smallest `|v|/S` of level `q`,
-/// and `middle[q]`, the factor of `S` that level `q` decodes to.
-struct Log8Tables {
-    lower: [f32; LOG8_LEVELS],
-    middle: [f32; LOG8_LEVELS],
+/// What a round trip through `format` takes from each of `values`:
+/// `out[i] = values[i] - decode(encode(values[i]))`, the values taken as
+/// one chunk for `Log8`. A value that is not finite, or a `Log8` chunk
+/// holding one (it travels in another format, exactly), leaves 0.
+pub fn rounding_error(format: ValueFormat, values: &[f32], out: &mut [f32]) {
+    let error = |v: f32, d: f32| {
+        let e = v - d;
+        if e.is_finite() {
+            e
+        } else {
+            0.0
+        }
+    };
+    match format {
+        ValueFormat::F32 => out.fill(0.0),
+        ValueFormat::Bf16 => {
+            for (o, &v) in out.iter_mut().zip(values) {
+                *o = error(v, f32_from_bf16(bf16_from_f32(v)));
+            }
+        }
+        ValueFormat::F16 => {
+            for (o, &v) in out.iter_mut().zip(values) {
+                *o = error(v, f32_from_f16(f16_from_f32(v)));
+            }
+        }
+        ValueFormat::Log8 => {
+            if log8_round_trip(values, out).is_err() {
+                out.fill(0.0);
+                return;
+            }
+            for (o, &v) in out.iter_mut().zip(values) {
+                *o = error(v, *o);
+            }
+        }
+    }
 }
+
+/// `Log8`'s tables, with `lower[q] = b^-q` the smallest `|v|/S` of level
+/// `q`: `middle[q]`, the factor of `S` that level `q` decodes to; and the
+/// level search's: `guess[k][j]`, the level of the smallest `x` whose
+/// exponent is `-k` and whose mantissa's top 8 bits are `j`, and
+/// `above[q] = lower[q - 1]` (infinite for `q = 0`).
+struct Log8Tables {
+    middle: [f32; LOG8_LEVELS],
+    guess: Box<[[u8; 256]; GUESS_OCTAVES + 1]>,
+    above: [f32; LOG8_LEVELS + 1],
+}
+
+/// Octaves below 1 that hold a level: `b^-126 > 2^-18`, so an `x` below
+/// `2^-18` is zero (the row after them, all [`LOG8_ZERO`]).
+const GUESS_OCTAVES: usize = 19;
 
 static LOG8: LazyLock<Log8Tables> = LazyLock::new(|| {
     let mut lower = [0f32; LOG8_LEVELS];
@@ -383,37 +430,43 @@ static LOG8: LazyLock<Log8Tables> = LazyLock::new(|| {
         middle[q] = if q == 0 { 1.0 } else { (p * half_step) as f32 };
         p /= LOG8_BASE;
     }
-    Log8Tables { lower, middle }
+    // The level by its definition: the smallest q with x >= lower[q].
+    let exact = |x: f32| {
+        (0..LOG8_LEVELS)
+            .find(|&q| x >= lower[q])
+            .unwrap_or(LOG8_LEVELS)
+    };
+    let mut guess = Box::new([[LOG8_ZERO; 256]; GUESS_OCTAVES + 1]);
+    for (k, row) in guess.iter_mut().take(GUESS_OCTAVES).enumerate() {
+        for (j, g) in row.iter_mut().enumerate() {
+            let x0 = f32::from_bits(((127 - k as u32) << 23) | ((j as u32) << 15));
+            *g = exact(x0) as u8;
+        }
+    }
+    let mut above = [f32::INFINITY; LOG8_LEVELS + 1];
+    above[1..].copy_from_slice(&lower);
+    Log8Tables {
+        middle,
+        guess,
+        above,
+    }
 });
 
-/// `1 / log2(LOG8_BASE)`: levels per octave.
-const LEVELS_PER_OCTAVE: f32 = 7.272_541;
-
-/// The level of `x = |v|/S` in `(0, 1]`: the smallest `q` with
-/// `x ≥ lower[q]`, or [`LOG8_LEVELS`] below the last level.
+/// The level of `x = |v|/S` in `[0, 1]`: the smallest `q` with
+/// `x ≥ lower[q]`, or [`LOG8_LEVELS`] below the last level (and for 0).
+///
+/// A bucket of `x`s that share an exponent and their mantissa's top 8
+/// bits spans 0.0056 octaves, less than a level's 0.1375: at most one
+/// level boundary falls inside it, so its first `x`'s level, less one
+/// where `x` has passed the boundary above, is the level. One table
+/// look-up and one comparison, no branch on the data.
 #[inline]
-fn log8_level(x: f32, lower: &[f32; LOG8_LEVELS]) -> usize {
-    // A first guess from the bits of x (log2 within ~0.01), then exact
-    // comparisons with the table, which decide.
+fn log8_level(x: f32, t: &Log8Tables) -> usize {
     let bits = x.to_bits();
-    let exponent = (bits >> 23) as i32 - 127;
-    let m = f32::from_bits((bits & 0x007F_FFFF) | 0x3F80_0000) - 1.0;
-    let log2 = exponent as f32 + m * (1.346_5 - 0.346_5 * m);
-    let guess = (-log2 * LEVELS_PER_OCTAVE).ceil();
-    let mut q = if guess <= 0.0 {
-        0
-    } else if guess >= LOG8_LEVELS as f32 {
-        LOG8_LEVELS
-    } else {
-        guess as usize
-    };
-    while q < LOG8_LEVELS && x < lower[q] {
-        q += 1;
-    }
-    while q > 0 && x >= lower[q - 1] {
-        q -= 1;
-    }
-    q
+    // x <= 1: the biased exponent is at most 127.
+    let octave = (127u32.saturating_sub(bits >> 23) as usize).min(GUESS_OCTAVES);
+    let guess = t.guess[octave][((bits >> 15) & 0xFF) as usize] as usize;
+    guess - usize::from(x >= t.above[guess])
 }
 
 /// A chunk that `Log8` cannot carry: it holds a value that is not finite.
@@ -460,17 +513,10 @@ pub fn log8_encode(values: &[f32], scale: f32, out: &mut [u8]) {
         // A division, not a product with 1/S: the largest value must come
         // out at exactly 1 to be exact.
         let x = (v.abs() / scale).min(1.0);
-        let q = if x > 0.0 {
-            log8_level(x, &tables.lower)
-        } else {
-            LOG8_LEVELS
-        };
-        let sign = if v.is_sign_negative() && q < LOG8_LEVELS {
-            0x80
-        } else {
-            0
-        };
-        *o = sign | (q.min(LOG8_ZERO as usize) as u8);
+        let q = log8_level(x, tables);
+        // The sign bit, except on zero's code.
+        let sign = ((v.to_bits() >> 24) as u8 & 0x80) & if q < LOG8_LEVELS { 0xFF } else { 0 };
+        *o = sign | q as u8;
     }
 }
 
@@ -513,9 +559,27 @@ pub fn log8_decode(codes: &[u8], scale: f32, out: &mut [f32]) {
 /// them holds. A chunk with a value that is not finite is refused.
 pub fn log8_round_trip(values: &[f32], out: &mut [f32]) -> Result<(), NonFinite> {
     let scale = log8_scale(values)?;
-    let mut codes = vec![0u8; values.len()];
-    log8_encode(values, scale, &mut codes);
-    log8_decode(&codes, scale, out);
+    let tables = &*LOG8;
+    if scale == 0.0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    // Encoding and decoding fused: the same level and the same product as
+    // `log8_encode` then `log8_decode`, without the codes in between.
+    for (o, &v) in out.iter_mut().zip(values) {
+        let x = (v.abs() / scale).min(1.0);
+        let q = log8_level(x, tables);
+        let d = if q < LOG8_LEVELS {
+            scale * tables.middle[q]
+        } else {
+            0.0
+        };
+        *o = if v.is_sign_negative() && q < LOG8_LEVELS {
+            -d
+        } else {
+            d
+        };
+    }
     Ok(())
 }
 
@@ -523,6 +587,11 @@ pub fn log8_round_trip(values: &[f32], out: &mut [f32]) -> Result<(), NonFinite>
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// `b^-q`, the smallest `|v|/S` of level `q`.
+    fn lower(q: usize) -> f32 {
+        LOG8.above[q + 1]
+    }
 
     /// Finite f32s of every magnitude, and some exact zeros.
     fn finite() -> impl Strategy<Value = f32> {
@@ -588,26 +657,41 @@ mod tests {
     fn log8_tables_are_the_same_bits_as_computed_exactly() {
         // The table is b^-q; check a few against f64 powers (which agree
         // to well within an f32 ulp) and that it falls strictly.
-        let t = &*LOG8;
         for q in [0usize, 1, 10, 63, 126] {
             let want = LOG8_BASE.powi(-(q as i32));
-            assert!(((t.lower[q] as f64) - want).abs() <= want * 1e-7, "{q}");
+            assert!(((lower(q) as f64) - want).abs() <= want * 1e-7, "{q}");
         }
-        assert!(t.lower.windows(2).all(|w| w[1] < w[0]));
-        assert!((LEVELS_PER_OCTAVE as f64 - 1.0 / LOG8_BASE.log2()).abs() < 1e-5);
+        assert!((1..LOG8_LEVELS).all(|q| lower(q) < lower(q - 1)));
+        // The zero row starts below the last level.
+        assert!((lower(LOG8_LEVELS - 1) as f64) > 2f64.powi(-(GUESS_OCTAVES as i32)));
+    }
+
+    /// The level by its definition, for the table search to match.
+    fn level_by_search(x: f32) -> usize {
+        (0..LOG8_LEVELS)
+            .find(|&q| x >= lower(q))
+            .unwrap_or(LOG8_LEVELS)
     }
 
     #[test]
-    fn the_level_guess_is_fixed_up_to_the_exact_level() {
+    fn the_table_search_finds_the_exact_level() {
         let t = &*LOG8;
         for q in 0..LOG8_LEVELS {
-            // At each boundary and just inside the level on both sides.
-            let at = t.lower[q];
-            assert_eq!(log8_level(at, &t.lower), q);
+            // At each boundary and just below it.
+            let at = lower(q);
+            assert_eq!(log8_level(at, t), q);
             let below = f32::from_bits(at.to_bits() - 1);
-            assert_eq!(log8_level(below, &t.lower), q + 1);
+            assert_eq!(log8_level(below, t), q + 1);
         }
-        assert_eq!(log8_level(f32::MIN_POSITIVE / 4.0, &t.lower), LOG8_LEVELS);
+        assert_eq!(log8_level(0.0, t), LOG8_LEVELS);
+        assert_eq!(log8_level(f32::MIN_POSITIVE / 4.0, t), LOG8_LEVELS);
+        assert_eq!(log8_level(1.0, t), 0);
+        // Every 97th f32 in (2^-20, 1].
+        let (lo, hi) = (2f32.powi(-20).to_bits(), 1f32.to_bits());
+        for bits in (lo..=hi).step_by(97) {
+            let x = f32::from_bits(bits);
+            assert_eq!(log8_level(x, t), level_by_search(x), "x = {x:e}");
+        }
     }
 
     proptest! {
@@ -635,7 +719,7 @@ mod tests {
             let mut out = vec![1f32; values.len()];
             log8_decode(&codes, scale, &mut out);
             let (lo, hi) = (LOG8_BASE.sqrt().recip() as f32, LOG8_BASE.sqrt() as f32);
-            let smallest = scale * LOG8.lower[LOG8_LEVELS - 1];
+            let smallest = scale * lower(LOG8_LEVELS - 1);
             for (&v, &d) in values.iter().zip(&out) {
                 if v == 0.0 || v.abs() < smallest {
                     prop_assert_eq!(d, 0.0);
@@ -658,6 +742,22 @@ mod tests {
             let mut out = vec![0f32; codes.len()];
             log8_decode(&codes, scale, &mut out);
             prop_assert!(out.iter().all(|v| v.is_finite()));
+        }
+    }
+
+    proptest! {
+        /// The fused round trip is encoding then decoding, bit for bit.
+        #[test]
+        fn the_round_trip_is_encode_then_decode(values in prop::collection::vec(finite(), 1..300)) {
+            let scale = log8_scale(&values).unwrap();
+            let mut codes = vec![0u8; values.len()];
+            log8_encode(&values, scale, &mut codes);
+            let mut want = vec![0f32; values.len()];
+            log8_decode(&codes, scale, &mut want);
+            let mut got = vec![1f32; values.len()];
+            log8_round_trip(&values, &mut got).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&got), bits(&want));
         }
     }
 

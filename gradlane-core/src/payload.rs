@@ -110,6 +110,44 @@ pub fn values_within(
     }
 }
 
+/// The `Log8` scale of each chunk of a round, computed once however many
+/// segments the chunk's values are cut into (a large convolution kernel
+/// spans several datagrams, and each piece carries the whole chunk's
+/// scale).
+#[derive(Debug, Clone, Default)]
+pub struct Log8Scales {
+    /// By chunk id; NaN until computed (a scale is never NaN).
+    by_chunk: Vec<f32>,
+}
+
+impl Log8Scales {
+    /// Forgets every scale: for a round of a plan of `chunks` chunks.
+    pub fn reset(&mut self, chunks: usize) {
+        self.by_chunk.clear();
+        self.by_chunk.resize(chunks, f32::NAN);
+    }
+
+    /// Chunk `id`'s scale, `whole` being all its values.
+    fn get(&mut self, id: usize, tensor: usize, whole: &[f32]) -> f32 {
+        if let Some(&s) = self.by_chunk.get(id).filter(|s| !s.is_nan()) {
+            return s;
+        }
+        let scale = log8_scale(whole).unwrap_or_else(|e| {
+            tracing::warn!(
+                tensor,
+                chunk = id,
+                index = e.index,
+                "log8 chunk not finite: sent as zeros"
+            );
+            0.0
+        });
+        if let Some(s) = self.by_chunk.get_mut(id) {
+            *s = scale;
+        }
+        scale
+    }
+}
+
 /// Writes values `first..first + n` of `tensor` in `format` into `out`,
 /// which is exactly [`wire_len`] bytes long. `values` holds the tensor's
 /// values from value `base` on: at least the chunks the range touches
@@ -126,6 +164,7 @@ pub fn write(
     (base, values): (u32, &[f32]),
     (first, n): (u32, u32),
     out: &mut [u8],
+    scales: &mut Log8Scales,
 ) {
     let at = |v: u32| (v - base) as usize;
     if format.element_bytes().is_some() {
@@ -138,15 +177,7 @@ pub fn write(
         let id = plan.chunk_at(tensor, start * 4).unwrap_or(0);
         let c = chunks[id];
         let whole = &values[at(c.start)..at(c.start + c.len)];
-        let scale = log8_scale(whole).unwrap_or_else(|e| {
-            tracing::warn!(
-                tensor,
-                chunk = id,
-                index = e.index,
-                "log8 chunk not finite: sent as zeros"
-            );
-            0.0
-        });
+        let scale = scales.get(id, tensor, whole);
         out[pos..pos + LOG8_SCALE_BYTES].copy_from_slice(&scale.to_le_bytes());
         pos += LOG8_SCALE_BYTES;
         let codes = &mut out[pos..pos + len as usize];
@@ -323,8 +354,18 @@ mod tests {
         for format in ValueFormat::ALL {
             for (first, n) in [(0u32, 1000u32), (250, 300), (999, 1), (3, 2)] {
                 let len = wire_len(format, &p, 1, first, n);
+                let mut scales = Log8Scales::default();
+                scales.reset(p.len());
                 let mut out = vec![0u8; len];
-                write(format, &p, 1, (0, &values), (first, n), &mut out);
+                write(
+                    format,
+                    &p,
+                    1,
+                    (0, &values),
+                    (first, n),
+                    &mut out,
+                    &mut scales,
+                );
                 assert_eq!(value_count(format, &p, 1, first, len as u32), Ok(n));
                 check(format, &p, 1, first, &out).unwrap();
                 let mut back = vec![0f32; n as usize];

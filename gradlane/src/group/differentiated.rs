@@ -665,41 +665,21 @@ fn shard_pieces(
 /// Keeps in the bucket's residual what the formats took from this rank's
 /// values in the rounds it sent: for each chunk, its values less what the
 /// owner decodes of them. A value that is not finite keeps nothing (the
-/// sum carries it; feeding it back would poison the next step).
+/// sum carries it; feeding it back would poison the next step), and a
+/// log8 chunk holding one went in the important format.
 fn keep_rounding_error(b: &mut Bucket, buf: &[f32], sent: &[Option<SendReport>]) {
-    let mut decoded = Vec::new();
     for (r, report) in sent.iter().enumerate() {
         let Some(report) = report else { continue };
         let shard = b.shards[r].clone();
         for (c, range) in b.chunks[r].iter().enumerate() {
             let class = report.classes.get(c).copied().unwrap_or(IMPORTANT);
-            let format = b.formats.of(class);
-            if !format.rounds() {
-                continue;
-            }
+            let mut format = b.formats.of(class);
             let at = shard.start + range.start..shard.start + range.end;
             let values = &buf[at.clone()];
-            decoded.resize(values.len(), 0.0);
-            match format {
-                ValueFormat::Log8 => {
-                    if format::log8_round_trip(values, &mut decoded).is_err() {
-                        // Sent in the important format instead (the
-                        // encoder's rule for values not finite).
-                        for (d, &v) in decoded.iter_mut().zip(values) {
-                            *d = b.formats.important.round(v);
-                        }
-                    }
-                }
-                f => {
-                    for (d, &v) in decoded.iter_mut().zip(values) {
-                        *d = f.round(v);
-                    }
-                }
+            if format == ValueFormat::Log8 && log8_scale(values).is_err() {
+                format = b.formats.important;
             }
-            for ((res, &v), &d) in b.residual[at].iter_mut().zip(values).zip(&decoded) {
-                let e = v - d;
-                *res = if e.is_finite() { e } else { 0.0 };
-            }
+            format::rounding_error(format, values, &mut b.residual[at]);
         }
     }
 }

@@ -141,6 +141,19 @@ struct Args {
     /// part's: fewer bytes back, at the lossy format's error.
     #[arg(long)]
     lossy_return: bool,
+    /// Loss tolerances of the differentiated variant (the share of each
+    /// tensor's chunks sent lossy), comma separated: one variant per value,
+    /// named after it unless it is the default 0.2 alone.
+    #[arg(long, value_delimiter = ',', value_parser = tolerance, default_value = "0.2")]
+    loss_tolerance: Vec<f64>,
+}
+
+/// A `--loss-tolerance` value: a share in `[0, 1]`.
+fn tolerance(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(t) if (0.0..=1.0).contains(&t) => Ok(t),
+        _ => Err(format!("{s:?} is not a loss tolerance in [0, 1]")),
+    }
 }
 
 /// A `--format` spec, `IMPORTANT` or `IMPORTANT+LOSSY`.
@@ -301,21 +314,27 @@ struct Variant {
 /// names are the plain ones ("exact"), as before formats existed, so that
 /// tables stay comparable; otherwise each says its format ("exact bf16",
 /// "differentiated bf16+log8").
-fn variants(formats: &[ClassFormats], lossy_return: bool) -> Vec<Variant> {
+fn variants(formats: &[ClassFormats], lossy_return: bool, tolerances: &[f64]) -> Vec<Variant> {
     let plain = formats == [ClassFormats::F32] && !lossy_return;
     let named = |base: &str, spec: String| match plain {
         true => base.to_string(),
         false => format!("{base} {spec}"),
     };
+    let default_tolerance = tolerances == [0.2];
     let mut out = Vec::new();
-    for (base, tolerance, seed) in [
-        ("differentiated", 0.2, 100),
-        ("differentiated, all reliable", 0.0, 101),
-    ] {
+    let mut kinds: Vec<(&str, f64, u64)> = tolerances
+        .iter()
+        .map(|&t| ("differentiated", t, 100))
+        .collect();
+    kinds.push(("differentiated, all reliable", 0.0, 101));
+    for (base, tolerance, seed) in kinds {
         for &f in formats {
             let mut name = named(base, spec_name(f));
             if lossy_return {
                 name.push_str(", lossy return");
+            }
+            if !default_tolerance && tolerance > 0.0 {
+                name.push_str(&format!(", tolerance {tolerance}"));
             }
             out.push(Variant {
                 name,
@@ -389,7 +408,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         }
     }
     let plain = formats == [ClassFormats::F32] && !args.lossy_return;
-    let variants = variants(&formats, args.lossy_return);
+    let variants = variants(&formats, args.lossy_return, &args.loss_tolerance);
     // Across processes every QUIC group of every loss rate meets rank 0 at
     // a port of its own from MASTER_PORT + 1 on, and the TCP ring listens
     // from MASTER_PORT + 100: more groups than that would collide.
