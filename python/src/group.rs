@@ -679,7 +679,8 @@ impl PyGroup {
     /// lossy levels travel, "f32", "bf16", "f16" (important or lossy) or
     /// "log8" (lossy only: a byte a value within 4.9%, and a scale per
     /// chunk); by default the Group's. lossy_return: the owner sends back
-    /// the sums of chunks every rank sent lossy in the lossy format.
+    /// the least important chunks of the sum (loss_tolerance of each
+    /// tensor's) in the lossy format.
     /// compression_feedback: keep what rounding took from this rank's
     /// values and add it into its next gradient (None: on for log8).
     ///

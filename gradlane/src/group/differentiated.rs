@@ -7,8 +7,8 @@
 //! round: the important chunks exact (or rounded once to their format),
 //! the rest lossy. The owner sums what arrived in rank order, in `f32`, and
 //! sends the sum back to every rank reliably in the important part's format
-//! (with [`BucketOptions::lossy_return`], the chunks that every rank sent
-//! lossy in the lossy format, quantized once), with each rank's list of its
+//! (with [`BucketOptions::lossy_return`], the least important chunks of the
+//! sum in the lossy format, quantized once), with each rank's list of its
 //! own chunks that did not arrive. Every rank thus ends with the owner's
 //! bits, and sends about `2 (N-1) / N` of the buffer.
 //!
@@ -77,11 +77,12 @@ pub struct BucketOptions {
     /// `log8` lossy send about 0.45 of the `f32` bytes at loss tolerance
     /// 0.2.
     pub formats: Option<ClassFormats>,
-    /// The owner returns the sums of the chunks that every other rank sent
-    /// lossy in the lossy format (quantized once at the owner, sent
-    /// reliably: every rank still ends with the same bits) instead of the
-    /// important part's. Fewer bytes back, at the lossy format's error on
-    /// those sums. Default off.
+    /// The owner returns the least important chunks of the sum (the
+    /// links' loss tolerance of each tensor's chunks, ranked by the sum's
+    /// mean magnitude, as a sender ranks its own) in the lossy format,
+    /// quantized once at the owner and sent reliably, so every rank still
+    /// ends with the same bits; the rest in the important part's format.
+    /// The return then costs what the first half does. Default off.
     pub lossy_return: bool,
     /// Each rank keeps what rounding took from its own values (the
     /// formats' error, not lost chunks) and adds it into its next gradient
@@ -123,6 +124,9 @@ pub(super) struct Bucket {
     /// the options asked for an element format).
     formats: ClassFormats,
     lossy_return: bool,
+    /// The links' loss tolerance: the share of each tensor's chunks a
+    /// lossy return sends in the lossy format.
+    tolerance: f64,
     /// Compression feedback is on.
     feedback: bool,
     /// What this rank adds into its next gradient: its values that did not
@@ -216,6 +220,12 @@ impl Group {
                 },
             },
         };
+        let tolerance = self
+            .senders
+            .iter()
+            .flatten()
+            .next()
+            .map_or(0.0, |s| s.loss_tolerance());
         let feedback = options
             .compression_feedback
             .unwrap_or(formats.lossy == ValueFormat::Log8);
@@ -311,6 +321,7 @@ impl Group {
             dtype: options.dtype,
             formats,
             lossy_return: options.lossy_return,
+            tolerance,
             feedback,
             residual: match recovery == LossRecovery::ErrorFeedback || feedback {
                 true => vec![0.0; total as usize],
@@ -536,18 +547,9 @@ impl Group {
         //    every rank's lost chunks: one message for all, so that it is
         //    framed once. The owner takes its own shard from it too, so it
         //    holds the bits everyone gets.
-        let lossy_return = b.lossy_return.then(|| {
-            // The chunks every other rank sent lossy (of a chunk none of
-            // whose bytes arrived, that is all one knows: lossy).
-            (0..own_chunks.len())
-                .map(|c| {
-                    parts
-                        .iter()
-                        .flatten()
-                        .all(|p| p.classes.get(c).is_none_or(|&class| class != IMPORTANT))
-                })
-                .collect::<Vec<bool>>()
-        });
+        let lossy_return = b
+            .lossy_return
+            .then(|| least_important(&sum, &own_chunks, &b.pieces[me], b.tolerance));
         let missing: Vec<&[u32]> = parts
             .iter()
             .map(|p| p.as_ref().map_or(&[][..], |p| p.missing_chunks.as_slice()))
@@ -682,6 +684,44 @@ fn keep_rounding_error(b: &mut Bucket, buf: &[f32], sent: &[Option<SendReport>])
             format::rounding_error(format, values, &mut b.residual[at]);
         }
     }
+}
+
+/// Which chunks of a summed shard (`chunks`, as value ranges; `pieces`,
+/// its tensors' value counts) a lossy return sends in the lossy format:
+/// of each tensor, the `tolerance` share with the smallest mean magnitude
+/// of the sum (ties by position), as a sender classes its own chunks.
+fn least_important(
+    sum: &[f32],
+    chunks: &[Range<usize>],
+    pieces: &[usize],
+    tolerance: f64,
+) -> Vec<bool> {
+    let mut lossy = vec![false; chunks.len()];
+    let (mut first, mut tensor_end) = (0, 0);
+    for &values in pieces {
+        tensor_end += values;
+        let n = chunks[first..]
+            .iter()
+            .take_while(|c| c.end <= tensor_end)
+            .count();
+        let mut order: Vec<(f32, usize)> = (first..first + n)
+            .map(|c| {
+                let v = &sum[chunks[c].clone()];
+                (gradlane_core::score::abs_sum(v) / v.len().max(1) as f32, c)
+            })
+            .collect();
+        // NaN (a sum not finite) ranks as most important.
+        order.sort_by(|a, b| {
+            let key = |x: f32| if x.is_nan() { f32::INFINITY } else { x };
+            key(a.0).total_cmp(&key(b.0)).then(a.1.cmp(&b.1))
+        });
+        let keep = gradlane_core::classify::important_count(1.0 - tolerance, n);
+        for &(_, c) in &order[..n - keep] {
+            lossy[c] = true;
+        }
+        first += n;
+    }
+    lossy
 }
 
 /// Adds `values` into `sum`, value by value.

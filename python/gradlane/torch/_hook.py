@@ -57,9 +57,10 @@ class HookState:
     - ``compression_feedback`` (default None: on for ``"log8"``): each rank
       keeps what rounding took from its gradient and adds it to its next
       step's (as EF-SGD does). Leave it on; off only for ablations.
-    - ``lossy_return`` (default False): the summed lossy chunks come back
-      in the lossy format too (fewer bytes, the lossy format's error on
-      those sums).
+    - ``lossy_return`` (default False): the least important chunks of
+      the summed gradient (``loss_tolerance`` of each tensor's) come back
+      in the lossy format too: fewer bytes on the way back, at the lossy
+      format's error on those sums. Worth it where the network binds.
     - ``overlap`` (default False): run each bucket's allreduce on a
       thread of the state's while backward computes the next buckets (as
       gloo does), instead of inside the hook. Worth it where the host has
