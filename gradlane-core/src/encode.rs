@@ -287,7 +287,8 @@ impl Encoder {
             };
             let n = h.validate(&self.plan)?;
             let t = h.tensor as usize;
-            payload::check(h.format, &self.plan, t, h.first_value(), payload)?;
+            payload::check(h.format, &self.plan, t, h.first_value(), payload)
+                .map_err(crate::wire::WireError::from)?;
             let mut emit = |first: u32, bytes: &[u8]| {
                 let header = h.fragment(&self.plan, first * 4, bytes.len() as u32);
                 let mut d = vec![0u8; DATA_HEADER_LEN + bytes.len()];
@@ -706,7 +707,7 @@ impl RoundFramer {
         // The piece's chunks whole: Log8 scales each by all its values.
         let cover = payload::covering_chunks(&self.plan, p.tensor as usize, first, n);
         let mut values = vec![0f32; cover.len()];
-        crate::wire::get_f32s(
+        crate::format::get_f32s(
             &mut values,
             &tensor[cover.start as usize * 4..cover.end as usize * 4],
         );
@@ -993,8 +994,8 @@ pub fn frame_with_classes<G: AsRef<[f32]>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::put_f32s;
     use crate::rng::SplitMix64;
-    use crate::wire::put_f32s;
 
     /// The one-shot framer as it was before framing became incremental, kept
     /// as the oracle the incremental one must match byte for byte.

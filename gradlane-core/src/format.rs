@@ -302,6 +302,30 @@ pub fn f32_from_f16(bits: u16) -> f32 {
     half::f16::from_bits(bits).to_f32()
 }
 
+/// Writes `src` as little-endian f32 bytes into `dst` (`dst.len() == 4 * src.len()`).
+pub fn put_f32s(dst: &mut [u8], src: &[f32]) {
+    if cfg!(target_endian = "little") {
+        // The in-memory form is the wire form: one memcpy.
+        dst.copy_from_slice(bytemuck::cast_slice(src));
+    } else {
+        for (d, v) in dst.chunks_exact_mut(4).zip(src) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+/// Reads little-endian f32 bytes from `src` into `dst` (`src.len() == 4 * dst.len()`).
+pub fn get_f32s(dst: &mut [f32], src: &[u8]) {
+    if cfg!(target_endian = "little") {
+        // `src` may sit at any address, so copy bytes into the aligned `dst`.
+        bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(src);
+    } else {
+        for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+            *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+        }
+    }
+}
+
 /// Appends `values` in element format `format` (little-endian) to `out`.
 /// `Log8` is not an element format: use [`log8_encode`].
 pub fn put_elements(format: ValueFormat, values: &[f32], out: &mut Vec<u8>) {
@@ -335,7 +359,7 @@ fn put_u16s(values: &[f32], out: &mut Vec<u8>, f: impl Fn(f32) -> u16) {
 /// exactly their bytes (`element_bytes * values.len()`).
 pub fn write_elements(format: ValueFormat, values: &[f32], out: &mut [u8]) {
     match format {
-        ValueFormat::F32 => crate::wire::put_f32s(out, values),
+        ValueFormat::F32 => put_f32s(out, values),
         ValueFormat::Bf16 => write_u16s(values, out, bf16_from_f32),
         ValueFormat::F16 => write_u16s(values, out, f16_from_f32),
         ValueFormat::Log8 => {}
@@ -353,7 +377,7 @@ fn write_u16s(values: &[f32], out: &mut [u8], f: impl Fn(f32) -> u16) {
 /// [`log8_decode`].
 pub fn read_elements(format: ValueFormat, bytes: &[u8], out: &mut [f32]) {
     match format {
-        ValueFormat::F32 => crate::wire::get_f32s(out, bytes),
+        ValueFormat::F32 => get_f32s(out, bytes),
         ValueFormat::Bf16 => read_u16s(bytes, out, f32_from_bf16),
         ValueFormat::F16 => read_u16s(bytes, out, f32_from_f16),
         ValueFormat::Log8 => {}

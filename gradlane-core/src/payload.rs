@@ -19,7 +19,42 @@ use crate::format::{
     ValueFormat, LOG8_SCALE_BYTES,
 };
 use crate::layout::{Chunk, ChunkPlan};
-use crate::wire::WireError;
+use thiserror::Error;
+
+/// Why a payload does not fit its format and the chunk plan.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PayloadError {
+    /// A length that is not a whole number of the format's values.
+    #[error("a payload of {len} bytes is not a whole number of {format} values")]
+    Misaligned {
+        /// The payload's format.
+        format: ValueFormat,
+        /// Its length in bytes.
+        len: u32,
+    },
+    /// Values that run past the tensor's last.
+    #[error("a payload of {len} bytes from value {first} runs past the tensor's {values} values")]
+    OutOfRange {
+        /// The payload's first value.
+        first: u32,
+        /// Its length in bytes.
+        len: u32,
+        /// The tensor's values.
+        values: u32,
+    },
+    /// A `Log8` section without a code after its scale.
+    #[error("a log8 section in the payload from value {first} has a scale and no code")]
+    Log8Section {
+        /// The payload's first value.
+        first: u32,
+    },
+    /// A `Log8` scale that is not finite or is negative.
+    #[error("a log8 scale in the payload from value {first} is not finite or is negative")]
+    Log8Scale {
+        /// The payload's first value.
+        first: u32,
+    },
+}
 
 /// The values `first..first + n` of tensor `tensor` cut at chunk
 /// boundaries: `(start, len)` in values of the tensor, in order.
@@ -196,13 +231,13 @@ pub fn value_count(
     tensor: usize,
     first: u32,
     wire_len: u32,
-) -> Result<u32, WireError> {
+) -> Result<u32, PayloadError> {
     let tensor_values = plan.tensor_bytes(tensor) / 4;
     let n = match format.element_bytes() {
         Some(b) => {
             if wire_len % b as u32 != 0 {
-                return Err(WireError::Misaligned {
-                    offset: first * 4,
+                return Err(PayloadError::Misaligned {
+                    format,
                     len: wire_len,
                 });
             }
@@ -214,7 +249,7 @@ pub fn value_count(
             let mut left = wire_len;
             while left > 0 {
                 if left <= LOG8_SCALE_BYTES as u32 {
-                    return Err(WireError::Log8Section { offset: first * 4 });
+                    return Err(PayloadError::Log8Section { first });
                 }
                 let Some(id) = plan.chunk_at(tensor, at.saturating_mul(4)) else {
                     break;
@@ -226,20 +261,20 @@ pub fn value_count(
             }
             if left > 0 {
                 // Codes run past the tensor's last value.
-                return Err(WireError::OutOfRange {
-                    offset: first * 4,
+                return Err(PayloadError::OutOfRange {
+                    first,
                     len: wire_len,
-                    tensor_bytes: tensor_values * 4,
+                    values: tensor_values,
                 });
             }
             at - first
         }
     };
     if first as u64 + n as u64 > tensor_values as u64 {
-        return Err(WireError::OutOfRange {
-            offset: first * 4,
+        return Err(PayloadError::OutOfRange {
+            first,
             len: wire_len,
-            tensor_bytes: tensor_values * 4,
+            values: tensor_values,
         });
     }
     Ok(n)
@@ -253,7 +288,7 @@ pub fn check(
     tensor: usize,
     first: u32,
     payload: &[u8],
-) -> Result<(), WireError> {
+) -> Result<(), PayloadError> {
     if format != ValueFormat::Log8 {
         return Ok(());
     }
@@ -262,7 +297,7 @@ pub fn check(
     for (_, len) in sections(plan, tensor, first, n) {
         let scale = scale_at(payload, pos);
         if !log8_scale_ok(scale) {
-            return Err(WireError::Log8Scale { offset: first * 4 });
+            return Err(PayloadError::Log8Scale { first });
         }
         pos += LOG8_SCALE_BYTES + len as usize;
     }
@@ -389,26 +424,26 @@ mod tests {
         // A scale and no code.
         assert!(matches!(
             value_count(ValueFormat::Log8, &p, 1, 0, 4),
-            Err(WireError::Log8Section { .. })
+            Err(PayloadError::Log8Section { .. })
         ));
         // A section that runs past the tensor.
         assert!(matches!(
             value_count(ValueFormat::Log8, &p, 1, 999, 4 + 1 + 4 + 1),
-            Err(WireError::OutOfRange { .. })
+            Err(PayloadError::OutOfRange { .. })
         ));
         assert!(matches!(
             value_count(ValueFormat::Bf16, &p, 1, 0, 3),
-            Err(WireError::Misaligned { .. })
+            Err(PayloadError::Misaligned { .. })
         ));
         assert!(matches!(
             value_count(ValueFormat::F32, &p, 0, 8, 12),
-            Err(WireError::OutOfRange { .. })
+            Err(PayloadError::OutOfRange { .. })
         ));
         let mut payload = vec![0u8; 4 + 6];
         payload[..4].copy_from_slice(&f32::NAN.to_le_bytes());
         assert!(matches!(
             check(ValueFormat::Log8, &p, 1, 250, &payload),
-            Err(WireError::Log8Scale { .. })
+            Err(PayloadError::Log8Scale { .. })
         ));
     }
 }

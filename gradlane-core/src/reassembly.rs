@@ -520,7 +520,8 @@ impl Reassembler {
                         h.tensor as usize,
                         h.first_value(),
                         payload,
-                    )?;
+                    )
+                    .map_err(WireError::from)?;
                 }
                 (Segment::RoundEnd(end), _) => self.check_layout(end.layout)?,
             }
@@ -958,7 +959,7 @@ impl StreamDecoder {
                         self.payload = None;
                         let t = h.tensor as usize;
                         let placed = payload::check(h.format, &rx.plan, t, h.first_value(), &whole)
-                            .map_err(ReassemblyError::from)
+                            .map_err(|e| ReassemblyError::from(WireError::from(e)))
                             .and_then(|()| rx.place(h, &[], &whole, out));
                         whole.clear();
                         self.gathered = whole;

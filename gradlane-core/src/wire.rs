@@ -102,18 +102,9 @@ pub enum WireError {
     /// Important data in a format only the lossy levels may use.
     #[error("important data in {0}, a lossy-only format")]
     LossyOnlyFormat(ValueFormat),
-    /// A `Log8` section without a code after its scale.
-    #[error("a log8 section at byte {offset} has a scale and no code")]
-    Log8Section {
-        /// The segment's byte offset.
-        offset: u32,
-    },
-    /// A `Log8` scale that is not finite or is negative.
-    #[error("a log8 scale in the segment at byte {offset} is not finite or is negative")]
-    Log8Scale {
-        /// The segment's byte offset.
-        offset: u32,
-    },
+    /// A payload that does not fit its format and the chunk plan.
+    #[error(transparent)]
+    Payload(#[from] crate::payload::PayloadError),
     /// Offset not a multiple of 4, or length not a whole number of values.
     #[error("offset {offset} or length {len} is not a whole number of values")]
     Misaligned {
@@ -291,13 +282,13 @@ impl DataHeader {
     /// How many values the payload carries (see
     /// [`payload::value_count`](crate::payload::value_count)).
     pub fn values(&self, plan: &ChunkPlan) -> Result<u32, WireError> {
-        crate::payload::value_count(
+        Ok(crate::payload::value_count(
             self.format,
             plan,
             self.tensor as usize,
             self.first_value(),
             self.payload_len,
-        )
+        )?)
     }
 
     /// Checks the header against the plan: known tensor, its size, its chunk
@@ -623,26 +614,4 @@ pub fn decode_all(mut buf: &[u8]) -> impl Iterator<Item = Result<Segment<'_>, Wi
     })
 }
 
-/// Writes `src` as little-endian f32 bytes into `dst` (`dst.len() == 4 * src.len()`).
-pub fn put_f32s(dst: &mut [u8], src: &[f32]) {
-    if cfg!(target_endian = "little") {
-        // The in-memory form is the wire form: one memcpy.
-        dst.copy_from_slice(bytemuck::cast_slice(src));
-    } else {
-        for (d, v) in dst.chunks_exact_mut(4).zip(src) {
-            d.copy_from_slice(&v.to_le_bytes());
-        }
-    }
-}
-
-/// Reads little-endian f32 bytes from `src` into `dst` (`src.len() == 4 * dst.len()`).
-pub fn get_f32s(dst: &mut [f32], src: &[u8]) {
-    if cfg!(target_endian = "little") {
-        // `src` may sit at any address, so copy bytes into the aligned `dst`.
-        bytemuck::cast_slice_mut::<f32, u8>(dst).copy_from_slice(src);
-    } else {
-        for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
-            *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-        }
-    }
-}
+pub use crate::format::{get_f32s, put_f32s};

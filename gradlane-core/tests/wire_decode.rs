@@ -151,7 +151,7 @@ fn every_bad_field_has_its_own_error() {
             h.format = ValueFormat::Log8;
             h.payload_len = 4;
         }),
-        WireError::Log8Section { offset: 1024 }
+        WireError::Payload(payload::PayloadError::Log8Section { first: 256 })
     );
     assert_eq!(
         with(|h| h.payload_len = 6),

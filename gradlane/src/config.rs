@@ -1,25 +1,21 @@
 //! What a link end can be configured with: a handful of settings to tune,
 //! and groups of the rest, whose defaults hold on any path.
 
+pub use crate::config_error::{ConfigError, MAX_UDP_PAYLOAD, MIN_UDP_PAYLOAD};
 use crate::congestion::Congestion;
 use crate::socket::faults::Faults;
 use crate::socket::marking::DscpMarks;
 use crate::tuning::Tuning;
 use gradlane_core::classify::{AdaptiveRatio, ClassifyConfig, Ranking, MAX_LEVELS};
 use gradlane_core::encode::EncoderConfig;
-use gradlane_core::format::{ClassFormats, FormatError};
+use gradlane_core::format::ClassFormats;
 use gradlane_core::layout::{ChunkOptions, Layout};
 use gradlane_core::protocol::RoundTiming;
 use gradlane_core::reassembly::ReassemblyConfig;
 use gradlane_core::score::DEFAULT_ALPHA;
 use std::time::Duration;
-use thiserror::Error;
 
 const MIB: u64 = 1 << 20;
-
-/// The smallest UDP payload QUIC allows (RFC 9000, 14): the MTU floor of
-/// any path.
-pub const MIN_UDP_PAYLOAD: u16 = 1200;
 
 /// The UDP payload of a 1500-byte Ethernet frame under IPv6.
 pub const ETHERNET_UDP_PAYLOAD: u16 = 1452;
@@ -27,9 +23,6 @@ pub const ETHERNET_UDP_PAYLOAD: u16 = 1452;
 /// The UDP payload of a 9000-byte jumbo frame under IPv6 (the tighter of
 /// the two families): 9000 - 40 - 8.
 pub const JUMBO_UDP_PAYLOAD: u16 = 8952;
-
-/// The largest UDP payload there is (IPv6).
-pub const MAX_UDP_PAYLOAD: u16 = 65_527;
 
 /// Everything a link end can be configured with.
 ///
@@ -267,60 +260,6 @@ impl Default for QuicSettings {
     }
 }
 
-/// A setting out of its range.
-#[derive(Debug, Clone, PartialEq, Error)]
-pub enum ConfigError {
-    /// `loss_tolerance` is not in `[0, 1]`.
-    #[error("loss tolerance {0} is not in [0, 1]")]
-    LossTolerance(f64),
-    /// `levels` is not in `1..=7`.
-    #[error("levels {0} is not in 1..={MAX_LEVELS}")]
-    Levels(u8),
-    /// `lanes` is 0.
-    #[error("lanes must be at least 1")]
-    Lanes,
-    /// `scoring.alpha` is not in `[0, 1]`.
-    #[error("scoring alpha {0} is not in [0, 1]")]
-    Alpha(f32),
-    /// The adaptive ratio's floor is not in `[0, 1]`.
-    #[error("adaptive ratio_min {0} is not in [0, 1]")]
-    RatioMin(f64),
-    /// The UDP payload bounds are outside QUIC's range, or crossed.
-    #[error("udp payload bounds {min}..={max} must be ordered and within 1200..=65527")]
-    Packets {
-        /// The floor asked for.
-        min: u16,
-        /// The ceiling asked for.
-        max: u16,
-    },
-    /// A window does not fit QUIC's variable-length integer (2^62).
-    #[error("{name} {value} is too large for quic")]
-    TooLarge {
-        /// Which setting.
-        name: &'static str,
-        /// Its value.
-        value: u64,
-    },
-    /// The idle timeout does not fit QUIC's encoding.
-    #[error("max idle timeout {0:?} is too large for quic")]
-    IdleTimeout(Duration),
-    /// A DSCP mark does not fit six bits.
-    #[error("dscp {0} is not in 0..=63")]
-    Dscp(u8),
-    /// DSCP marks were asked for where gradlane cannot write them.
-    #[error("dscp marks need linux")]
-    DscpUnsupported,
-    /// `receiver.max_open_rounds` is 0.
-    #[error("max open rounds must be at least 1")]
-    OpenRounds,
-    /// The chunk options cannot cut tensors (a block of 0 values).
-    #[error("chunking: blocks must hold at least one value")]
-    Chunking,
-    /// A value format where it cannot go (`log8` for the important part).
-    #[error(transparent)]
-    Format(#[from] FormatError),
-}
-
 impl Config {
     /// Checks every setting; what [`Endpoint`](crate::Endpoint) does
     /// before it opens a socket.
@@ -449,7 +388,7 @@ mod tests {
         assert_eq!(bad(|c| c.lanes = 0), ConfigError::Lanes);
         assert_eq!(
             bad(|c| c.formats.important = gradlane_core::format::ValueFormat::Log8),
-            ConfigError::Format(FormatError::LossyOnly)
+            ConfigError::Format(gradlane_core::format::FormatError::LossyOnly)
         );
         assert_eq!(bad(|c| c.scoring.alpha = -0.1), ConfigError::Alpha(-0.1));
         assert_eq!(

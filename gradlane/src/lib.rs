@@ -91,6 +91,7 @@
 #![warn(unreachable_pub)]
 
 mod config;
+mod config_error;
 mod congestion;
 mod endpoint;
 mod framing;

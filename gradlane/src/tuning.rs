@@ -7,14 +7,14 @@
 //!
 //! [`Config`]: crate::Config
 
-use crate::config::{ConfigError, MAX_UDP_PAYLOAD, MIN_UDP_PAYLOAD};
+use crate::config_error::{ConfigError, MAX_UDP_PAYLOAD, MIN_UDP_PAYLOAD};
 use crate::congestion::Congestion;
 use crate::socket::marking::DscpMarks;
 use quinn::{IdleTimeout, VarInt};
 use std::time::Duration;
 
 /// Everything an endpoint's socket and QUIC stack are made with
-/// ([`Config::tuning`](crate::config::Config) gathers it).
+/// (`Config::tuning` gathers it).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Tuning {
     pub(crate) stream_receive_window: u64,
