@@ -428,12 +428,14 @@ pub fn rounding_error(format: ValueFormat, values: &[f32], out: &mut [f32]) {
 }
 
 /// `Log8`'s tables, with `lower[q] = b^-q` the smallest `|v|/S` of level
-/// `q`: `middle[q]`, the factor of `S` that level `q` decodes to; and the
-/// level search's: `guess[k][j]`, the level of the smallest `x` whose
+/// `q` and `middle[q]` the factor of `S` that level `q` decodes to: each
+/// code's signed factor; and the level search's: `guess[k][j]`, the level of the smallest `x` whose
 /// exponent is `-k` and whose mantissa's top 8 bits are `j`, and
 /// `above[q] = lower[q - 1]` (infinite for `q = 0`).
 struct Log8Tables {
-    middle: [f32; LOG8_LEVELS],
+    /// What each of the 256 codes decodes to against a scale of 1: the
+    /// signed middle of its level, 0 for either sign of zero's code.
+    by_code: [f32; 256],
     guess: Box<[[u8; 256]; GUESS_OCTAVES + 1]>,
     above: [f32; LOG8_LEVELS + 1],
 }
@@ -469,8 +471,19 @@ static LOG8: LazyLock<Log8Tables> = LazyLock::new(|| {
     }
     let mut above = [f32::INFINITY; LOG8_LEVELS + 1];
     above[1..].copy_from_slice(&lower);
+    let mut by_code = [0f32; 256];
+    for (code, d) in by_code.iter_mut().enumerate() {
+        let q = code & 0x7F;
+        if q < LOG8_LEVELS {
+            *d = if code & 0x80 != 0 {
+                -middle[q]
+            } else {
+                middle[q]
+            };
+        }
+    }
     Log8Tables {
-        middle,
+        by_code,
         guess,
         above,
     }
@@ -553,29 +566,17 @@ pub fn log8_scale_ok(scale: f32) -> bool {
 /// The value a `Log8` code decodes to against `scale`.
 #[inline]
 pub fn log8_value(code: u8, scale: f32) -> f32 {
-    let q = (code & 0x7F) as usize;
-    if q >= LOG8_LEVELS {
-        return 0.0;
-    }
-    let d = scale * LOG8.middle[q];
-    if code & 0x80 != 0 {
-        -d
-    } else {
-        d
-    }
+    // A product with a signed factor is the negated product (IEEE 754
+    // multiplication is symmetric in sign): the same bits as negating.
+    scale * LOG8.by_code[code as usize]
 }
 
 /// Decodes codes against `scale` into `out` (one value per code).
 pub fn log8_decode(codes: &[u8], scale: f32, out: &mut [f32]) {
-    let middle = &LOG8.middle;
+    let by_code = &LOG8.by_code;
+    // One look-up and one product a value, no branch on the data.
     for (o, &c) in out.iter_mut().zip(codes) {
-        let q = (c & 0x7F) as usize;
-        let d = if q < LOG8_LEVELS {
-            scale * middle[q]
-        } else {
-            0.0
-        };
-        *o = if c & 0x80 != 0 { -d } else { d };
+        *o = scale * by_code[c as usize];
     }
 }
 
@@ -593,16 +594,8 @@ pub fn log8_round_trip(values: &[f32], out: &mut [f32]) -> Result<(), NonFinite>
     for (o, &v) in out.iter_mut().zip(values) {
         let x = (v.abs() / scale).min(1.0);
         let q = log8_level(x, tables);
-        let d = if q < LOG8_LEVELS {
-            scale * tables.middle[q]
-        } else {
-            0.0
-        };
-        *o = if v.is_sign_negative() && q < LOG8_LEVELS {
-            -d
-        } else {
-            d
-        };
+        let sign = ((v.to_bits() >> 24) as u8 & 0x80) & if q < LOG8_LEVELS { 0xFF } else { 0 };
+        *o = scale * tables.by_code[(sign | q as u8) as usize];
     }
     Ok(())
 }
