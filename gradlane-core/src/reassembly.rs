@@ -218,10 +218,6 @@ pub struct Round {
     /// The chunks (ids of the layout's chunk plan, increasing) with bytes
     /// that did not arrive in time: zero-filled, in part or whole.
     pub missing_chunks: Vec<u32>,
-    /// The class of every chunk as its first bytes claimed it, by chunk id;
-    /// [`NO_CLASS`] where none of its bytes arrived (a lossy chunk: every
-    /// important one arrives).
-    pub classes: Vec<Class>,
 }
 
 /// What [`Reassembler::push`] did with a packet.
@@ -308,8 +304,7 @@ struct OpenRound {
     complete: bool,
 }
 
-/// The class of a chunk none of whose bytes arrived, in [`Round::classes`].
-pub const NO_CLASS: Class = u8::MAX;
+const NO_CLASS: Class = u8::MAX;
 
 #[derive(Debug)]
 struct LateSegment {
@@ -863,7 +858,6 @@ impl Reassembler {
             tensors: r.tensors,
             stats,
             missing_chunks,
-            classes: r.chunk_class,
         })
     }
 }

@@ -257,21 +257,25 @@ async fn refusals_leave_tickets_and_links_intact() {
         a.push(reply.params.index, &[&grad[1..]]).await,
         Err(WorkerError::GradientShape { .. })
     ));
-    // A NaN is refused by the encoder before anything is sent; the link
-    // stays in step and the ticket still works.
+    // A NaN travels (exact, as an overflow must for mixed precision) and
+    // the server refuses it, naming where: nothing applied, the link in
+    // step, the ticket still good.
     let mut bad = grad.clone();
     bad[3] = f32::NAN;
-    assert!(matches!(
-        a.push(reply.params.index, &[&bad]).await,
-        Err(WorkerError::Link(gradlane::LinkError::Encode(_)))
-    ));
+    match a.push(reply.params.index, &[&bad]).await {
+        Err(WorkerError::Refused(why)) => {
+            assert!(why.contains("non-finite gradient at 3"), "{why}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(run.handle.snapshot().1, 1);
     let reply = a.push(reply.params.index, &[&grad]).await.unwrap();
     assert_eq!(reply.params.steps, 2);
     a.leave().await;
     b.leave().await;
     run.stop.send(()).unwrap();
     let stats = run.done.await.unwrap().unwrap();
-    assert_eq!(stats.refused, 3);
+    assert_eq!(stats.refused, 4);
     assert_eq!(stats.applied, 2);
 }
 
