@@ -13,27 +13,45 @@
 # A cell is "variant loss seed condition":
 #   variant    gloo-cubic, gloo-bbr (torch's gloo over TCP with that
 #              congestion control), gradlane (the gradlane backend, exact),
-#              hook-zero_fill, hook-rescale, hook-error_feedback (the
-#              gradlane backend with gradlane's DDP hook and that recovery),
-#              hook-datagrams (zero fill, the lossy part always datagrams)
+#              each optionally with one of torch's DDP hooks: +fp16
+#              (fp16_compress_hook), +bf16 (bf16_compress_hook), +powersgd
+#              (powerSGD_hook, rank 4 from step 10, one DDP bucket: see
+#              docs/RESULTS.md on why more buckets wedge gloo);
+#              hook-zero_fill, hook-rescale, hook-error_feedback (the gradlane
+#              backend with gradlane's DDP hook and that recovery),
+#              hook-datagrams (zero fill, the lossy part always datagrams),
+#              hook-bf16log8-tT (the hook with bf16 important chunks, log8
+#              lossy ones with compression feedback, the owners' lossy
+#              return, loss tolerance T)
 #   loss       the testbed's LOSS, a drop probability
 #   seed       train_tta.py's --seed (model, split and batches)
-#   condition  plain; compete (a bulk TCP flow from every rank to the next
-#              through the same bottleneck); compete-dscp (the same, with
-#              the testbed's priority queues for DSCP 56 and the hook's
-#              --dscp marks)
-# PLAN=full runs every variant at 0, 1% and 5% loss with seed 0, the key
-# cells (gloo-cubic, gloo-bbr and hook-zero_fill at 5%) with seeds 1 and 2
-# as well, hook-datagrams at 0, 1% and 5% with seed 0, and gloo-cubic,
-# gloo-bbr, hook-zero_fill under compete and hook-zero_fill under
-# compete-dscp, lossless; key cells first. CELLS
-# (one cell a line, or cells separated by ";") replaces the plan.
+#   condition  plain; delayD (D ms of one-way delay on every rank's input,
+#              scripts/testbed.sh --delay-ms D, so a 2D ms RTT); compete (a
+#              bulk TCP flow from every rank to the next through the same
+#              bottleneck); compete-dscp (the same, with the testbed's
+#              priority queues for DSCP 56 and the hook's --dscp marks)
+#
+# PLAN=full runs in stages, each resumable, each choosing from the runs
+# before it (scripts/tta_report.py --pick):
+#   1. prune: every variant of VARIANTS, lossless and at 5% loss, seed 0;
+#   2. finalists: the two best gloo and the two best gradlane variants of
+#      stage 1 (by the geometric mean of their time to target over its two
+#      cells) at 1% loss, plain and delay20, seed 0;
+#   3. key cells: per condition (0, 1%, 5% plain; 1% delay20) the best gloo
+#      and the best gradlane variant with seeds 1 and 2 as well;
+#   4. compete: the best gloo and gradlane variant of the lossless cell
+#      under a competing flow, and the best hook variant under compete-dscp.
+# PLAN=prune stops after stage 1. CELLS (one cell a line, or cells
+# separated by ";") replaces the plan.
 #
 # Each run trains for STEPS steps (the learning rate's cosine reaches 0
-# there) or until TIME_LIMIT seconds of training, whichever comes first.
-# Results go to OUT (default docs/tta): runs/<cell>.csv per run (rank 0's
-# evaluations), runs.csv (one line a run), and the report. A cell whose
-# line is in runs.csv already is skipped, so an interrupted bench resumes.
+# there) or until TIME_LIMIT seconds of training, whichever comes first,
+# and evaluates every EVAL_EVERY steps (default 1: the time to target is
+# the training time, evaluations excluded, of the first step whose
+# evaluation reaches TARGET). Results go to OUT (default docs/tta):
+# runs/<cell>.csv per run (rank 0's evaluations), runs.csv (one line a
+# run), and the report. A cell whose line is in runs.csv already is
+# skipped, so an interrupted bench resumes.
 #
 # Needs root (the testbed) and the venv of README's test command (VENV,
 # default .venv-test, made by `bash scripts/test.sh`); installs matplotlib
@@ -46,12 +64,13 @@ RATE=${RATE:-100mbit}
 QUEUE_BYTES=${QUEUE_BYTES:-1000000}
 WIDTH=${WIDTH:-32}
 STEPS=${STEPS:-50}
-EVAL_EVERY=${EVAL_EVERY:-5}
+EVAL_EVERY=${EVAL_EVERY:-1}
 TARGET=${TARGET:-0.95}
-TIME_LIMIT=${TIME_LIMIT:-240}
+TIME_LIMIT=${TIME_LIMIT:-120}
 OUT=${OUT:-docs/tta}
 VENV=${VENV:-.venv-test}
 PLAN=${PLAN:-full}
+VARIANTS=${VARIANTS:-gloo-cubic gloo-bbr gloo-cubic+fp16 gloo-bbr+fp16 gloo-cubic+powersgd gloo-bbr+powersgd gradlane gradlane+fp16 gradlane+powersgd hook-zero_fill hook-bf16log8-t0.2 hook-bf16log8-t0.4}
 PY=$(realpath -ms "$VENV/bin/python")
 OUT=$(realpath -m "$OUT")
 
@@ -60,31 +79,10 @@ die() { echo "tta_bench: $*" >&2; exit 2; }
 "$PY" -c 'import gradlane.torch, sklearn' 2>/dev/null ||
     die "$VENV has no torch, scikit-learn or gradlane; run 'bash scripts/test.sh' first or set VENV"
 "$PY" -c 'import matplotlib' 2>/dev/null || "$PY" -m pip install --quiet matplotlib
-
-plan() {
-    local v l s
-    # Key cells first, so that a bench cut short has them.
-    for s in 0 1 2; do
-        for v in gloo-cubic gloo-bbr hook-zero_fill; do echo "$v 0.05 $s plain"; done
-    done
-    for l in 0 0.01; do
-        for v in gloo-cubic gloo-bbr gradlane hook-zero_fill; do echo "$v $l 0 plain"; done
-    done
-    for l in 0.05 0.01 0; do
-        for v in gradlane hook-rescale hook-error_feedback; do
-            [[ $v = gradlane && $l != 0.05 ]] || echo "$v $l 0 plain"
-        done
-    done
-    for l in 0 0.01 0.05; do echo "hook-datagrams $l 0 plain"; done
-    for v in gloo-cubic gloo-bbr hook-zero_fill; do echo "$v 0 0 compete"; done
-    echo "hook-zero_fill 0 0 compete-dscp"
-}
 case $PLAN in
-    full) cells=$(plan) ;;
-    key) cells=$(plan | awk '$2 == 0.05 && $4 == "plain" && $1 ~ /gloo|zero_fill/') ;;
-    *) die "PLAN is full or key, not $PLAN" ;;
+    full | prune) ;;
+    *) die "PLAN is full or prune, not $PLAN" ;;
 esac
-[[ -n ${CELLS:-} ]] && cells=$(echo "$CELLS" | tr ';' '\n' | sed '/^ *$/d')
 
 cargo build --quiet --release --bin certs
 CERTS=$(mktemp -d)
@@ -98,59 +96,79 @@ mkdir -p "$OUT/runs"
 RUNS=$OUT/runs.csv
 [[ -f $RUNS ]] || echo "variant,loss,seed,condition,rate,ranks,width,steps_run,train_s,time_to_target_s,final_acc,step_p50_s,step_p99_s,sent_bytes_per_step,measured_loss,params_equal,build,date" >"$RUNS"
 build=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- examples python gradlane scripts || echo +changes)
-n=$(echo "$cells" | wc -l)
-i=0
-echo "tta_bench: $n runs; $RANKS ranks, $RATE per rank, queue $QUEUE_BYTES B, width $WIDTH, $STEPS steps, target $TARGET, limit ${TIME_LIMIT}s; build $build"
-started=$(date +%s)
-while read -r variant loss seed condition; do
-    i=$((i + 1))
-    name="${condition}_${variant}_loss${loss}_seed${seed}"
-    if grep -q "^$variant,$loss,$seed,$condition,$RATE,$RANKS,$WIDTH," "$RUNS"; then
-        echo "[$i/$n] $name: in $RUNS already, skipped"
-        continue
-    fi
-    args=(--width "$WIDTH" --steps "$STEPS" --eval-every "$EVAL_EVERY" --target-acc "$TARGET"
-        --time-limit "$TIME_LIMIT" --seed "$seed" --csv "$OUT/runs/$name.csv")
-    cc=cubic
-    case $variant in
-        gloo-cubic) args+=(--transport gloo) ;;
-        gloo-bbr) args+=(--transport gloo); cc=bbr ;;
-        gradlane) args+=(--transport gradlane) ;;
-        hook-zero_fill | hook-rescale | hook-error_feedback) args+=(--transport hook --recovery "${variant#hook-}") ;;
-        hook-datagrams) args+=(--transport hook --lossy-carrier datagrams) ;;
-        *) die "unknown variant $variant" ;;
-    esac
-    compete=0 dscp=0
-    case $condition in
-        plain) ;;
-        compete) compete=1 ;;
-        compete-dscp) compete=1 dscp=1; args+=(--dscp) ;;
-        *) die "unknown condition $condition" ;;
-    esac
-    logs=$WORK/$name
-    mkdir -p "$logs"
-    t0=$(date +%s)
-    printf '[%d/%d] %s ... ' "$i" "$n" "$name"
-    status=0
-    # A hard bound far above any healthy run, so that a wedged one cannot
-    # eat the bench; the testbed tears down on TERM.
-    GRADLANE_CERT_DIR=$CERTS PY=$PY COMPETE=$compete RANKS=$RANKS RATE=$RATE \
-        QUEUE_BYTES=$QUEUE_BYTES LOSS=$loss TCP_CC=$cc DSCP_PRIORITY=$dscp PRIORITY_DSCP=56 \
-        LOG_DIR=$logs GRACE=60 timeout $((TIME_LIMIT * 3 + 600)) \
-        bash scripts/testbed.sh -- bash scripts/tta_rank.sh "${args[@]}" 2>"$logs/testbed.err" || status=$?
-    took=$(($(date +%s) - t0))
-    if [[ $status != 0 ]]; then
-        echo "FAILED (status $status, ${took}s); logs:"
-        tail -n 5 "$logs"/rank*.log "$logs/testbed.err" | sed 's/^/    /' || true
-        cp -r "$logs" "$OUT/runs/$name.failed" 2>/dev/null || true
-        continue
-    fi
-    summary=$(grep -h '^summary:' "$logs/rank0.log" | tail -1)
-    sums=$(cat "$logs"/rank*.log | grep -o "rank [0-9]* of $RANKS: parameters [0-9a-f]\{16\}" | awk '{print $NF}')
-    equal=no
-    [[ $(echo "$sums" | grep -c .) = "$RANKS" && $(echo "$sums" | sort -u | wc -l) = 1 ]] && equal=yes
-    measured=$(sed -n 's/.*(loss \([0-9.]*\)).*/\1/p' "$logs/testbed.err" | awk '{s += $1; n++} END { if (n) printf "%.4f", s / n }')
-    "$PY" - "$OUT/runs/$name.csv" "$summary" "$TARGET" >"$WORK/row" <<'EOF'
+# Runs the cells given (one "variant loss seed condition" a line) under
+# the stage name $1.
+run_cells() {
+    local stage=$1 cells=$2 n i=0 variant loss seed condition name args cc base torch_hook
+    local compete dscp delay logs t0 status took summary sums equal measured row
+    cells=$(echo "$cells" | sed '/^ *$/d')
+    [[ -n $cells ]] || return 0
+    n=$(echo "$cells" | wc -l)
+    echo "tta_bench: stage $stage, $n runs"
+    while read -r variant loss seed condition; do
+        i=$((i + 1))
+        name="${condition}_${variant}_loss${loss}_seed${seed}"
+        if grep -q "^$variant,$loss,$seed,$condition,$RATE,$RANKS,$WIDTH," "$RUNS"; then
+            echo "[$stage $i/$n] $name: in $RUNS already, skipped"
+            continue
+        fi
+        args=(--width "$WIDTH" --steps "$STEPS" --eval-every "$EVAL_EVERY" --target-acc "$TARGET"
+            --time-limit "$TIME_LIMIT" --seed "$seed" --csv "$OUT/runs/$name.csv")
+        cc=cubic
+        base=${variant%%+*} torch_hook=none
+        [[ $variant == *+* ]] && torch_hook=${variant#*+}
+        case $torch_hook in
+            none) ;;
+            fp16 | bf16) args+=(--comm-hook "$torch_hook") ;;
+            # One bucket: see docs/RESULTS.md on PowerSGD over gloo.
+            powersgd) args+=(--comm-hook powersgd --bucket-cap-mb 64) ;;
+            *) die "unknown torch hook '+$torch_hook' in $variant" ;;
+        esac
+        case $base in
+            gloo-cubic) args+=(--transport gloo) ;;
+            gloo-bbr) args+=(--transport gloo); cc=bbr ;;
+            gradlane) args+=(--transport gradlane) ;;
+            hook-zero_fill | hook-rescale | hook-error_feedback) args+=(--transport hook --recovery "${base#hook-}") ;;
+            hook-datagrams) args+=(--transport hook --lossy-carrier datagrams) ;;
+            hook-bf16log8-t*)
+                args+=(--transport hook --important-format bf16 --lossy-format log8 --lossy-return
+                    --loss-tolerance "${base#hook-bf16log8-t}") ;;
+            *) die "unknown variant $variant" ;;
+        esac
+        [[ $torch_hook == none || $base == gloo-* || $base == gradlane ]] ||
+            die "$variant: torch's hooks go over a backend (gloo-*, gradlane), not gradlane's hook"
+        compete=0 dscp=0 delay=0
+        case $condition in
+            plain) ;;
+            delay[0-9]*) delay=${condition#delay} ;;
+            compete) compete=1 ;;
+            compete-dscp) compete=1 dscp=1; args+=(--dscp) ;;
+            *) die "unknown condition $condition" ;;
+        esac
+        logs=$WORK/$name
+        mkdir -p "$logs"
+        t0=$(date +%s)
+        printf '[%s %d/%d] %s ... ' "$stage" "$i" "$n" "$name"
+        status=0
+        # A hard bound far above any healthy run, so that a wedged one cannot
+        # eat the bench; the testbed tears down on TERM.
+        GRADLANE_CERT_DIR=$CERTS PY=$PY COMPETE=$compete RANKS=$RANKS RATE=$RATE \
+            QUEUE_BYTES=$QUEUE_BYTES LOSS=$loss DELAY_MS=$delay TCP_CC=$cc DSCP_PRIORITY=$dscp PRIORITY_DSCP=56 \
+            LOG_DIR=$logs GRACE=60 timeout $((TIME_LIMIT * 3 + 600)) \
+            bash scripts/testbed.sh -- bash scripts/tta_rank.sh "${args[@]}" 2>"$logs/testbed.err" || status=$?
+        took=$(($(date +%s) - t0))
+        if [[ $status != 0 ]]; then
+            echo "FAILED (status $status, ${took}s); logs:"
+            tail -n 5 "$logs"/rank*.log "$logs/testbed.err" | sed 's/^/    /' || true
+            cp -r "$logs" "$OUT/runs/$name.failed" 2>/dev/null || true
+            continue
+        fi
+        summary=$(grep -h '^summary:' "$logs/rank0.log" | tail -1)
+        sums=$(cat "$logs"/rank*.log | grep -o "rank [0-9]* of $RANKS: parameters [0-9a-f]\{16\}" | awk '{print $NF}')
+        equal=no
+        [[ $(echo "$sums" | grep -c .) = "$RANKS" && $(echo "$sums" | sort -u | wc -l) = 1 ]] && equal=yes
+        measured=$(sed -n 's/.*(loss \([0-9.]*\)).*/\1/p' "$logs/testbed.err" | awk '{s += $1; n++} END { if (n) printf "%.4f", s / n }')
+        "$PY" - "$OUT/runs/$name.csv" "$summary" "$TARGET" >"$WORK/row" <<'EOF'
 import csv, re, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 m = re.search(r"(\d+) steps in ([\d.]+) s, step p50 ([\d.]+) s p99 ([\d.]+) s", sys.argv[2])
@@ -161,10 +179,32 @@ last = rows[-1]
 per_step = round(int(last["sent_bytes"]) / int(last["step"])) if last["sent_bytes"] else ""
 print(f"{steps},{train_s},{hit},{last['test_acc']},{p50},{p99},{per_step}")
 EOF
-    row=$(cat "$WORK/row")
-    echo "$variant,$loss,$seed,$condition,$RATE,$RANKS,$WIDTH,$row,$measured,$equal,$build,$(date -u +%FT%H:%MZ)" >>"$RUNS"
-    echo "${took}s: $summary; loss measured $measured; parameters equal: $equal"
-    cp "$logs/rank0.log" "$OUT/runs/$name.log"
-done <<<"$cells"
+        row=$(cat "$WORK/row")
+        echo "$variant,$loss,$seed,$condition,$RATE,$RANKS,$WIDTH,$row,$measured,$equal,$build,$(date -u +%FT%H:%MZ)" >>"$RUNS"
+        echo "${took}s: $summary; loss measured $measured; parameters equal: $equal"
+        cp "$logs/rank0.log" "$OUT/runs/$name.log"
+    done <<<"$cells"
+}
+
+# The cells a stage of PLAN=full adds, chosen from the runs so far.
+pick() { "$PY" scripts/tta_report.py --out "$OUT" --target "$TARGET" --pick "$1"; }
+
+echo "tta_bench: $RANKS ranks, $RATE per rank, queue $QUEUE_BYTES B, width $WIDTH, $STEPS steps, evaluated every $EVAL_EVERY, target $TARGET, limit ${TIME_LIMIT}s; build $build"
+started=$(date +%s)
+if [[ -n ${CELLS:-} ]]; then
+    run_cells cells "$(echo "$CELLS" | tr ';' '\n')"
+else
+    prune=""
+    for l in 0 0.05; do
+        for v in $VARIANTS; do prune+="$v $l 0 plain"$'\n'; done
+    done
+    run_cells prune "$prune"
+    if [[ $PLAN == full ]]; then
+        run_cells finalists "$(pick finalists)"
+        run_cells key "$(pick key)"
+        run_cells compete "$(pick compete)"
+    fi
+fi
+
 echo "tta_bench: done in $((($(date +%s) - started) / 60)) min"
 "$PY" scripts/tta_report.py --out "$OUT" --target "$TARGET"

@@ -3,44 +3,103 @@
 Reads OUT/runs.csv (one line a run) and OUT/runs/<cell>.csv (each run's
 evaluations) and writes:
 
-- OUT/table.md: per variant, loss and condition, the median over seeds of
-  time to the target accuracy (with the spread, min-max), final accuracy,
-  step time p50 and p99, bytes sent per step on rank 0's interface, and
-  time to target against gloo's better congestion control;
+- OUT/table.md: first, per condition, the best gloo choice against the
+  best gradlane choice (by median time to target); then per variant,
+  loss and condition, the median over seeds of time to the target
+  accuracy (with the spread, min-max), final accuracy, step time p50 and
+  p99, bytes sent per step on rank 0's interface, and time to target
+  against the best gloo variant of the same cell;
 - OUT/accuracy.png: test accuracy against training time, one panel per
-  loss rate (plain condition), one line per run;
-- OUT/time_to_target.png: time to target as bars per variant and loss,
-  and under the competing flow (median, min-max as error bars; a run that
-  never reached it is drawn at its training time, hatched).
+  condition and loss rate, one line per run;
+- OUT/time_to_target.png: time to target as bars per variant, condition
+  and loss (median, min-max as error bars; a run that never reached it is
+  drawn at its training time, hatched).
+
+With ``--pick STAGE`` it prints instead the cells that a stage of
+scripts/tta_bench.sh's PLAN=full runs next, chosen from the runs so far
+(see that script).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+# The order of the table's rows and the plots' legends; variants not
+# listed follow, sorted.
 VARIANTS = [
     "gloo-cubic",
     "gloo-bbr",
+    "gloo-cubic+fp16",
+    "gloo-bbr+fp16",
+    "gloo-cubic+bf16",
+    "gloo-bbr+bf16",
+    "gloo-cubic+powersgd",
+    "gloo-bbr+powersgd",
     "gradlane",
+    "gradlane+fp16",
+    "gradlane+bf16",
+    "gradlane+powersgd",
     "hook-zero_fill",
     "hook-rescale",
     "hook-error_feedback",
     "hook-datagrams",
 ]
-COLORS = {
-    "gloo-cubic": "#d62728",
-    "gloo-bbr": "#ff7f0e",
-    "gradlane": "#7f7f7f",
-    "hook-zero_fill": "#1f77b4",
-    "hook-rescale": "#2ca02c",
-    "hook-error_feedback": "#9467bd",
-    "hook-datagrams": "#17becf",
-}
+# The conditions of the best-against-best table and the goal for each:
+# gradlane's best at most this ratio of gloo's best.
+KEY_CELLS = [("plain", 0.0, 1.0), ("plain", 0.01, 0.7), ("plain", 0.05, 0.7), ("delay20", 0.01, 0.7)]
+
+
+def family(variant: str) -> str:
+    return "gloo" if variant.startswith("gloo") else "gradlane"
+
+
+def variant_order(v: str) -> tuple:
+    return (VARIANTS.index(v), "") if v in VARIANTS else (len(VARIANTS), v)
+
+
+def color(v: str, every: list[str]) -> str:
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    return cmap(sorted(set(every), key=variant_order).index(v) % 20)
+
+
+def ttt(rs: list[dict]) -> tuple[float | None, int]:
+    """Median time to target over the runs that reached it, and how many
+    did not (their time counts as infinite in the median)."""
+    hit = [float(r["time_to_target_s"]) for r in rs if r["time_to_target_s"]]
+    missed = len(rs) - len(hit)
+    if missed * 2 >= len(rs):
+        return None, missed
+    vals = sorted(hit) + [float("inf")] * missed
+    return statistics.median(vals), missed
+
+
+def grouped(runs: list[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in runs:
+        groups[(r["condition"], float(r["loss"]), r["variant"])].append(r)
+    return groups
+
+
+def best(groups: dict, cond: str, loss: float, fam: str) -> str | None:
+    """The variant of that family with the least median time to target in
+    the cell (ties and misses broken by step time)."""
+    cands = [v for (c, l, v) in groups if c == cond and l == loss and family(v) == fam]
+
+    def key(v: str) -> tuple:
+        rs = groups[(cond, loss, v)]
+        med, _ = ttt(rs)
+        p50 = statistics.median(float(r["step_p50_s"]) for r in rs)
+        return (med is None, med or 0.0, p50)
+
+    return min(cands, key=key) if cands else None
 
 
 def cell_name(r: dict) -> str:
@@ -54,29 +113,16 @@ def spread(values: list[float]) -> str:
 
 
 def table(runs: list[dict], target: float) -> str:
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in runs:
-        groups[(r["condition"], float(r["loss"]), r["variant"])].append(r)
-
-    def ttt(rs: list[dict]) -> tuple[float | None, int]:
-        """Median time to target over the runs that reached it, and how
-        many did not (their time counts as infinite in the median)."""
-        hit = [float(r["time_to_target_s"]) for r in rs if r["time_to_target_s"]]
-        missed = len(rs) - len(hit)
-        if missed * 2 >= len(rs):
-            return None, missed
-        vals = sorted(hit) + [float("inf")] * missed
-        return statistics.median(vals), missed
-
+    groups = grouped(runs)
     lines = [
         f"| condition | loss | variant | runs | time to {target} s, median (min-max) "
-        "| vs gloo's better | final accuracy | step p50 s | step p99 s | MB sent per step "
+        "| vs gloo's best | final accuracy | step p50 s | step p99 s | MB sent per step "
         "| measured loss | parameters equal |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     order = sorted(
         groups,
-        key=lambda k: (k[0] != "plain", k[0], k[1], VARIANTS.index(k[2])),
+        key=lambda k: (k[0] != "plain", k[0], k[1], variant_order(k[2])),
     )
     for cond, loss, variant in order:
         rs = groups[(cond, loss, variant)]
@@ -89,11 +135,11 @@ def table(runs: list[dict], target: float) -> str:
             shown = f"{med:.0f}{spread(hit)}"
         if missed and med is not None:
             shown += f", {missed} of {len(rs)} not reached"
-        gloo_runs = [groups[(cond, loss, g)] for g in ("gloo-cubic", "gloo-bbr")
-                     if (cond, loss, g) in groups]
+        gloo_runs = [rs2 for (c, l, g), rs2 in groups.items()
+                     if c == cond and l == loss and family(g) == "gloo"]
         gloo = [t for t in (ttt(g)[0] for g in gloo_runs) if t is not None]
         vs = "-"
-        if variant.startswith(("gradlane", "hook")) and gloo_runs and med is not None:
+        if family(variant) == "gradlane" and gloo_runs and med is not None:
             if gloo:
                 vs = f"{med / min(gloo):.2f}x"
             else:
@@ -108,7 +154,7 @@ def table(runs: list[dict], target: float) -> str:
         p99 = statistics.median(float(r["step_p99_s"]) for r in rs)
         sent = [float(r["sent_bytes_per_step"]) for r in rs if r["sent_bytes_per_step"]]
         sent_s = f"{statistics.median(sent) / 1e6:.1f}" if sent else "-"
-        if cond != "plain":
+        if cond.startswith("compete"):
             sent_s += " (with the competing flow)"
         measured = statistics.median(float(r["measured_loss"] or 0) for r in rs)
         equal = "yes" if all(r["params_equal"] == "yes" for r in rs) else "NO"
@@ -132,16 +178,22 @@ def plots(out: Path, runs: list[dict], target: float) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plain = [r for r in runs if r["condition"] == "plain"]
-    losses = sorted({float(r["loss"]) for r in plain})
-    if not losses:
+    every = [r["variant"] for r in runs]
+    panels = sorted(
+        {(r["condition"], float(r["loss"])) for r in runs},
+        key=lambda c: (c[0].startswith("compete"), c[0] != "plain", c[0], c[1]),
+    )
+    if not panels:
         return
-    fig, axes = plt.subplots(1, len(losses), figsize=(5 * len(losses), 4), sharey=True)
-    axes = [axes] if len(losses) == 1 else list(axes)
-    for ax, loss in zip(axes, losses):
+    cols = min(3, len(panels))
+    rows_n = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5.5 * cols, 4 * rows_n), sharey=True,
+                             squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, (cond, loss) in zip(flat, panels):
         labelled = set()
-        for r in plain:
-            if float(r["loss"]) != loss:
+        for r in sorted(runs, key=lambda r: variant_order(r["variant"])):
+            if r["condition"] != cond or float(r["loss"]) != loss:
                 continue
             ev = evaluations(out, r)
             if not ev:
@@ -150,44 +202,39 @@ def plots(out: Path, runs: list[dict], target: float) -> None:
             ax.plot(
                 [float(e["train_s"]) for e in ev],
                 [float(e["test_acc"]) for e in ev],
-                color=COLORS[v],
+                color=color(v, every),
                 alpha=0.9 if r["seed"] == "0" else 0.45,
                 label=None if v in labelled else v,
             )
             labelled.add(v)
         ax.axhline(target, color="black", lw=0.6, ls=":")
-        ax.set_title(f"loss {loss:g}")
+        ax.set_title(f"{cond}, loss {loss:g}")
         ax.set_xlabel("training time, s")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("test accuracy")
-    axes[-1].legend(loc="lower right", fontsize=8)
+        ax.legend(loc="lower right", fontsize=6)
+    for ax in flat[len(panels):]:
+        ax.set_visible(False)
+    for row in axes:
+        row[0].set_ylabel("test accuracy")
     r0 = runs[0]
     fig.suptitle(
         f"ResNet-18 (width {r0['width']}) on the digits, {r0['ranks']} ranks, "
-        f"{r0['rate']} per rank, random loss on input"
+        f"{r0['rate']} per rank, random loss on input; delay20: 20 ms one way"
     )
     fig.tight_layout()
     fig.savefig(out / "accuracy.png", dpi=110)
     plt.close(fig)
 
-    # One group of bars per loss rate (plain), then one for the competing
-    # flow, where the DSCP run stands beside the others.
-    groups = [(f"loss {x:g}", "plain", x) for x in losses]
-    if any(r["condition"] != "plain" for r in runs):
-        groups.append(("competing TCP flow, lossless", "compete", 0.0))
-    bars = VARIANTS + ["hook-zero_fill, dscp"]
-    fig, ax = plt.subplots(figsize=(10, 4))
-    width = 0.8 / len(bars)
+    # One group of bars per condition and loss, one bar per variant run there.
+    groups = grouped(runs)
+    variants = sorted({v for (_, _, v) in groups}, key=variant_order)
+    fig, ax = plt.subplots(figsize=(max(10, 2.2 * len(panels)), 4.5))
+    width = 0.85 / len(variants)
     labelled = set()
-    for j, (_, cond, loss) in enumerate(groups):
-        for i, v in enumerate(bars):
-            if v.endswith(", dscp"):
-                rs = [r for r in runs if r["condition"] == cond + "-dscp"
-                      and r["variant"] == v.split(",")[0] and float(r["loss"]) == loss]
-            else:
-                rs = [r for r in runs if r["condition"] == cond and r["variant"] == v
-                      and float(r["loss"]) == loss]
+    for j, (cond, loss) in enumerate(panels):
+        for i, v in enumerate(variants):
+            rs = groups.get((cond, loss, v))
             if not rs:
                 continue
             vals = [
@@ -197,38 +244,127 @@ def plots(out: Path, runs: list[dict], target: float) -> None:
             missed = any(not r["time_to_target_s"] for r in rs)
             med = statistics.median(vals)
             ax.bar(
-                j + (i - len(bars) / 2 + 0.5) * width,
+                j + (i - len(variants) / 2 + 0.5) * width,
                 med,
                 width,
-                color=COLORS.get(v, "#aec7e8"),
+                color=color(v, every),
                 hatch="//" if missed else None,
                 yerr=[[med - min(vals)], [max(vals) - med]] if len(vals) > 1 else None,
                 capsize=2,
                 label=None if v in labelled else v,
             )
             labelled.add(v)
-    ax.set_xticks(range(len(groups)), [g[0] for g in groups])
+    ax.set_xticks(range(len(panels)), [f"{c}, loss {x:g}" for c, x in panels], fontsize=8)
     ax.set_ylabel(f"training time to accuracy {target}, s")
-    ax.set_title("Time to target (median over seeds, min-max bars; hatched: not reached, drawn at its end)",
-                 fontsize=10)
-    ax.legend(fontsize=8)
+    ax.set_title("Time to target (median over seeds, min-max bars; hatched: not reached, "
+                 "drawn at its end)", fontsize=10)
+    ax.legend(fontsize=6, ncol=2)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "time_to_target.png", dpi=110)
     plt.close(fig)
 
 
+def best_against_best(runs: list[dict], target: float) -> str:
+    """Per key condition: gloo's best choice against gradlane's best."""
+    groups = grouped(runs)
+    # The accuracy bar: the best final accuracy (median over seeds) of any
+    # gloo variant without loss.
+    accs = [statistics.median(float(r["final_acc"]) for r in rs)
+            for (c, l, v), rs in groups.items() if c == "plain" and l == 0.0 and family(v) == "gloo"]
+    gloo_acc = max(accs) if accs else None
+    lines = [
+        f"| condition | loss | side | best variant | runs | time to {target} s, median "
+        "(min-max) | step p50 s | MB sent per step | final accuracy | gradlane / gloo | goal |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for cond, loss, goal in KEY_CELLS:
+        meds = {}
+        for fam in ("gloo", "gradlane"):
+            v = best(groups, cond, loss, fam)
+            if v is None:
+                continue
+            rs = groups[(cond, loss, v)]
+            med, missed = ttt(rs)
+            meds[fam] = med
+            hit = [float(r["time_to_target_s"]) for r in rs if r["time_to_target_s"]]
+            shown = "not reached" if med is None else f"{med:.1f}{spread(hit)}"
+            if missed and med is not None:
+                shown += f", {missed} not reached"
+            p50 = statistics.median(float(r["step_p50_s"]) for r in rs)
+            sent = [float(r["sent_bytes_per_step"]) for r in rs if r["sent_bytes_per_step"]]
+            sent_s = f"{statistics.median(sent) / 1e6:.1f}" if sent else "-"
+            acc = statistics.median(float(r["final_acc"]) for r in rs)
+            ratio = verdict = ""
+            if fam == "gradlane" and meds.get("gloo") and med is not None:
+                x = med / meds["gloo"]
+                ratio = f"{x:.2f}x"
+                ok = x <= goal and (gloo_acc is None or acc >= gloo_acc - 0.005 - 1e-9)
+                verdict = f"<= {goal:g}x: {'met' if ok else 'missed'}"
+            lines.append(
+                f"| {cond} | {loss:g} | {fam} | {v} | {len(rs)} | {shown} | {p50:.2f} "
+                f"| {sent_s} | {acc:.3f} | {ratio} | {verdict} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def pick(runs: list[dict], stage: str) -> list[str]:
+    """The cells that stage of tta_bench.sh's PLAN=full runs next."""
+    groups = grouped(runs)
+    cells: list[str] = []
+    if stage == "finalists":
+        def score(v: str) -> float:
+            t = 1.0
+            for loss in (0.0, 0.05):
+                rs = groups.get(("plain", loss, v))
+                med = ttt(rs)[0] if rs else None
+                t *= med if med is not None else 1e6
+            return math.sqrt(t)
+
+        for fam in ("gloo", "gradlane"):
+            vs = sorted({v for (c, _, v) in groups if c == "plain" and family(v) == fam},
+                        key=score)[:2]
+            for v in vs:
+                cells += [f"{v} 0.01 0 plain", f"{v} 0.01 0 delay20"]
+    elif stage == "key":
+        for cond, loss, _ in KEY_CELLS:
+            for fam in ("gloo", "gradlane"):
+                v = best(groups, cond, loss, fam)
+                if v is not None:
+                    cells += [f"{v} {loss:g} {s} {cond}" for s in (0, 1, 2)]
+    elif stage == "compete":
+        for fam in ("gloo", "gradlane"):
+            v = best(groups, "plain", 0.0, fam)
+            if v is not None:
+                cells.append(f"{v} 0 0 compete")
+        hooks = {v for (c, l, v) in groups if c == "plain" and l == 0.0 and v.startswith("hook")}
+        if hooks:
+            v = min(hooks, key=lambda v: (ttt(groups[("plain", 0.0, v)])[0] or 1e9))
+            cells.append(f"{v} 0 0 compete-dscp")
+    else:
+        raise SystemExit(f"tta_report: --pick takes finalists, key or compete, not {stage!r}")
+    return cells
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="docs/tta", help="scripts/tta_bench.sh's OUT")
     p.add_argument("--target", type=float, default=0.95, help="the runs' target accuracy")
+    p.add_argument("--pick", metavar="STAGE", help="print the cells of a stage of PLAN=full")
     args = p.parse_args()
     out = Path(args.out)
     runs = list(csv.DictReader((out / "runs.csv").open()))
+    if args.pick:
+        print("\n".join(pick(runs, args.pick)))
+        return 0
     if not runs:
         print(f"tta_report: no runs in {out / 'runs.csv'}", file=sys.stderr)
         return 1
-    md = table(runs, args.target)
+    md = (
+        "Best against best (per condition, the variant of each side with the least "
+        "median time to target):\n\n" + best_against_best(runs, args.target)
+        + "\nEvery variant:\n\n" + table(runs, args.target)
+    )
     (out / "table.md").write_text(md)
     print(md)
     plots(out, runs, args.target)

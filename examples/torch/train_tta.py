@@ -26,8 +26,12 @@ Run it under torchrun or ``scripts/testbed.sh`` (one process per rank)::
 (the gradlane backend, every collective exact) or ``hook`` (the gradlane
 backend with gradlane's DDP hook: the important chunks exact, the rest
 lossy; ``--loss-tolerance``, ``--recovery``, ``--dscp``, ``--overlap``,
-``--lossy-carrier``). Needs
-``pip install "./python[torch]" scikit-learn``.
+``--lossy-carrier``, ``--important-format``, ``--lossy-format``,
+``--lossy-return``). ``--comm-hook`` puts one of torch's own DDP hooks
+(``fp16``, ``bf16``: ``fp16_compress_hook``, ``bf16_compress_hook``;
+``powersgd``: ``powerSGD_hook``, ``--powersgd-rank``,
+``--powersgd-start``) over the gloo or gradlane backend, as a PyTorch
+user would turn one on. Needs ``pip install "./python[torch]" scikit-learn``.
 """
 
 from __future__ import annotations
@@ -75,6 +79,49 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="hook: what carries the lossy chunks (HookState's lossy_carrier)",
     )
     p.add_argument(
+        "--important-format",
+        choices=["f32", "bf16"],
+        default="f32",
+        help="hook: the wire format of the important chunks",
+    )
+    p.add_argument(
+        "--lossy-format",
+        choices=["f32", "bf16", "log8"],
+        default="f32",
+        help="hook: the wire format of the lossy chunks (log8 keeps compression feedback)",
+    )
+    p.add_argument(
+        "--lossy-return",
+        action="store_true",
+        help="hook: the owners return the sum's least important chunks in the lossy format",
+    )
+    p.add_argument(
+        "--comm-hook",
+        choices=["none", "fp16", "bf16", "powersgd"],
+        default="none",
+        help="gloo or gradlane: one of torch's DDP communication hooks",
+    )
+    p.add_argument(
+        "--powersgd-rank",
+        type=int,
+        default=4,
+        help="powersgd: matrix_approximation_rank (the low-rank factors' width)",
+    )
+    p.add_argument(
+        "--powersgd-start",
+        type=int,
+        default=10,
+        help="powersgd: start_powerSGD_iter (plain allreduce for the steps before)",
+    )
+    p.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=None,
+        help="DDP's bucket_cap_mb (torch's default 25, with a first bucket of 1 MB); "
+        "set, it also caps the first bucket, so a value above the model's size makes "
+        "one bucket",
+    )
+    p.add_argument(
         "--width", type=int, default=64, help="channels of the first stage (64 is ResNet-18's)"
     )
     p.add_argument("--steps", type=int, default=120, help="training steps")
@@ -114,6 +161,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--overlap is the hook's: it needs --transport hook")
     if args.lossy_carrier != "adaptive" and args.transport != "hook":
         p.error("--lossy-carrier is the hook's: it needs --transport hook")
+    hook_formats = args.important_format != "f32" or args.lossy_format != "f32"
+    if (hook_formats or args.lossy_return) and args.transport != "hook":
+        p.error("--important-format, --lossy-format and --lossy-return need --transport hook")
+    if args.comm_hook != "none" and args.transport == "hook":
+        p.error("--comm-hook is torch's hook over a backend: use --transport gloo or gradlane")
+    if args.powersgd_rank < 1 or args.powersgd_start < 1:
+        p.error("--powersgd-rank and --powersgd-start must be positive")
     return args
 
 
@@ -197,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     x_train, y_train, x_test, y_test = digits(args.seed)
     net = ResNet18(args.width)
     params = sum(p.numel() for p in net.parameters())
-    model = DDP(net)
+    model = DDP(net) if args.bucket_cap_mb is None else DDP(net, bucket_cap_mb=args.bucket_cap_mb)
     state = None
     if args.transport == "hook":
         import gradlane.torch as gl
@@ -208,8 +262,13 @@ def main(argv: list[str] | None = None) -> int:
             dscp=args.dscp,
             overlap=args.overlap,
             lossy_carrier=args.lossy_carrier,
+            important_format=args.important_format,
+            lossy_format=args.lossy_format,
+            lossy_return=args.lossy_return,
         )
         model.register_comm_hook(state, gl.ddp_hook)
+    elif args.comm_hook != "none":
+        register_torch_hook(model, args)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 5) * 0.5 * (1 + math.cos(math.pi * s / args.steps))
@@ -218,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     out = None
     if rank == 0:
         print(
-            f"{args.transport}: {world} ranks, {params / 1e6:.2f}M parameters "
+            f"{args.transport} (torch hook {args.comm_hook}): {world} ranks, "
+            f"{params / 1e6:.2f}M parameters "
             f"({params * 4 / 1e6:.1f} MB a step)",
             flush=True,
         )
@@ -297,6 +357,25 @@ def main(argv: list[str] | None = None) -> int:
     leave_together(rank, world)
     dist.destroy_process_group()
     return 0
+
+
+def register_torch_hook(model: DDP, args: argparse.Namespace) -> None:
+    """One of torch's own DDP communication hooks, as a user would turn it on."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    if args.comm_hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.comm_hook == "bf16":
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    else:
+        state = powersgd.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=args.powersgd_rank,
+            start_powerSGD_iter=args.powersgd_start,
+            random_seed=args.seed,
+        )
+        model.register_comm_hook(state, powersgd.powerSGD_hook)
 
 
 def leave_together(rank: int, world: int) -> None:
