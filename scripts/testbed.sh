@@ -6,7 +6,10 @@
 # egress is an HTB class of RATE in front of a tail-drop queue of
 # QUEUE_BYTES; each rank's input drops packets at random with probability
 # LOSS (iptables statistic on INPUT, so TCP and QUIC meet the same loss;
-# this kernel has no netem). COMMAND then runs in every rank namespace at
+# this kernel has no netem). With DELAY_MS > 0 every packet arriving at a
+# rank is held DELAY_MS (+- JITTER_MS) by a user-space delay stage on an
+# NFQUEUE (target/release/delay_stage), so any two ranks see an RTT of
+# 2 x DELAY_MS. COMMAND then runs in every rank namespace at
 # once with torchrun's environment, and everything is torn down on exit,
 # Ctrl-C included.
 #
@@ -20,6 +23,12 @@
 #                      rate with a unit: 1gbit, 200mbit, ... (default 1gbit)
 #   --queue-bytes B    QUEUE_BYTES, bfifo limit in front of it (default 1000000)
 #   --loss P           LOSS, drop probability on each rank's input (default 0)
+#   --delay-ms D       DELAY_MS, one-way delay added on each rank's ingress in
+#                      milliseconds (default 0: no delay stage); RTT = 2 x D.
+#                      Builds target/release/delay_stage if missing (cargo
+#                      build --release --bin delay_stage)
+#   --jitter-ms J      JITTER_MS, each packet's delay uniform in [D-J, D+J],
+#                      without reordering (default 0)
 #   --port P           PORT, MASTER_PORT handed to the command (default 29500)
 #   --cc NAME          TCP_CC, TCP congestion control inside the namespaces:
 #                      cubic (default) or bbr. Set explicitly, since a new
@@ -48,7 +57,9 @@
 # unless set) and PYTHONUNBUFFERED=1 (unless set). It runs as the invoking
 # user (root). The exit status is nonzero if any rank fails. At the end,
 # per rank on stderr: the egress queue's drops, iptables' drops and accepted
-# packets on input (the real loss rate) and the packets the veth received.
+# packets on input (the real loss rate) and the packets the veth received,
+# and with a delay the delay stage's own line (packets delayed, the most
+# held at once, the kernel's drops on its queue).
 # The kernel's random drops are not seeded: two runs lose different packets.
 #
 # Needs root; installs iproute2, iptables and ethtool if missing. One
@@ -66,6 +77,8 @@ RANKS=${RANKS:-4}
 RATE=${RATE:-1gbit}
 QUEUE_BYTES=${QUEUE_BYTES:-1000000}
 LOSS=${LOSS:-0}
+DELAY_MS=${DELAY_MS:-0}
+JITTER_MS=${JITTER_MS:-0}
 PORT=${PORT:-29500}
 TCP_CC=${TCP_CC:-cubic}
 DSCP_PRIORITY=${DSCP_PRIORITY:-0}
@@ -92,6 +105,8 @@ while (($#)); do
         --rate) RATE=${2:?--rate needs a value}; shift 2 ;;
         --queue-bytes) QUEUE_BYTES=${2:?--queue-bytes needs a value}; shift 2 ;;
         --loss) LOSS=${2:?--loss needs a value}; shift 2 ;;
+        --delay-ms) DELAY_MS=${2:?--delay-ms needs a value}; shift 2 ;;
+        --jitter-ms) JITTER_MS=${2:?--jitter-ms needs a value}; shift 2 ;;
         --port) PORT=${2:?--port needs a value}; shift 2 ;;
         --cc) TCP_CC=${2:?--cc needs a value}; shift 2 ;;
         --dscp-priority) DSCP_PRIORITY=1; shift ;;
@@ -123,6 +138,14 @@ RATE_BITS=$(rate_bits "$RATE")
 [[ -n $RATE_BITS ]] || die "RATE must be a tc rate with a unit (1gbit, 200mbit, ...), not '$RATE'"
 int_in "$QUEUE_BYTES" 1514 1000000000 || die "QUEUE_BYTES must be an integer >= 1514, not '$QUEUE_BYTES'"
 [[ $LOSS =~ ^(0|0?\.[0-9]+)$ ]] || die "LOSS must be a probability in [0, 1), not '$LOSS'"
+# Milliseconds: a number (fractions allowed) up to 10 s.
+ms_ok() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?$ ]] && awk -v v="$1" 'BEGIN { exit !(v <= 10000) }'; }
+ms_ok "$DELAY_MS" || die "DELAY_MS must be milliseconds in [0, 10000], not '$DELAY_MS'"
+ms_ok "$JITTER_MS" || die "JITTER_MS must be milliseconds in [0, 10000], not '$JITTER_MS'"
+DELAY_ON=$(awk -v v="$DELAY_MS" 'BEGIN { print (v > 0) ? 1 : 0 }')
+if ((!DELAY_ON)) && awk -v v="$JITTER_MS" 'BEGIN { exit !(v > 0) }'; then
+    die "JITTER_MS needs DELAY_MS > 0 (jitter is around the delay)"
+fi
 int_in "$PORT" 1 65535 || die "PORT must be 1..65535, not '$PORT'"
 int_in "$GRACE" 0 86400 || die "GRACE must be a whole number of seconds, not '$GRACE'"
 [[ $DSCP_PRIORITY == 0 || $DSCP_PRIORITY == 1 ]] || die "DSCP_PRIORITY must be 0 or 1"
@@ -133,13 +156,28 @@ done
 [[ $OFFLOADS == on || $OFFLOADS == off ]] || die "OFFLOADS must be on or off"
 [[ $DRY_RUN == 0 || $DRY_RUN == 1 ]] || die "DRY_RUN must be 0 or 1"
 if ((DRY_RUN)); then
-    printf 'testbed: would run on %s ranks, %s each (queue %s bytes, loss %s, TCP %s, DSCP priority %s):' \
-        "$RANKS" "$RATE" "$QUEUE_BYTES" "$LOSS" "$TCP_CC" "$DSCP_PRIORITY"
+    printf 'testbed: would run on %s ranks, %s each (queue %s bytes, loss %s, delay %s ms +- %s ms, TCP %s, DSCP priority %s):' \
+        "$RANKS" "$RATE" "$QUEUE_BYTES" "$LOSS" "$DELAY_MS" "$JITTER_MS" "$TCP_CC" "$DSCP_PRIORITY"
     printf ' %q' "$@"
     echo
     exit 0
 fi
 ((EUID == 0)) || die "needs root (network namespaces, tc, iptables)"
+
+# The delay stage's binary, built here if missing (as the user who ran
+# sudo, when there is one, so target/ stays theirs).
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+STAGE_BIN=${DELAY_STAGE:-$ROOT/target/release/delay_stage}
+if ((DELAY_ON)) && [[ ! -x $STAGE_BIN ]]; then
+    build=(cargo build --release --bin delay_stage)
+    echo "testbed: $STAGE_BIN missing, running ${build[*]} in $ROOT" >&2
+    if [[ -n ${SUDO_USER:-} && $SUDO_USER != root ]]; then
+        build=(sudo -u "$SUDO_USER" env "PATH=$PATH" "${build[@]}")
+    fi
+    if ! (cd "$ROOT" && "${build[@]}" >&2) || [[ ! -x $STAGE_BIN ]]; then
+        die "no delay stage at $STAGE_BIN: build it with 'cargo build --release --bin delay_stage' in $ROOT"
+    fi
+fi
 
 missing=()
 command -v ip >/dev/null && command -v tc >/dev/null || missing+=(iproute2)
@@ -185,7 +223,7 @@ remove_all() {
 # Per rank on stderr: what the egress queue dropped, what iptables dropped
 # and let through on input, and what the veth received.
 print_counters() {
-    local r ns qdrop qsent drop acc rx
+    local r ns qdrop qsent drop acc rx stage
     echo "testbed: counters per rank (loss = iptables dropped / (dropped + accepted) on input)" >&2
     for ((r = 0; r < RANKS; r++)); do
         ns=$(rank_ns "$r")
@@ -201,12 +239,19 @@ print_counters() {
         printf 'testbed: rank %d: egress sent %d packets, queue dropped %d; input: iptables dropped %d accepted %d (loss %s); veth received %s packets\n' \
             "$r" "$qsent" "$qdrop" "$drop" "$acc" \
             "$(awk -v d="$drop" -v a="$acc" 'BEGIN { if (d + a) printf "%.4f", d / (d + a); else print "n/a" }')" "$rx" >&2
+        if ((DELAY_ON)); then
+            stage=$(grep -h 'delay_stage: queue .*: delayed' "$STAGE_DIR/rank$r.log" 2>/dev/null || true)
+            [[ -n $stage ]] || stage="delay_stage: no counters, it did not exit cleanly: $(tail -n 2 "$STAGE_DIR/rank$r.log" 2>/dev/null | tr '\n' ' ')"
+            printf 'testbed: rank %d: %s\n' "$r" "$stage" >&2
+        fi
     done
 }
 
 ALLOWED_FILE=/proc/sys/net/ipv4/tcp_allowed_congestion_control
 ALLOWED_BEFORE=
 declare -A RANK_OF=() # pid -> rank, ranks still running
+STAGE_PIDS=()         # delay stages, one per rank
+STAGE_DIR=
 SETUP_DONE=0
 timer=
 
@@ -241,6 +286,23 @@ stop_ranks() {
     RANK_OF=()
 }
 
+# TERM to each delay stage, so that it accepts what it holds and prints
+# its counters; remove_namespace would KILL it silently.
+stop_stages() {
+    local pid i left
+    ((${#STAGE_PIDS[@]})) || return 0
+    for pid in "${STAGE_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for ((i = 0; i < 30; i++)); do
+        left=0
+        for pid in "${STAGE_PIDS[@]}"; do running "$pid" && left=1; done
+        ((left)) || break
+        sleep 0.1
+    done
+    for pid in "${STAGE_PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    wait "${STAGE_PIDS[@]}" 2>/dev/null || true
+    STAGE_PIDS=()
+}
+
 cleanup() {
     local status=$?
     # Teardown runs to its end: a second Ctrl-C (or timeout's signal to the
@@ -249,8 +311,10 @@ cleanup() {
     trap '' INT TERM
     [[ -n $timer ]] && kill -KILL "$timer" 2>/dev/null
     stop_ranks
+    stop_stages
     ((SETUP_DONE)) && print_counters
     remove_all
+    [[ -n $STAGE_DIR ]] && rm -rf "$STAGE_DIR"
     [[ -n $ALLOWED_BEFORE ]] && echo "$ALLOWED_BEFORE" >"$ALLOWED_FILE"
     exit "$status"
 }
@@ -271,6 +335,13 @@ if ! grep -qw -- "$TCP_CC" "$ALLOWED_FILE"; then
 fi
 
 tcx() { ip netns exec "$ns" tc "$@"; } # tc in rank namespace $ns
+((DELAY_ON)) && STAGE_DIR=$(mktemp -d /tmp/gl-tb-delay.XXXXXX)
+# The delay stages run SCHED_FIFO: on a busy host a woken normal task can
+# wait a scheduler tick or more for a core (pings 2-34 ms late behind a
+# 10 ms stage at load 7 on 2 cores; 0.2 ms under chrt). The stage does
+# little per packet, and the kernel's RT throttling still bounds it.
+STAGE_RUN=("$STAGE_BIN")
+command -v chrt >/dev/null && STAGE_RUN=(chrt -f 10 "$STAGE_BIN")
 
 # The hub: a bridge with one port per rank, no address of its own.
 ip netns add "$HUB"
@@ -319,13 +390,34 @@ for ((r = 0; r < RANKS; r++)); do
     # Input: random loss, then a rule that only counts what got through.
     ip netns exec "$ns" iptables -A INPUT -i "$DEV" -m statistic --mode random --probability "$LOSS" -j DROP
     ip netns exec "$ns" iptables -A INPUT -i "$DEV" -j ACCEPT
+
+    # Delay on this rank's ingress, not on the sender's egress: a packet
+    # held on egress is still charged to its TCP socket, and TCP small
+    # queues (about 1 ms of the pacing rate below the socket) would then
+    # throttle TCP to a fraction of RATE. Held on ingress it has left the
+    # sender. Every rank delays what it receives by D, so the RTT between
+    # any two ranks is 2 x D. The stage binds its queue before the rule
+    # exists, so no packet is queued with nobody to release it.
+    if ((DELAY_ON)); then
+        ready=$STAGE_DIR/rank$r.ready
+        ip netns exec "$ns" "${STAGE_RUN[@]}" --queue-num 0 --delay-ms "$DELAY_MS" --jitter-ms "$JITTER_MS" \
+            --seed "$((r + 1))" --ready-file "$ready" >"$STAGE_DIR/rank$r.log" 2>&1 </dev/null 9>&- &
+        STAGE_PIDS+=($!)
+        for ((i = 0; i < 100; i++)); do
+            [[ -s $ready ]] && break
+            running "$!" || break
+            sleep 0.05
+        done
+        [[ -s $ready ]] || die "the delay stage of rank $r did not start within 5 s: $(cat "$STAGE_DIR/rank$r.log")"
+        ip netns exec "$ns" iptables -t mangle -A PREROUTING -i "$DEV" -j NFQUEUE --queue-num 0
+    fi
 done
 SETUP_DONE=1
 
 mode="one class"
 ((DSCP_PRIORITY)) && mode="priority class for DSCP ${PRIORITY_DSCP// /,} (rest ${LOW_SHARE}% assured)"
 echo "testbed: $RANKS ranks at $SUBNET.1-$RANKS via bridge in $HUB; egress HTB $RATE ($mode), queue $QUEUE_BYTES bytes;" \
-    "input loss $LOSS; tcp $TCP_CC; offloads $OFFLOADS" >&2
+    "input loss $LOSS; input delay ${DELAY_MS} ms +- ${JITTER_MS} ms; tcp $TCP_CC; offloads $OFFLOADS" >&2
 [[ -n $LOG_DIR ]] && mkdir -p "$LOG_DIR"
 
 # Every rank at once, each in a session of its own so that it and its
