@@ -11,21 +11,54 @@
 #   6. SIGINT (Ctrl-C): testbed stops, no process or namespace is left.
 # After each run no gl-tb-* namespace may remain.
 #
+# With DELAY_MS > 0 (and JITTER_MS) every run goes through the testbed's
+# delay stage, so the checks above hold behind that delay too (the lossless
+# rate then within 5% on the wire: 0.95-1.0 of RATE from 1 s after the
+# first byte, and the delay stage may drop nothing; SECONDS_TCP defaults
+# to 15 instead of 5, and the TCP loss run uses LOSS_CC, default bbr), and
+# one more comes first:
+#   0. the RTT between the two ranks, by ping and by the time a TCP connect
+#      takes (one RTT: SYN, SYN-ACK), medians, each within 10% of 2 x DELAY_MS.
+#
 #   sudo bash scripts/testbed_check.sh                     # 200mbit, 5% loss
 #   RATE=100mbit LOSS=0.01 SECONDS_TCP=10 sudo bash scripts/testbed_check.sh
+#   DELAY_MS=20 sudo -E bash scripts/testbed_check.sh      # the same, RTT 40 ms
 #
-# Needs root and python3 (the probes are python3 sockets). Exits nonzero
-# if any check fails. About a minute.
+# Needs root and python3 (the probes are python3 sockets), and ping with a
+# delay (installed if missing). Exits nonzero if any check fails. About a
+# minute.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RATE=${RATE:-200mbit}
 export LOSS=${LOSS:-0.05}
-SECONDS_TCP=${SECONDS_TCP:-5}
+SECONDS_TCP=${SECONDS_TCP:-}
 DATAGRAMS=${DATAGRAMS:-20000}
 TOL=${TOL:-0.015}
 TCP_CC=${TCP_CC:-cubic}
+# Seen by every testbed.sh run below.
+export DELAY_MS=${DELAY_MS:-0}
+export JITTER_MS=${JITTER_MS:-0}
+RTT_SAMPLES=${RTT_SAMPLES:-20}
 TB=scripts/testbed.sh
+DELAY_ON=$(awk -v v="$DELAY_MS" 'BEGIN { print (v > 0) ? 1 : 0 }')
+# Behind a delay TCP runs longer (slow start over a long RTT), and the
+# TCP-at-LOSS run uses bbr (LOSS_CC): cubic at 5% loss over a 40 ms RTT
+# moves about 1 Mbit/s, some 1500 packets in 15 s, too few to count a loss
+# rate on (the check wants 2000).
+if [[ -z $SECONDS_TCP ]]; then
+    SECONDS_TCP=5
+    ((DELAY_ON)) && SECONDS_TCP=15
+fi
+LOSS_CC=${LOSS_CC:-}
+if [[ -z $LOSS_CC ]]; then
+    LOSS_CC=$TCP_CC
+    ((DELAY_ON)) && LOSS_CC=bbr
+fi
+if ((DELAY_ON)) && ! command -v ping >/dev/null; then
+    echo "== installing iputils-ping" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q iputils-ping >/dev/null
+fi
 
 PY=$(python3 -c 'import sys; print(sys.executable)')
 WORK=$(mktemp -d)
@@ -76,10 +109,13 @@ def listen():
 
 
 if mode == "tcp":
+    # Goodput from the first byte to the last, and (steady_mbit) from
+    # WARMUP seconds after the first byte on, past TCP's slow start.
     seconds = float(sys.argv[2])
+    warmup = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
     if rank == 0:
         conn, _ = listen().accept()
-        total, first, last = 0, None, None
+        total, first, last, at_warm, t_warm = 0, None, None, None, None
         while True:
             b = conn.recv(1 << 20)
             if not b:
@@ -87,10 +123,13 @@ if mode == "tcp":
             now = time.monotonic()
             if first is None:
                 first = now
+            if at_warm is None and now - first >= warmup:
+                at_warm, t_warm = total, now
             total += len(b)
             last = now
         dt = last - first
-        print(f"RESULT tcp bytes={total} seconds={dt:.3f} mbit={total * 8 / dt / 1e6:.2f}")
+        steady = (total - at_warm) * 8 / (last - t_warm) / 1e6 if at_warm is not None and last > t_warm else 0
+        print(f"RESULT tcp bytes={total} seconds={dt:.3f} mbit={total * 8 / dt / 1e6:.2f} steady_mbit={steady:.2f}")
     elif rank == 1:
         c = connect()
         buf = b"\0" * (1 << 20)
@@ -196,6 +235,33 @@ elif mode == "dscp":
         for t in ts:
             t.join()
 
+elif mode == "rtt":
+    # Medians of N TCP connects (one RTT each) and N pings, rank 1 -> 0.
+    import statistics, subprocess
+    n = int(sys.argv[2])
+    if rank == 0:
+        s = listen()
+        s.listen(64)
+        for _ in range(n + 1):
+            s.accept()[0].close()
+    elif rank == 1:
+        connect().close()  # waits for the listener
+        times = []
+        for _ in range(n):
+            t = time.monotonic()
+            c = socket.create_connection((addr, port), timeout=30)
+            times.append((time.monotonic() - t) * 1e3)
+            c.close()
+        # -U: user-to-user time. Without it ping takes the reply's kernel
+        # receive timestamp, stamped on arrival before the delay stage
+        # holds the packet, and shows only the far end's delay (D, not 2D).
+        out = subprocess.run(["ping", "-U", "-n", "-c", str(n), "-i", "0.05", addr],
+                             capture_output=True, text=True, check=True).stdout
+        pings = [float(l.split("time=")[1].split()[0]) for l in out.splitlines() if "time=" in l]
+        print(f"RESULT rtt tcp_ms={statistics.median(times):.2f} ping_ms={statistics.median(pings):.2f}"
+              f" tcp_range={min(times):.2f}-{max(times):.2f} ping_range={min(pings):.2f}-{max(pings):.2f}"
+              f" pings={len(pings)}")
+
 elif mode == "fail":
     if rank == 1:
         sys.exit(3)
@@ -234,6 +300,10 @@ run() {
 result() { sed -n "s/.*RESULT.* $2=\([^ ]*\).*/\1/p" "$WORK/$1.log" | head -1; }
 # "dropped accepted" of iptables on a rank's input, from the counters
 counters() { sed -n "s/^testbed: rank $2: .*iptables dropped \([0-9]*\) accepted \([0-9]*\).*/\1 \2/p" "$WORK/$1.log"; }
+# the delay stage's counters line of a rank
+stage_line() { sed -n "s/^testbed: rank $2: \(delay_stage: .*\)/\1/p" "$WORK/$1.log"; }
+# "queue-full socket-full" drops of a rank's delay stage
+stage_drops() { stage_line "$1" "$2" | sed -n 's/.*kernel drops: \([0-9]*\) queue full, \([0-9]*\) socket full.*/\1 \2/p'; }
 # queue drops of a rank's egress
 queue_drops() { sed -n "s/^testbed: rank $2: .*queue dropped \([0-9]*\);.*/\1/p" "$WORK/$1.log"; }
 calc() { awk "BEGIN { print $* }"; }
@@ -242,24 +312,54 @@ rate_mbit=$(awk -v r="$RATE" 'BEGIN { n = r + 0; u = tolower(r); sub(/^[0-9.]+/,
     m["kbit"] = 1e-3; m["mbit"] = 1; m["gbit"] = 1e3; print n * m[u] }')
 [[ $rate_mbit != 0 ]] || { echo "RATE must be in kbit, mbit or gbit" >&2; exit 2; }
 
-# 1. Rate holds, lossless.
+# 0. With a delay: the RTT is 2 x DELAY_MS, by ping and by TCP connect.
+if ((DELAY_ON)); then
+    rtt=$(calc "2 * $DELAY_MS")
+    if LOSS=0 run rtt rtt "$RTT_SAMPLES"; then
+        tcp_ms=$(result rtt tcp_ms)
+        ping_ms=$(result rtt ping_ms)
+        verdict=$(calc "($tcp_ms >= 0.9 * $rtt && $tcp_ms <= 1.1 * $rtt && $ping_ms >= 0.9 * $rtt && $ping_ms <= 1.1 * $rtt) ? \"PASS\" : \"FAIL\"")
+        report "$verdict" "RTT at DELAY_MS $DELAY_MS (+-$JITTER_MS): TCP connect median $tcp_ms ms (range $(result rtt tcp_range)), ping median $ping_ms ms (range $(result rtt ping_range), $(result rtt pings) replies); want $rtt ms +-10%"
+    else
+        report FAIL "RTT at DELAY_MS $DELAY_MS: the testbed run failed"
+    fi
+fi
+
+# 1. Rate holds, lossless. Behind a delay: within 5% on the wire, in the
+#    steady state: from 1 s after the first byte (slow start over a long
+#    RTT is TCP's own cost, not the testbed's), and goodput times
+#    1514/1448, the bytes HTB counts per byte of payload (Ethernet, IP and
+#    TCP with timestamps), so a full link is 1.0, not 0.956.
+min_ratio=0.9
+((DELAY_ON)) && min_ratio=0.95
 if LOSS=0 run tcp0 tcp "$SECONDS_TCP"; then
     mbit=$(result tcp0 mbit)
+    steady=
     ratio=$(calc "$mbit / $rate_mbit")
-    verdict=$(calc "($ratio >= 0.9 && $ratio <= 1.0) ? \"PASS\" : \"FAIL\"")
-    report "$verdict" "TCP lossless: $mbit Mbit/s goodput over ${SECONDS_TCP}s = $(printf %.3f "$ratio") of RATE $RATE (want 0.9-1.0); queue drops at rank 1: $(queue_drops tcp0 1)"
+    if ((DELAY_ON)); then
+        steady=" (steady $(result tcp0 steady_mbit), on the wire $(printf %.2f "$(calc "$(result tcp0 steady_mbit) * 1514 / 1448")"))"
+        ratio=$(calc "$(result tcp0 steady_mbit) * 1514 / 1448 / $rate_mbit")
+    fi
+    verdict=$(calc "($ratio >= $min_ratio && $ratio <= 1.0) ? \"PASS\" : \"FAIL\"")
+    stage=
+    if ((DELAY_ON)); then
+        read -r sq ss < <(stage_drops tcp0 0)
+        [[ ${sq:-x} == 0 && ${ss:-x} == 0 ]] || verdict=FAIL
+        stage="; rank 0's $(stage_line tcp0 0)"
+    fi
+    report "$verdict" "TCP lossless: $mbit Mbit/s goodput$steady over ${SECONDS_TCP}s = $(printf %.3f "$ratio") of RATE $RATE (want $min_ratio-1.0); queue drops at rank 1: $(queue_drops tcp0 1)$stage"
 else
     report FAIL "TCP lossless: the testbed run failed"
 fi
 
 # 2. TCP meets LOSS.
-if run tcp_loss tcp "$SECONDS_TCP"; then
+if TCP_CC=$LOSS_CC run tcp_loss tcp "$SECONDS_TCP"; then
     read -r d a < <(counters tcp_loss 0)
     f=$(calc "$d / ($d + $a)")
     read -r d1 a1 < <(counters tcp_loss 1)
     f1=$(calc "($d1 + $a1) ? $d1 / ($d1 + $a1) : 0")
     verdict=$(calc "($d + $a >= 2000 && $f >= $LOSS - $TOL && $f <= $LOSS + $TOL) ? \"PASS\" : \"FAIL\"")
-    report "$verdict" "TCP at LOSS $LOSS: rank 0 (data) dropped $d of $((d + a)) = $(printf %.4f "$f"), rank 1 (acks) $d1 of $((d1 + a1)) = $(printf %.4f "$f1"); goodput $(result tcp_loss mbit) Mbit/s ($TCP_CC)"
+    report "$verdict" "TCP at LOSS $LOSS: rank 0 (data) dropped $d of $((d + a)) = $(printf %.4f "$f"), rank 1 (acks) $d1 of $((d1 + a1)) = $(printf %.4f "$f1"); goodput $(result tcp_loss mbit) Mbit/s ($LOSS_CC)"
 else
     report FAIL "TCP at LOSS $LOSS: the testbed run failed"
 fi
