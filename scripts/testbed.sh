@@ -408,7 +408,7 @@ for ((r = 0; r < RANKS; r++)); do
             running "$!" || break
             sleep 0.05
         done
-        [[ -s $ready ]] || die "the delay stage of rank $r did not start within 5 s: $(cat "$STAGE_DIR/rank$r.log")"
+        [[ -s $ready ]] || die "the delay stage of rank $r was not ready within 5 s or exited: $(cat "$STAGE_DIR/rank$r.log")"
         ip netns exec "$ns" iptables -t mangle -A PREROUTING -i "$DEV" -j NFQUEUE --queue-num 0
     fi
 done

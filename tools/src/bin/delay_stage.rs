@@ -40,14 +40,17 @@ use nix::sys::time::TimeSpec;
 /// reorders packets (unlike netem's), it only spreads their delays; a
 /// packet whose jittered delay would overtake the one before it waits for
 /// it. The jitter is uniform in [-J, J] from a generator seeded by --seed,
-/// and a delay never goes below 0.
+/// and a delay never goes below 0. So at packet rates well above 1/J the
+/// delays bunch towards D + J: each packet waits for the slowest one ahead.
 ///
 /// Needs root (CAP_NET_ADMIN) and an iptables rule that sends packets to
 /// the queue, e.g. `iptables -t mangle -A PREROUTING -i eth0 -j NFQUEUE
 /// --queue-num 0`. On SIGTERM or SIGINT it accepts what it holds and
 /// prints its counters on stderr: packets delayed, the most held at once,
 /// and the kernel's drops on this queue (queue full, or the socket's
-/// buffer full).
+/// buffer full). On a busy host run it SCHED_FIFO (`chrt -f 10
+/// delay_stage ...`): a normal task's wake-ups can come a scheduler tick
+/// or more late there.
 #[derive(Debug, Parser)]
 #[command(name = "delay_stage")]
 struct Args {
@@ -170,7 +173,8 @@ mod schedule {
                 let a = i * 10_000;
                 let r = s.release(a);
                 assert!(r >= last, "packet {i} released before the one ahead");
-                assert!(r >= a + 15 * MS && r <= a + 25 * MS + 10_000 * 1_000);
+                // Waiting for the packet ahead never pushes past arrival + D + J.
+                assert!(r >= a + 15 * MS && r <= a + 25 * MS);
                 last = r;
             }
         }
@@ -465,7 +469,12 @@ fn main() -> ExitCode {
 }
 
 fn bind_error(num: u16, e: io::Error) -> String {
-    match Errno::from_raw(e.raw_os_error().unwrap_or(0)) {
+    let errno = Errno::from_raw(e.raw_os_error().unwrap_or(0));
+    // The kernel answers EPERM too when another socket holds the queue.
+    if errno == Errno::EPERM && nfqueue::kernel_drops(num).is_some() {
+        return format!("binding NFQUEUE {num}: {e}: another process has bound it");
+    }
+    match errno {
         Errno::EPERM | Errno::EACCES => format!(
             "binding NFQUEUE {num}: {e}: needs root (CAP_NET_ADMIN in this network namespace)"
         ),
