@@ -14,7 +14,7 @@ use crate::socket::marking::{ConnectionMark, MarkRegistry};
 #[cfg(target_os = "linux")]
 use crate::socket::marking::{MarkedCounts, MarkingSocket};
 use crate::socket::{self, EndpointError, EndpointParts};
-use crate::tls::{self, ClientConfigError, ServerConfigError};
+use crate::tls::{self, ClientConfigError, PeerCertError, Refusal, ServerConfigError};
 use gradlane_core::control::{codes, framed, Control, HandshakeError, Hello};
 use gradlane_core::layout::Layout;
 use quinn::VarInt;
@@ -49,6 +49,10 @@ pub struct Endpoint {
     marks: Option<Arc<MarkRegistry>>,
     #[cfg(target_os = "linux")]
     marking: Option<Arc<MarkingSocket>>,
+    /// The job its certificate names (peer endpoints).
+    job: Option<String>,
+    /// The server certificate its client refused last (peer endpoints).
+    refusal: Option<Refusal>,
 }
 
 impl Endpoint {
@@ -70,6 +74,12 @@ impl Endpoint {
     /// `key`) either way, and requires the other end's to be signed by the
     /// CA in `ca` (mutual TLS). The files [`generate_certs`](crate::generate_certs)
     /// writes serve every rank of a job.
+    ///
+    /// When `cert` names a job ([`generate_job_certs`](crate::generate_job_certs)),
+    /// the other end's certificate must name the same job: a client it
+    /// accepts is checked here, and a server it connects to is checked
+    /// against the name [`connect`](Self::connect) is given (the job's,
+    /// [`job_server_name`](crate::job_server_name), whatever the address).
     pub fn peer(
         addr: SocketAddr,
         cert: impl AsRef<Path>,
@@ -80,11 +90,30 @@ impl Endpoint {
         config.validate()?;
         let (cert, key, ca) = (cert.as_ref(), key.as_ref(), ca.as_ref());
         let tuning = config.tuning();
-        let server = tls::mutual_server_config(cert, key, ca)?;
-        let client = socket::tuned_client(tls::mutual_client_config(ca, cert, key)?, &tuning)?;
+        let job = tls::cert_job_name(cert).map_err(ServerConfigError::from)?;
+        let refusal = Refusal::default();
+        let server = tls::mutual_server_config(cert, key, ca, job.as_deref())?;
+        let client = tls::mutual_client_config(ca, cert, key, refusal.clone())?;
+        let client = socket::tuned_client(client, &tuning)?;
         let mut parts = socket::endpoint_parts(addr, Some(server), &tuning, config.faults)?;
         parts.endpoint.set_default_client_config(client);
-        Ok(Self::from_parts(parts, config))
+        let mut endpoint = Self::from_parts(parts, config);
+        endpoint.job = job;
+        endpoint.refusal = Some(refusal);
+        Ok(endpoint)
+    }
+
+    /// The job this endpoint's certificate names, if it is a peer endpoint
+    /// with a job's certificate.
+    pub fn job(&self) -> Option<&str> {
+        self.job.as_deref()
+    }
+
+    /// Takes the reason the last server certificate was refused for, if a
+    /// peer endpoint refused one since the last call (a group connects to
+    /// one rank at a time, so after a failed connect it is that one's).
+    pub(crate) fn take_refusal(&self) -> Option<PeerCertError> {
+        self.refusal.as_ref()?.lock().ok()?.take()
     }
 
     /// A client that trusts only the CA certificate in `ca` (PEM).
@@ -115,6 +144,8 @@ impl Endpoint {
             marks: parts.marks,
             #[cfg(target_os = "linux")]
             marking: parts.marking,
+            job: None,
+            refusal: None,
         }
     }
 
@@ -252,6 +283,11 @@ pub enum IncomingError {
 }
 
 impl Incoming {
+    /// Where the client is.
+    pub fn remote_address(&self) -> SocketAddr {
+        self.incoming.remote_address()
+    }
+
     /// Runs both handshakes; the client has [`Config::hello_timeout`] after
     /// the QUIC handshake to send its hello.
     pub async fn finish(self) -> Result<Link, IncomingError> {

@@ -15,7 +15,8 @@
 //!   [`LinkError`].
 //! - The model: [`Layout`], [`TensorSpec`], [`presets`].
 //! - Settings: [`Config`]; [`Faults`] to inject loss and delay.
-//! - Certificates: [`generate_certs`].
+//! - Certificates: [`generate_certs`] (per address or host name),
+//!   [`generate_job_certs`] (per job, for addresses not known beforehand).
 //! - [`codec`]: the sparse log-quantized gradient codec.
 //! - [`ps`]: the parameter-server algorithms (ordered momentum, the
 //!   straggler filter); [`ps_net`]: a server and workers that run them
@@ -140,7 +141,9 @@ pub use socket::marking::DscpMarks;
 pub use socket::marking::MarkedCounts;
 pub use socket::EndpointError;
 pub use tls::{
-    generate_certs, CertFiles, ClientConfigError, GenerateCertsError, PemError, ServerConfigError,
+    cert_job_name, generate_certs, generate_job_certs, job_server_name, CertFiles,
+    ClientConfigError, GenerateCertsError, PemError, PeerCertError, ServerConfigError,
+    JOB_NAME_SUFFIX,
 };
 
 /// Runs CPU-heavy work (scoring and framing a round, applying a gradient to

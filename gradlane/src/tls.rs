@@ -6,6 +6,11 @@
 //! way to skip certificate verification: a gradient stream accepted from an
 //! unauthenticated peer could be silently poisoned.
 //!
+//! A job's certificate may name the job instead of every host's address
+//! (see [`generate_job_certs`]): it carries the DNS name
+//! `NAME`[`JOB_NAME_SUFFIX`], and peers that present it check each other
+//! against the CA and that name, whatever their addresses.
+//!
 //! rustls runs with the ring provider and TLS 1.3 only (QUIC requires 1.3),
 //! AES-128-GCM preferred (see `provider`);
 //! both sides offer the ALPN [`ALPN`].
@@ -14,13 +19,233 @@ use std::fs;
 use std::io::{self, BufReader, Write};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use quinn::crypto::rustls::{NoInitialCipherSuite, QuicClientConfig, QuicServerConfig};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
 /// The ALPN protocol id both sides negotiate.
 pub(crate) const ALPN: &[u8] = b"gradlane/1";
+
+/// What a job's certificate is valid for after its job name: the job
+/// `train-7` is the DNS name `train-7.job.gradlane`. A DNS name, not an
+/// extension of gradlane's own, so that any CA can issue one and rustls
+/// checks it as it checks every name; `gradlane` is not a public suffix,
+/// and a job's CA is the only one its ranks trust, so no other
+/// certificate can carry it.
+pub const JOB_NAME_SUFFIX: &str = ".job.gradlane";
+
+/// The DNS name a job's certificate carries for `job`.
+pub fn job_server_name(job: &str) -> String {
+    format!("{job}{JOB_NAME_SUFFIX}")
+}
+
+/// Why a peer's certificate was refused: said to the rank that refused it
+/// (a group's error names the peer), never a silent drop.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerCertError {
+    /// The certificate is not signed by this job's CA.
+    #[error("unknown CA: its certificate is not signed by this job's ca.pem")]
+    UnknownCa,
+    /// The certificate is signed by the job's CA but names another job.
+    #[error("wrong job name {got:?}, expected {expected:?}")]
+    WrongJob {
+        /// The job its certificate names.
+        got: String,
+        /// This rank's job.
+        expected: String,
+    },
+    /// The certificate is signed by the job's CA but names no job (a
+    /// per-address certificate).
+    #[error("its certificate names no job, expected {expected:?}")]
+    NoJob {
+        /// This rank's job.
+        expected: String,
+    },
+}
+
+/// The last certificate a client configuration refused, for the caller
+/// whose connect failed (rustls and quinn carry only its text).
+pub(crate) type Refusal = Arc<Mutex<Option<PeerCertError>>>;
+
+/// The job names in a certificate (DER): its DNS names that end in
+/// [`JOB_NAME_SUFFIX`], without it. Empty if it cannot be parsed.
+fn job_names(cert: &CertificateDer<'_>) -> Vec<String> {
+    let Ok(cert) = webpki::EndEntityCert::try_from(cert) else {
+        return Vec::new();
+    };
+    cert.valid_dns_names()
+        .filter_map(|n| n.strip_suffix(JOB_NAME_SUFFIX))
+        .map(str::to_ascii_lowercase)
+        .collect()
+}
+
+/// The job the certificate chain in `cert_path` is for: its leaf's first
+/// job name, or `None` for a certificate that names addresses or hosts.
+/// What makes an endpoint check its peers by job (see
+/// [`Endpoint::peer`](crate::Endpoint::peer)); reading the certificate,
+/// not a file beside it, so the two can never disagree.
+pub fn cert_job_name(cert_path: &Path) -> Result<Option<String>, PemError> {
+    let chain = load_certs(cert_path)?;
+    Ok(job_names(&chain[0]).into_iter().next())
+}
+
+/// What refuses `cert` for the name it should have had, if that name is
+/// a job's: the job it names instead, or none.
+fn job_refusal(cert: &CertificateDer<'_>, expected: &str) -> PeerCertError {
+    let expected = expected.to_string();
+    match job_names(cert).into_iter().next() {
+        Some(got) => PeerCertError::WrongJob { got, expected },
+        None => PeerCertError::NoJob { expected },
+    }
+}
+
+/// A refusal as rustls carries it (its text ends up in quinn's error on
+/// this side and in the close reason the peer gets).
+fn refused(why: PeerCertError) -> rustls::Error {
+    rustls::Error::Other(rustls::OtherError(Arc::new(why)))
+}
+
+/// The server check a rank's client makes: webpki's (the chain to the CA,
+/// the name), with its refusals explained (an unknown CA, a wrong job) and
+/// remembered for the caller.
+#[derive(Debug)]
+struct ExplainingServerVerifier {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    refusal: Refusal,
+}
+
+impl ServerCertVerifier for ExplainingServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let result = self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        );
+        let job = match server_name {
+            ServerName::DnsName(name) => name.as_ref().strip_suffix(JOB_NAME_SUFFIX),
+            _ => None,
+        };
+        let why = match (result, job) {
+            (Ok(verified), _) => return Ok(verified),
+            (Err(rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer)), _) => {
+                PeerCertError::UnknownCa
+            }
+            (
+                Err(rustls::Error::InvalidCertificate(
+                    CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+                )),
+                Some(job),
+            ) => job_refusal(end_entity, job),
+            (Err(e), _) => return Err(e),
+        };
+        if let Ok(mut slot) = self.refusal.lock() {
+            *slot = Some(why.clone());
+        }
+        Err(refused(why))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// The client check a job's rank makes when it accepts: webpki's chain to
+/// the CA (which checks no name: clients have none to check against),
+/// then the job name, the same rule the connecting side applies.
+#[derive(Debug)]
+struct JobClientVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    job: String,
+}
+
+impl ClientCertVerifier for JobClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = match self.inner.verify_client_cert(end_entity, intermediates, now) {
+            Err(rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer)) => {
+                return Err(refused(PeerCertError::UnknownCa))
+            }
+            other => other?,
+        };
+        let name = ServerName::try_from(job_server_name(&self.job))
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        let valid = webpki::EndEntityCert::try_from(end_entity)
+            .is_ok_and(|cert| cert.verify_is_valid_for_subject_name(&name).is_ok());
+        match valid {
+            true => Ok(verified),
+            false => Err(refused(job_refusal(end_entity, &self.job))),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
 
 /// Why a PEM file could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +335,20 @@ pub enum GenerateCertsError {
     /// No subject alt names were given: the server cert would match nothing.
     #[error("no subject alt names given")]
     NoNames,
+    /// A job name is not one DNS label.
+    #[error(
+        "bad job name {0:?}: use ASCII letters, digits and '-' (at most 63, \
+         not starting or ending with '-')"
+    )]
+    BadJobName(String),
+    /// The existing CA to sign with could not be read.
+    #[error("cannot read the CA's {path}: {source}")]
+    ReadCa {
+        /// The file (`ca.pem` or `ca.key`).
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
     /// Key generation or signing failed.
     #[error("certificate generation: {0}")]
     Rcgen(#[from] rcgen::Error),
@@ -204,16 +443,25 @@ pub(crate) fn server_config(
 
 /// A quinn server configuration like [`server_config`] that also requires
 /// every client to present a certificate signed by the CA in `ca_path`
-/// (mutual TLS, between the ranks of a group).
+/// (mutual TLS, between the ranks of a group), and, for a `job`, one that
+/// names that job.
 pub(crate) fn mutual_server_config(
     cert_path: &Path,
     key_path: &Path,
     ca_path: &Path,
+    job: Option<&str>,
 ) -> Result<quinn::ServerConfig, ServerConfigError> {
     let roots = Arc::new(ca_roots(ca_path).map_err(|e| ServerConfigError::Ca(Box::new(e)))?);
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
-        .build()
-        .map_err(|e| ServerConfigError::Tls(rustls::Error::General(e.to_string())))?;
+    let mut verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
+            .build()
+            .map_err(|e| ServerConfigError::Tls(rustls::Error::General(e.to_string())))?;
+    if let Some(job) = job {
+        verifier = Arc::new(JobClientVerifier {
+            inner: verifier,
+            job: job.to_string(),
+        });
+    }
     let tls = tls_server(cert_path, key_path, Some(verifier))?;
     let quic = QuicServerConfig::try_from(tls)?;
     Ok(quinn::ServerConfig::with_crypto(Arc::new(quic)))
@@ -260,15 +508,25 @@ pub(crate) fn client_config(ca_path: &Path) -> Result<quinn::ClientConfig, Clien
 
 /// A quinn client configuration like [`client_config`] that presents the
 /// chain in `cert_path` with the key in `key_path` when the server asks
-/// (mutual TLS).
+/// (mutual TLS). A server certificate it refuses for an unknown CA or a
+/// wrong job is explained in its error and left in `refusal`.
 pub(crate) fn mutual_client_config(
     ca_path: &Path,
     cert_path: &Path,
     key_path: &Path,
+    refusal: Refusal,
 ) -> Result<quinn::ClientConfig, ClientConfigError> {
     let chain = load_certs(cert_path)?;
     let key = load_key(key_path)?;
-    let builder = client_builder(ca_path)?;
+    let roots = Arc::new(ca_roots(ca_path)?);
+    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider())
+        .build()
+        .map_err(|e| ClientConfigError::Tls(rustls::Error::General(e.to_string())))?;
+    let verifier = Arc::new(ExplainingServerVerifier { inner, refusal });
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
     let mut tls = builder
         .with_client_auth_cert(chain, key)
         .map_err(|source| ClientConfigError::BadCertificate {
@@ -334,10 +592,7 @@ pub fn generate_certs<S: AsRef<str>>(
     dir: &Path,
     subject_alt_names: &[S],
 ) -> Result<CertFiles, GenerateCertsError> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose, SanType,
-    };
+    use rcgen::SanType;
 
     if subject_alt_names.is_empty() {
         return Err(GenerateCertsError::NoNames);
@@ -357,31 +612,106 @@ pub fn generate_certs<S: AsRef<str>>(
         };
         sans.push(san);
     }
+    write_certs(dir, sans, None)
+}
 
-    let ca_key = KeyPair::generate()?;
-    let mut ca_params = CertificateParams::default();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    // A name unique to this CA: verifiers find issuers by name, and two CAs
-    // both called "gradlane CA" turn "unknown issuer" into a confusing
-    // "bad signature".
-    let tag = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        ca_key.public_key_raw().hash(&mut h);
-        h.finish()
+/// Make a certificate for the job `job` and write `ca.pem`, `ca.key`,
+/// `server.pem`, `server.key` into `dir` as [`generate_certs`] does. The
+/// certificate names the job ([`job_server_name`]), no address: every rank
+/// of the job presents it and checks its peers against the CA and the job
+/// name, so it can be made before the job's hosts are known.
+///
+/// With `ca_dir`, the certificate is signed by the CA whose `ca.pem` and
+/// `ca.key` are there (one CA for many jobs; the job name keeps them
+/// apart): `ca.pem` is copied into `dir` and `ca.key` stays where it is
+/// (the returned `ca_key` points at it). Without, a fresh CA is made.
+///
+/// A job name is one DNS label: ASCII letters, digits and `-`, at most 63,
+/// not starting or ending with `-`; letters are taken in lower case.
+pub fn generate_job_certs(
+    dir: &Path,
+    job: &str,
+    ca_dir: Option<&Path>,
+) -> Result<CertFiles, GenerateCertsError> {
+    let job = check_job_name(job)?;
+    let name = job_server_name(&job);
+    let san = rcgen::SanType::DnsName(
+        name.try_into()
+            .map_err(|_| GenerateCertsError::BadJobName(job.clone()))?,
+    );
+    write_certs(dir, vec![san], ca_dir)
+}
+
+/// A job name as [`generate_job_certs`] takes it, in lower case.
+fn check_job_name(job: &str) -> Result<String, GenerateCertsError> {
+    let ok = !job.is_empty()
+        && job.len() <= 63
+        && job.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !job.starts_with('-')
+        && !job.ends_with('-');
+    match ok {
+        true => Ok(job.to_ascii_lowercase()),
+        false => Err(GenerateCertsError::BadJobName(job.to_string())),
+    }
+}
+
+/// Reads a file of an existing CA.
+fn read_ca_file(path: &Path) -> Result<String, GenerateCertsError> {
+    fs::read_to_string(path).map_err(|source| GenerateCertsError::ReadCa {
+        path: path.into(),
+        source,
+    })
+}
+
+/// Writes a server certificate for `sans`, signed by the CA in `ca_dir`
+/// or by a fresh one, with its CA, into `dir`.
+fn write_certs(
+    dir: &Path,
+    sans: Vec<rcgen::SanType>,
+    ca_dir: Option<&Path>,
+) -> Result<CertFiles, GenerateCertsError> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
     };
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, format!("gradlane CA {tag:016x}"));
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_cert = ca_params.self_signed(&ca_key)?;
-    let ca_pem = ca_cert.pem();
-    let ca_key_pem = ca_key.serialize_pem();
-    let issuer = Issuer::new(ca_params, ca_key);
+
+    let (ca_pem, ca_key_pem, issuer) = match ca_dir {
+        Some(ca_dir) => {
+            let ca_pem = read_ca_file(&ca_dir.join("ca.pem"))?;
+            let ca_key = KeyPair::from_pem(&read_ca_file(&ca_dir.join("ca.key"))?)?;
+            let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key)?;
+            (ca_pem, None, issuer)
+        }
+        None => {
+            let ca_key = KeyPair::generate()?;
+            let mut ca_params = CertificateParams::default();
+            ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+            // A name unique to this CA: verifiers find issuers by name, and
+            // two CAs both called "gradlane CA" turn "unknown issuer" into a
+            // confusing "bad signature".
+            let tag = {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                ca_key.public_key_raw().hash(&mut h);
+                h.finish()
+            };
+            ca_params
+                .distinguished_name
+                .push(DnType::CommonName, format!("gradlane CA {tag:016x}"));
+            ca_params.key_usages = vec![
+                KeyUsagePurpose::KeyCertSign,
+                KeyUsagePurpose::CrlSign,
+                KeyUsagePurpose::DigitalSignature,
+            ];
+            let ca_cert = ca_params.self_signed(&ca_key)?;
+            let ca_key_pem = ca_key.serialize_pem();
+            (
+                ca_cert.pem(),
+                Some(ca_key_pem),
+                Issuer::new(ca_params, ca_key),
+            )
+        }
+    };
 
     let mut server_params = CertificateParams::default();
     server_params.subject_alt_names = sans;
@@ -405,12 +735,17 @@ pub fn generate_certs<S: AsRef<str>>(
     })?;
     let files = CertFiles {
         ca_cert: dir.join("ca.pem"),
-        ca_key: dir.join("ca.key"),
+        ca_key: match ca_dir {
+            Some(ca_dir) => ca_dir.join("ca.key"),
+            None => dir.join("ca.key"),
+        },
         server_cert: dir.join("server.pem"),
         server_key: dir.join("server.key"),
     };
     write_file(&files.ca_cert, ca_pem.as_bytes(), false)?;
-    write_file(&files.ca_key, ca_key_pem.as_bytes(), true)?;
+    if let Some(ca_key_pem) = ca_key_pem {
+        write_file(&files.ca_key, ca_key_pem.as_bytes(), true)?;
+    }
     write_file(&files.server_cert, server_cert.pem().as_bytes(), false)?;
     write_file(
         &files.server_key,
@@ -482,5 +817,42 @@ mod tests {
         let want = Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
         assert_eq!(suite(c.negotiated_cipher_suite()), want);
         assert_eq!(suite(s.negotiated_cipher_suite()), want);
+    }
+
+    #[test]
+    fn job_names_are_one_dns_label_in_lower_case() {
+        assert_eq!(check_job_name("Train-7").unwrap(), "train-7");
+        for bad in ["", "-a", "a-", "a.b", "a b", "ä", &"x".repeat(64)] {
+            assert!(
+                matches!(check_job_name(bad), Err(GenerateCertsError::BadJobName(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    /// A job's certificate names the job and is found to; a per-address
+    /// one names none; a second job signed by the first's CA shares its
+    /// ca.pem and leaves its key where it was.
+    #[test]
+    fn job_certificates_name_their_job_and_can_share_a_ca() {
+        let base = std::env::temp_dir().join(format!("gradlane-tls-job-{}", std::process::id()));
+        let (a, b, ip) = (base.join("a"), base.join("b"), base.join("ip"));
+        let files = generate_job_certs(&a, "job-a", None).unwrap();
+        assert_eq!(cert_job_name(&files.server_cert).unwrap().as_deref(), Some("job-a"));
+        let second = generate_job_certs(&b, "job-b", Some(&a)).unwrap();
+        assert_eq!(cert_job_name(&second.server_cert).unwrap().as_deref(), Some("job-b"));
+        assert_eq!(second.ca_key, a.join("ca.key"));
+        assert!(!b.join("ca.key").exists());
+        assert_eq!(fs::read(&second.ca_cert).unwrap(), fs::read(&files.ca_cert).unwrap());
+        let per_ip = generate_certs(&ip, &["127.0.0.1", "localhost"]).unwrap();
+        assert_eq!(cert_job_name(&per_ip.server_cert).unwrap(), None);
+        // Each key matches its certificate.
+        for cert in [&files.server_cert, &second.server_cert] {
+            let key = cert.with_extension("key");
+            server_tls(cert, &key).unwrap();
+        }
+        let missing = generate_job_certs(&b, "job-c", Some(&ip.join("none")));
+        assert!(matches!(missing, Err(GenerateCertsError::ReadCa { .. })), "{missing:?}");
+        let _ = fs::remove_dir_all(&base);
     }
 }

@@ -119,7 +119,7 @@ impl CallError {
                     missing.first().copied(),
                     Some(missing),
                 ),
-                RustGroupError::Rank { rank, .. } => {
+                RustGroupError::Rank { rank, .. } | RustGroupError::Refused { rank, .. } => {
                     (RankFailedError::new_err(message), Some(rank), None)
                 }
                 RustGroupError::OutOfStep { rank, .. } => {
@@ -151,12 +151,12 @@ impl CallError {
 pub(crate) fn certs_error(e: GenerateCertsError) -> PyErr {
     let message = e.to_string();
     match e {
-        GenerateCertsError::BadName(_) | GenerateCertsError::NoNames => {
-            PyValueError::new_err(message)
-        }
-        GenerateCertsError::CreateDir { .. } | GenerateCertsError::Write { .. } => {
-            PyOSError::new_err(message)
-        }
+        GenerateCertsError::BadName(_)
+        | GenerateCertsError::NoNames
+        | GenerateCertsError::BadJobName(_) => PyValueError::new_err(message),
+        GenerateCertsError::CreateDir { .. }
+        | GenerateCertsError::Write { .. }
+        | GenerateCertsError::ReadCa { .. } => PyOSError::new_err(message),
         GenerateCertsError::Rcgen(_) => PyRuntimeError::new_err(message),
     }
 }

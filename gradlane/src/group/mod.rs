@@ -27,6 +27,7 @@ pub use sparse::{SparseAllgather, SparsePath, SparseReport, SparseRows};
 use crate::config::Config;
 use crate::endpoint::{Endpoint, SetupError};
 use crate::link::{LinkError, LinkReceiver, LinkSender};
+use crate::tls::PeerCertError;
 use bytes::Bytes;
 use futures_util::future::try_join_all;
 use gradlane_core::format::Element;
@@ -108,9 +109,11 @@ pub struct GroupConfig {
     pub key: PathBuf,
     /// The job's CA (PEM): a peer must present a certificate it signed.
     pub ca: PathBuf,
-    /// The name a peer's certificate must be valid for; by default the
-    /// peer's IP address (make the job's certificate with `--san` for every
-    /// host's address, or name them all, say, `localhost` on one machine).
+    /// The name a peer's certificate must be valid for. By default the
+    /// job's name when `cert` names a job (`certs --job NAME`: any
+    /// addresses, known only when the job runs), else the peer's IP
+    /// address (make the job's certificate with `--san` for every host's
+    /// address, or name them all, say, `localhost` on one machine).
     pub server_name: Option<String>,
     /// The links' settings.
     pub link: Config,
@@ -154,12 +157,27 @@ pub enum GroupError {
     #[error(transparent)]
     Endpoint(#[from] SetupError),
     /// Some ranks did not join in time.
-    #[error("ranks {missing:?} did not join within {waited:?}")]
+    #[error("ranks {missing:?} did not join within {waited:?}{}", failed_note(failed))]
     Missing {
         /// The ranks this rank never heard from.
         missing: Vec<usize>,
         /// How long it waited.
         waited: Duration,
+        /// The connections to this rank that failed their handshake
+        /// meanwhile, by address, and why (a certificate of another CA or
+        /// job refused): the likely reason a rank is missing.
+        failed: Vec<(SocketAddr, String)>,
+    },
+    /// A rank presented a certificate this rank refuses: nothing was
+    /// exchanged with it.
+    #[error("rank {rank} at {addr} refused: {reason}")]
+    Refused {
+        /// The other rank.
+        rank: usize,
+        /// Its address.
+        addr: SocketAddr,
+        /// Why its certificate was refused.
+        reason: PeerCertError,
     },
     /// The link to a rank failed: that rank is gone, closed, or broke the
     /// protocol.
@@ -365,10 +383,22 @@ fn describe(tag: u64) -> String {
     format!("#{} ({})", tag >> 8, tag & 0xff)
 }
 
-/// The advertised address of a rank that listens on `listen`.
-fn server_name(config: &GroupConfig, addr: SocketAddr) -> String {
+/// The failed handshakes of a [`GroupError::Missing`], for its message.
+fn failed_note(failed: &[(SocketAddr, String)]) -> String {
+    let each: Vec<String> = failed.iter().map(|(a, why)| format!("{a}: {why}")).collect();
+    match each.is_empty() {
+        true => String::new(),
+        false => format!("; failed handshakes: {}", each.join("; ")),
+    }
+}
+
+/// The name the certificate of the rank at `addr` must be valid for: the
+/// configured one, else the job's (a job's certificate names no address),
+/// else its IP address.
+fn server_name(config: &GroupConfig, endpoint: &Endpoint, addr: SocketAddr) -> String {
     config
         .server_name
         .clone()
+        .or_else(|| endpoint.job().map(crate::tls::job_server_name))
         .unwrap_or_else(|| addr.ip().to_string())
 }

@@ -125,7 +125,9 @@ pub(super) async fn join(config: GroupConfig) -> Result<Group, GroupError> {
     )?;
     let deadline = Instant::now() + config.join_timeout;
     let mut links: Vec<Option<Link>> = (0..world).map(|_| None).collect();
-    let formed = tokio::time::timeout_at(deadline, form(&config, &endpoint, &mut links)).await;
+    let mut failed = Vec::new();
+    let forming = form(&config, &endpoint, &mut links, &mut failed);
+    let formed = tokio::time::timeout_at(deadline, forming).await;
     match formed {
         Ok(Ok(())) => {
             let (senders, receivers) = links
@@ -152,15 +154,18 @@ pub(super) async fn join(config: GroupConfig) -> Result<Group, GroupError> {
                 .filter(|&r| r != rank && links[r].is_none())
                 .collect(),
             waited: config.join_timeout,
+            failed,
         }),
     }
 }
 
-/// Fills `links` with a link to every other rank.
+/// Fills `links` with a link to every other rank; `failed` collects the
+/// accepted connections that failed their handshake.
 async fn form(
     config: &GroupConfig,
     endpoint: &Endpoint,
     links: &mut [Option<Link>],
+    failed: &mut Vec<(SocketAddr, String)>,
 ) -> Result<(), GroupError> {
     let (rank, world) = (config.rank, config.world);
     let table = match &config.rendezvous {
@@ -175,7 +180,7 @@ async fn form(
                     table[hello.rank] = addr;
                 }
             };
-            accept_into(config, endpoint, &expected, links, 0, &mut learn).await?;
+            accept_into(config, endpoint, &expected, links, 0, &mut learn, failed).await?;
             let body = encode_table(&table);
             for (r, link) in links.iter_mut().enumerate() {
                 if let Some(link) = link {
@@ -218,7 +223,8 @@ async fn form(
         let expected: Vec<usize> = (rank + 1..world)
             .filter(|&r| higher[r - rank - 1].is_none())
             .collect();
-        accept_into(config, endpoint, &expected, higher, rank + 1, &mut |_| {}).await
+        let hello = &mut |_: &Hello| {};
+        accept_into(config, endpoint, &expected, higher, rank + 1, hello, failed).await
     };
     let (c, a) = tokio::join!(connect, accept);
     c.and(a)
@@ -234,7 +240,7 @@ async fn connect_to(
     tell_listen: bool,
 ) -> Result<Link, GroupError> {
     let failed = |source| GroupError::Rank { rank, source };
-    let name = server_name(config, addr);
+    let name = server_name(config, endpoint, addr);
     let layout = link_layout()?;
     // A rank may start after this one, and a handshake may take several
     // retransmissions under heavy loss: try again, each attempt allowed
@@ -242,6 +248,8 @@ async fn connect_to(
     // rank is missing.
     let mut attempt_for = FIRST_CONNECT_ATTEMPT;
     let mut link = loop {
+        // A refusal left by an attempt that timed out is not this one's.
+        endpoint.take_refusal();
         let attempt = tokio::time::timeout(attempt_for, endpoint.connect(addr, &name, &layout));
         match attempt.await {
             Ok(Ok(link)) => break link,
@@ -249,7 +257,12 @@ async fn connect_to(
                 tracing::info!(rank, %addr, ?attempt_for, "no answer yet; trying again");
                 attempt_for = (attempt_for * 2).min(LAST_CONNECT_ATTEMPT);
             }
-            Ok(Err(e)) => return Err(failed(e)),
+            // Its certificate was refused in the handshake, before any
+            // message: say why, in the error's type.
+            Ok(Err(e)) => match endpoint.take_refusal() {
+                Some(reason) => return Err(GroupError::Refused { rank, addr, reason }),
+                None => return Err(failed(e)),
+            },
         }
     };
     let listen = match tell_listen {
@@ -304,7 +317,9 @@ fn route_to(peer: SocketAddr) -> std::io::Result<std::net::IpAddr> {
 /// hello is slow (a lost packet, a peer that gave up on this attempt and
 /// is trying again) holds up no other. A client that fails its handshake
 /// or sends no hello is skipped (a stray scanner, a rank of another job,
-/// an abandoned attempt); a rank that is not expected, or says it belongs
+/// an abandoned attempt), and noted in `failed` with its address and
+/// reason (a refused certificate names its CA or job) for the error that
+/// says who is missing; a rank that is not expected, or says it belongs
 /// to a group of another size, is an error.
 async fn accept_into(
     config: &GroupConfig,
@@ -313,6 +328,7 @@ async fn accept_into(
     links: &mut [Option<Link>],
     offset: usize,
     on_hello: &mut dyn FnMut(&Hello),
+    failed: &mut Vec<(SocketAddr, String)>,
 ) -> Result<(), GroupError> {
     let mut found = 0;
     let mut greeting = FuturesUnordered::new();
@@ -322,9 +338,10 @@ async fn accept_into(
             incoming = endpoint.incoming(), if accepting => {
                 match incoming {
                     Some(incoming) => greeting.push(async move {
-                        let mut link = incoming.finish().await?;
+                        let remote = incoming.remote_address();
+                        let mut link = incoming.finish().await.map_err(|e| (remote, e))?;
                         let got = link.recv_message().await;
-                        Ok::<_, IncomingError>((link, got))
+                        Ok::<_, (SocketAddr, IncomingError)>((link, got))
                     }),
                     None => accepting = false,
                 }
@@ -332,8 +349,12 @@ async fn accept_into(
             }
             Some(greeted) = greeting.next(), if !greeting.is_empty() => match greeted {
                 Ok(greeted) => greeted,
-                Err(e) => {
-                    tracing::info!(%e, "a connection to the group failed its handshake");
+                Err((remote, e)) => {
+                    tracing::info!(%e, %remote, "a connection to the group failed its handshake");
+                    // A few say why; a scan of the port must not grow it.
+                    if failed.len() < 16 {
+                        failed.push((remote, e.to_string()));
+                    }
                     continue;
                 }
             },
