@@ -142,7 +142,7 @@ pub use socket::marking::MarkedCounts;
 pub use socket::EndpointError;
 pub use tls::{
     cert_job_name, generate_certs, generate_job_certs, job_server_name, CertFiles,
-    ClientConfigError, GenerateCertsError, PemError, PeerCertError, ServerConfigError,
+    ClientConfigError, GenerateCertsError, PeerCertError, PemError, ServerConfigError,
     JOB_NAME_SUFFIX,
 };
 

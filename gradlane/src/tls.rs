@@ -145,7 +145,8 @@ impl ServerCertVerifier for ExplainingServerVerifier {
             }
             (
                 Err(rustls::Error::InvalidCertificate(
-                    CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+                    CertificateError::NotValidForName
+                    | CertificateError::NotValidForNameContext { .. },
                 )),
                 Some(job),
             ) => job_refusal(end_entity, job),
@@ -208,7 +209,10 @@ impl ClientCertVerifier for JobClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = match self.inner.verify_client_cert(end_entity, intermediates, now) {
+        let verified = match self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)
+        {
             Err(rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer)) => {
                 return Err(refused(PeerCertError::UnknownCa))
             }
@@ -838,12 +842,21 @@ mod tests {
         let base = std::env::temp_dir().join(format!("gradlane-tls-job-{}", std::process::id()));
         let (a, b, ip) = (base.join("a"), base.join("b"), base.join("ip"));
         let files = generate_job_certs(&a, "job-a", None).unwrap();
-        assert_eq!(cert_job_name(&files.server_cert).unwrap().as_deref(), Some("job-a"));
+        assert_eq!(
+            cert_job_name(&files.server_cert).unwrap().as_deref(),
+            Some("job-a")
+        );
         let second = generate_job_certs(&b, "job-b", Some(&a)).unwrap();
-        assert_eq!(cert_job_name(&second.server_cert).unwrap().as_deref(), Some("job-b"));
+        assert_eq!(
+            cert_job_name(&second.server_cert).unwrap().as_deref(),
+            Some("job-b")
+        );
         assert_eq!(second.ca_key, a.join("ca.key"));
         assert!(!b.join("ca.key").exists());
-        assert_eq!(fs::read(&second.ca_cert).unwrap(), fs::read(&files.ca_cert).unwrap());
+        assert_eq!(
+            fs::read(&second.ca_cert).unwrap(),
+            fs::read(&files.ca_cert).unwrap()
+        );
         let per_ip = generate_certs(&ip, &["127.0.0.1", "localhost"]).unwrap();
         assert_eq!(cert_job_name(&per_ip.server_cert).unwrap(), None);
         // Each key matches its certificate.
@@ -852,7 +865,10 @@ mod tests {
             server_tls(cert, &key).unwrap();
         }
         let missing = generate_job_certs(&b, "job-c", Some(&ip.join("none")));
-        assert!(matches!(missing, Err(GenerateCertsError::ReadCa { .. })), "{missing:?}");
+        assert!(
+            matches!(missing, Err(GenerateCertsError::ReadCa { .. })),
+            "{missing:?}"
+        );
         let _ = fs::remove_dir_all(&base);
     }
 }

@@ -157,7 +157,10 @@ pub enum GroupError {
     #[error(transparent)]
     Endpoint(#[from] SetupError),
     /// Some ranks did not join in time.
-    #[error("ranks {missing:?} did not join within {waited:?}{}", failed_note(failed))]
+    #[error(
+        "ranks {missing:?} did not join within {waited:?}{}",
+        failed_note(failed)
+    )]
     Missing {
         /// The ranks this rank never heard from.
         missing: Vec<usize>,
@@ -385,7 +388,10 @@ fn describe(tag: u64) -> String {
 
 /// The failed handshakes of a [`GroupError::Missing`], for its message.
 fn failed_note(failed: &[(SocketAddr, String)]) -> String {
-    let each: Vec<String> = failed.iter().map(|(a, why)| format!("{a}: {why}")).collect();
+    let each: Vec<String> = failed
+        .iter()
+        .map(|(a, why)| format!("{a}: {why}"))
+        .collect();
     match each.is_empty() {
         true => String::new(),
         false => format!("; failed handshakes: {}", each.join("; ")),
