@@ -21,6 +21,10 @@ Certificates come from files that :func:`generate_certs` makes::
         grad = np.ones(1000, dtype=np.float32)
         g.allreduce(grad, op="mean")
 
+For a job whose addresses are known only when it runs,
+``generate_job_certs(dir, "my-job")`` makes a certificate that names the
+job instead: the ranks check each other by it, on any address.
+
 Errors of the group are :class:`GroupError` (a rank gone, out of step,
 never joined; ``err.rank`` names the rank); bad input from Python is a
 ``ValueError`` or ``TypeError``.
@@ -39,6 +43,7 @@ from gradlane._native import (
     RankFailedError,
     __version__,
     generate_certs,
+    generate_job_certs,
 )
 
 __all__ = [
@@ -50,5 +55,6 @@ __all__ = [
     "OutOfStepError",
     "RankFailedError",
     "generate_certs",
+    "generate_job_certs",
     "__version__",
 ]

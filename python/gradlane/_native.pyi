@@ -8,6 +8,9 @@ from typing_extensions import Buffer
 __version__: str
 
 def generate_certs(dir: str | os.PathLike[str], names: list[str]) -> dict[str, os.PathLike[str]]: ...
+def generate_job_certs(
+    dir: str | os.PathLike[str], job: str, ca_dir: str | os.PathLike[str] | None = None
+) -> dict[str, os.PathLike[str]]: ...
 
 class GroupError(Exception):
     rank: int | None

@@ -48,7 +48,8 @@ const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 /// them; every rank uses the same files, mutual TLS); by default the
 /// directory named by the environment variable GRADLANE_CERT_DIR.
 /// server_name is the name peers' certificates must be valid for (by
-/// default the peer's IP address).
+/// default the job's name when server.pem names a job, as
+/// generate_job_certs makes, else the peer's IP address).
 ///
 /// join_timeout (seconds): how long forming the group may take before the
 /// ranks that never came are a JoinTimeoutError. loss_tolerance: the share

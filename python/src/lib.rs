@@ -92,10 +92,44 @@ fn generate_certs<'py>(
     Ok(out)
 }
 
+/// Makes a certificate for the job `job` that names the job, not the
+/// ranks' addresses (the DNS name "JOB.job.gradlane"), and writes ca.pem,
+/// ca.key, server.pem and server.key into `dir` as generate_certs does:
+/// for a job whose hosts are known only when it runs. Every rank given
+/// the directory checks its peers against ca.pem and the job name instead
+/// of their IP; a peer of another CA or job is refused, naming it.
+///
+/// With `ca_dir`, signs with the CA (ca.pem, ca.key) there instead of a
+/// fresh one: ca.pem is copied into `dir`, ca.key is not (the returned
+/// "ca_key" is the CA's own).
+///
+/// Returns the same dict as generate_certs. Raises ValueError for a job
+/// name that is not one DNS label (letters, digits, '-'), OSError when a
+/// file cannot be read or written.
+#[pyfunction]
+#[pyo3(signature = (dir, job, ca_dir = None))]
+fn generate_job_certs<'py>(
+    py: Python<'py>,
+    dir: PathBuf,
+    job: String,
+    ca_dir: Option<PathBuf>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let files = py
+        .detach(|| gradlane::generate_job_certs(&dir, &job, ca_dir.as_deref()))
+        .map_err(errors::certs_error)?;
+    let out = PyDict::new(py);
+    out.set_item("ca_cert", files.ca_cert)?;
+    out.set_item("ca_key", files.ca_key)?;
+    out.set_item("server_cert", files.server_cert)?;
+    out.set_item("server_key", files.server_key)?;
+    Ok(out)
+}
+
 /// The native module of the `gradlane` package.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(generate_certs, m)?)?;
+    m.add_function(wrap_pyfunction!(generate_job_certs, m)?)?;
     m.add_class::<group::PyGroup>()?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -387,8 +387,9 @@ def cert_dir_from_env() -> str:
     if not d:
         raise ValueError(
             "gradlane: set GRADLANE_CERT_DIR to a directory with ca.pem, server.pem "
-            "and server.key (gradlane.generate_certs(dir, [hosts]) makes them; every "
-            "rank uses the same files)"
+            "and server.key (gradlane.generate_job_certs(dir, job) or `certs --job JOB` "
+            "makes them for any address, gradlane.generate_certs(dir, [hosts]) for "
+            "those hosts; every rank uses the same files)"
         )
     return d
 

@@ -2,16 +2,22 @@
 //!
 //! ```text
 //! cargo run --bin certs -- --out-dir certs --san localhost --san 10.0.0.2
+//! cargo run --bin certs -- --out-dir certs --job train-7
 //! ```
 //!
 //! Give `ca.pem` to clients; `server.pem` + `server.key` to the server. Keep
 //! `ca.key` private: it can sign more server certificates.
+//!
+//! `--job NAME` makes a certificate for a job whose addresses are not known
+//! beforehand: it names the job (`NAME.job.gradlane`), not the hosts, and
+//! every rank checks its peers against the CA and that name. `--ca DIR`
+//! signs it with the CA in DIR instead of a fresh one.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use gradlane::generate_certs;
+use gradlane::{generate_certs, generate_job_certs, job_server_name};
 
 /// Write ca.pem, ca.key, server.pem and server.key (keys mode 0600).
 #[derive(Debug, Parser)]
@@ -23,6 +29,14 @@ struct Args {
     /// for several.
     #[arg(long = "san", default_values = ["localhost", "127.0.0.1", "::1"])]
     sans: Vec<String>,
+    /// A certificate for this job instead of for names or addresses: the
+    /// job's ranks check each other by it, on any address.
+    #[arg(long, conflicts_with = "sans")]
+    job: Option<String>,
+    /// With --job: sign with the CA (ca.pem, ca.key) in this directory
+    /// instead of a fresh one; ca.key is not copied.
+    #[arg(long, requires = "job")]
+    ca: Option<PathBuf>,
     /// Replace certificates and keys already in the directory (every
     /// certificate the old CA signed stops being trusted by clients given
     /// the new `ca.pem`).
@@ -34,7 +48,20 @@ const FILES: [&str; 4] = ["ca.pem", "ca.key", "server.pem", "server.key"];
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let existing: Vec<String> = FILES
+    // With --ca the CA's key is not written: the job's directory, handed
+    // to every rank, should not hold it.
+    let writes = match args.ca {
+        Some(_) => &["ca.pem", "server.pem", "server.key"][..],
+        None => &FILES[..],
+    };
+    if let Some(ca) = &args.ca {
+        let same = |p: &PathBuf| p.canonicalize().ok();
+        if same(ca).is_some() && same(ca) == same(&args.out_dir) {
+            eprintln!("certs: --out-dir must be another directory than --ca (it goes to every rank; the CA's key must not)");
+            return ExitCode::FAILURE;
+        }
+    }
+    let existing: Vec<String> = writes
         .iter()
         .map(|f| args.out_dir.join(f))
         .filter(|p| p.exists())
@@ -47,14 +74,31 @@ fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    match generate_certs(&args.out_dir, &args.sans) {
+    let (made, valid_for) = match &args.job {
+        Some(job) => (
+            generate_job_certs(&args.out_dir, job, args.ca.as_deref()),
+            format!(
+                "the job {:?} ({}), on any address",
+                job.to_ascii_lowercase(),
+                job_server_name(&job.to_ascii_lowercase())
+            ),
+        ),
+        None => (
+            generate_certs(&args.out_dir, &args.sans),
+            args.sans.join(", "),
+        ),
+    };
+    match made {
         Ok(files) => {
-            println!("server certificate valid for: {}", args.sans.join(", "));
+            println!("server certificate valid for: {valid_for}");
             println!(
                 "wrote {}  (CA certificate: give to clients)",
                 files.ca_cert.display()
             );
-            println!("wrote {}  (CA key: keep private)", files.ca_key.display());
+            match &args.ca {
+                Some(_) => println!("signed by {}  (CA key, not copied)", files.ca_key.display()),
+                None => println!("wrote {}  (CA key: keep private)", files.ca_key.display()),
+            }
             println!(
                 "wrote {}  (server certificate)",
                 files.server_cert.display()
