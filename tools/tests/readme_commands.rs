@@ -77,7 +77,6 @@ const PLACEHOLDERS: &[(&str, &[&str])] = &[
     // "on each worker host (`I` = 0, 1, 2)"
     ("I", &["0", "1", "2"]),
     ("COMMAND", &["true"]),
-    ("<each rank's IP>", &["127.0.0.1"]),
 ];
 
 /// Where the Python package's commands are checked.
