@@ -1,0 +1,121 @@
+"""Certificates that name the job, not the ranks' addresses
+(gradlane.generate_job_certs, `certs --job`), through the torch backend:
+two CPU ranks on 127.0.0.1, which the certificate does not name, form the
+group with GRADLANE_CERT_DIR alone; a rank whose certificate is of
+another CA, or of the same CA and another job, is refused, and the rank
+that refuses it raises naming it and why (no collective runs with it).
+
+Each rank is a process (multiprocessing "spawn") with torchrun's
+environment and a GRADLANE_CERT_DIR of its own; every wait is bounded.
+"""
+
+import datetime
+import multiprocessing
+import os
+import socket
+import traceback
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed (scripts/test.sh installs it into the venv)"
+)
+
+import gradlane  # noqa: E402
+
+WORLD = 2
+RESULT_TIMEOUT = 120.0
+# How long the rank that is never reached waits to form the group.
+JOIN_TIMEOUT = datetime.timedelta(seconds=5)
+
+
+def free_port(kind=socket.SOCK_STREAM):
+    """A loopback port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_main(rank, env, results):
+    try:
+        os.environ.update(env)
+        os.environ["RANK"] = str(rank)
+        import torch.distributed as dist
+
+        dist.init_process_group("gradlane", timeout=JOIN_TIMEOUT)
+        t = torch.full((4,), float(rank + 1))
+        dist.all_reduce(t)
+        dist.destroy_process_group()
+        results.put((rank, "ok", t.tolist()))
+    except BaseException:  # noqa: BLE001 - reported to the test
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(cert_dirs):
+    """Rank r with GRADLANE_CERT_DIR=cert_dirs[r]; {rank: (status, out)}."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(WORLD),
+        "GRADLANE_PORT": str(free_port(socket.SOCK_DGRAM)),
+    }
+    procs = [
+        ctx.Process(
+            target=rank_main,
+            args=(r, {**env, "GRADLANE_CERT_DIR": cert_dirs[r]}, results),
+            daemon=True,
+        )
+        for r in range(WORLD)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        got = {}
+        for _ in range(WORLD):
+            rank, status, out = results.get(timeout=RESULT_TIMEOUT)
+            got[rank] = (status, out)
+        return got
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+
+def test_a_job_certificate_forms_the_group_on_addresses_it_does_not_name(tmp_path):
+    d = str(tmp_path / "job")
+    files = gradlane.generate_job_certs(d, "train-7")
+    assert set(files) == {"ca_cert", "ca_key", "server_cert", "server_key"}
+    got = run_ranks([d, d])
+    for rank in range(WORLD):
+        status, out = got[rank]
+        assert status == "ok", f"rank {rank} failed:\n{out}"
+        assert out == [3.0] * 4
+
+
+@pytest.mark.parametrize("other", ["ca", "job"])
+def test_a_rank_of_another_ca_or_job_is_refused_naming_it(tmp_path, other):
+    good = str(tmp_path / "good")
+    bad = str(tmp_path / "bad")
+    gradlane.generate_job_certs(good, "train-7")
+    if other == "ca":
+        gradlane.generate_job_certs(bad, "train-7")
+        why = "unknown CA"
+    else:
+        gradlane.generate_job_certs(bad, "train-8", ca_dir=good)
+        why = 'wrong job name "train-8", expected "train-7"'
+    # Rank 0 presents the other certificate; rank 1 reaches it and refuses.
+    got = run_ranks([bad, good])
+    status, out = got[1]
+    assert status == "error", f"rank 1 joined a group with the refused rank: {out}"
+    assert "RankFailedError" in out, out
+    assert "rank 0 at 127.0.0.1:" in out and why in out, out
+    status, out = got[0]
+    assert status == "error", f"the refused rank joined: {out}"
+
+
+def test_bad_job_names_are_value_errors(tmp_path):
+    with pytest.raises(ValueError, match="bad job name"):
+        gradlane.generate_job_certs(str(tmp_path), "no spaces")
