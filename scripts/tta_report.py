@@ -268,10 +268,13 @@ def plots(out: Path, runs: list[dict], target: float) -> None:
 def best_against_best(runs: list[dict], target: float) -> str:
     """Per key condition: gloo's best choice against gradlane's best."""
     groups = grouped(runs)
-    # The accuracy bar: the best final accuracy (median over seeds) of any
-    # gloo variant without loss.
-    accs = [statistics.median(float(r["final_acc"]) for r in rs)
-            for (c, l, v), rs in groups.items() if c == "plain" and l == 0.0 and family(v) == "gloo"]
+    # The accuracy bar: gloo's lossless final accuracy (median over seeds),
+    # without compression (the better of cubic and bbr), or of any gloo
+    # variant where those did not run.
+    lossless = {v: rs for (c, l, v), rs in groups.items()
+                if c == "plain" and l == 0.0 and family(v) == "gloo"}
+    plain = {v: rs for v, rs in lossless.items() if "+" not in v} or lossless
+    accs = [statistics.median(float(r["final_acc"]) for r in rs) for rs in plain.values()]
     gloo_acc = max(accs) if accs else None
     lines = [
         f"| condition | loss | side | best variant | runs | time to {target} s, median "
@@ -298,13 +301,21 @@ def best_against_best(runs: list[dict], target: float) -> str:
             ratio = verdict = ""
             if fam == "gradlane" and meds.get("gloo") and med is not None:
                 x = med / meds["gloo"]
-                ratio = f"{x:.2f}x"
-                ok = x <= goal and (gloo_acc is None or acc >= gloo_acc - 0.005 - 1e-9)
-                verdict = f"<= {goal:g}x: {'met' if ok else 'missed'}"
+                ratio = f"{x:.3f}x"
+                # The accuracy bar holds where there is loss; lossless, the
+                # goal is the time alone.
+                acc_ok = loss == 0.0 or gloo_acc is None or acc >= gloo_acc - 0.005 - 1e-9
+                verdict = f"<= {goal:g}x: {'met' if x <= goal else 'missed'}"
+                if not acc_ok:
+                    verdict += f"; accuracy {acc:.3f} below the bar: missed"
             lines.append(
                 f"| {cond} | {loss:g} | {fam} | {v} | {len(rs)} | {shown} | {p50:.2f} "
                 f"| {sent_s} | {acc:.3f} | {ratio} | {verdict} |"
             )
+    if gloo_acc is not None:
+        lines.append("")
+        lines.append(f"The goal's accuracy bar: gloo's lossless final accuracy, {gloo_acc:.3f}, "
+                     "less 0.5 points.")
     return "\n".join(lines) + "\n"
 
 

@@ -221,7 +221,7 @@ def test_best_against_best_takes_each_sides_fastest_variant_per_condition(tmp_pa
     picked = {(r[1].strip(), r[2].strip(), r[3].strip()): r for r in rows}
     assert picked[("plain", "0", "gloo")][4].strip() == "gloo-bbr+fp16"
     lossless = picked[("plain", "0", "gradlane")]
-    assert lossless[4].strip() == "hook-bf16log8-t0.4" and lossless[10].strip() == "0.90x"
+    assert lossless[4].strip() == "hook-bf16log8-t0.4" and lossless[10].strip() == "0.900x"
     assert "met" in lossless[11] and "missed" not in lossless[11]
     # Fast enough, but below gloo's lossless accuracy by more than half a point.
     assert "missed" in picked[("plain", "0.05", "gradlane")][11]
