@@ -161,7 +161,16 @@ fn check_payload(plan: &ChunkPlan, h: DataHeader, bytes: &[u8]) {
         ),
         Some(width) => {
             let mut again = vec![0u8; bytes.len()];
-            payload::write(h.format, plan, t, (first, &values), (first, n), &mut again);
+            let mut scales = payload::Log8Scales::default();
+            payload::write(
+                h.format,
+                plan,
+                t,
+                (first, &values),
+                (first, n),
+                &mut again,
+                &mut scales,
+            );
             for (i, (a, b)) in again
                 .chunks_exact(width)
                 .zip(bytes.chunks_exact(width))
