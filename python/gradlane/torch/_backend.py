@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import math
 import os
 import socket
 import weakref
@@ -381,15 +382,27 @@ def _free_udp_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+CERT_FILES = ("ca.pem", "server.pem", "server.key")
+
+
 def cert_dir_from_env() -> str:
-    """GRADLANE_CERT_DIR, or a ValueError saying how to set it."""
+    """GRADLANE_CERT_DIR, or a ValueError saying how to set it: unset, or
+    a directory without the three files every rank needs."""
+    how = (
+        "gradlane.generate_job_certs(dir, job) or `certs --job JOB` makes them for "
+        "any address, gradlane.generate_certs(dir, [hosts]) for those hosts; every "
+        "rank uses the same files"
+    )
     d = os.environ.get("GRADLANE_CERT_DIR")
     if not d:
         raise ValueError(
-            "gradlane: set GRADLANE_CERT_DIR to a directory with ca.pem, server.pem "
-            "and server.key (gradlane.generate_job_certs(dir, job) or `certs --job JOB` "
-            "makes them for any address, gradlane.generate_certs(dir, [hosts]) for "
-            "those hosts; every rank uses the same files)"
+            f"gradlane: set GRADLANE_CERT_DIR to a directory with ca.pem, server.pem "
+            f"and server.key ({how})"
+        )
+    missing = [f for f in CERT_FILES if not os.path.isfile(os.path.join(d, f))]
+    if missing:
+        raise ValueError(
+            f"gradlane: GRADLANE_CERT_DIR {d!r} has no {', '.join(missing)} ({how})"
         )
     return d
 
@@ -397,13 +410,43 @@ def cert_dir_from_env() -> str:
 def rank_listen_from_env() -> str:
     """Where a rank other than 0 listens: GRADLANE_RANK_ADDR, an "ip:port"
     or a bare IP (as scripts/testbed.sh and allreduce_bench have it; a
-    free port then), default 0.0.0.0:0."""
-    addr = os.environ.get("GRADLANE_RANK_ADDR") or "0.0.0.0:0"
+    free port then), default 0.0.0.0:0. Anything else is a ValueError
+    naming the variable."""
+    given = os.environ.get("GRADLANE_RANK_ADDR")
+    addr = given or "0.0.0.0:0"
     try:
         ip = ipaddress.ip_address(addr)
     except ValueError:
-        return addr
-    return f"[{ip}]:0" if ip.version == 6 else f"{ip}:0"
+        pass
+    else:
+        return f"[{ip}]:0" if ip.version == 6 else f"{ip}:0"
+    host, sep, port = addr.rpartition(":")
+    try:
+        ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+        ok = sep == ":" and port.isdigit() and 0 <= int(port) <= 65535
+        if ok and ":" in host and not host.startswith("["):
+            ok = False  # an IPv6 address with a port is written [ip]:port
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"gradlane: GRADLANE_RANK_ADDR {given!r} is not an IP address or ip:port "
+            "(e.g. 10.0.0.2, 10.0.0.2:4000 or [fd00::2]:4000): the address this rank "
+            "listens on, reachable from the other ranks; unset, 0.0.0.0 and a free port"
+        )
+    return addr
+
+
+def port_from_env(name: str) -> int:
+    """The port in environment variable ``name``, or a ValueError naming it."""
+    value = os.environ[name]
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise ValueError(f"gradlane: {name} {value!r} is not a port (1-65535)")
+    return port
 
 
 def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
@@ -450,10 +493,18 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
 def idle_timeout_from_env() -> float | None:
     """GRADLANE_IDLE_TIMEOUT in seconds, or None (the Group's default)."""
     idle = os.environ.get("GRADLANE_IDLE_TIMEOUT")
+    if not idle:
+        return None
     try:
-        return float(idle) if idle else None
+        seconds = float(idle)
     except ValueError:
-        raise ValueError(f"gradlane: GRADLANE_IDLE_TIMEOUT {idle!r} is not seconds") from None
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"gradlane: GRADLANE_IDLE_TIMEOUT {idle!r} is not a positive number of seconds "
+            "(how long a silent link lasts before the ranks raise; unset, 30)"
+        )
+    return seconds
 
 
 def _register():

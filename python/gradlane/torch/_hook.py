@@ -15,6 +15,7 @@ from gradlane.torch._backend import (
     cert_dir_from_env,
     gradlane_group_of,
     idle_timeout_from_env,
+    port_from_env,
     rank_listen_from_env,
     values_view,
 )
@@ -200,9 +201,9 @@ class HookState:
             rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
         if "GRADLANE_PORT" in os.environ:
-            port = int(os.environ["GRADLANE_PORT"])
+            port = port_from_env("GRADLANE_PORT")
         elif "MASTER_PORT" in os.environ:
-            port = int(os.environ["MASTER_PORT"]) + 1
+            port = port_from_env("MASTER_PORT") + 1
         else:
             raise ValueError(
                 "gradlane: the hook's own Group needs GRADLANE_PORT or MASTER_PORT "
