@@ -84,12 +84,7 @@ fn generate_certs<'py>(
     let files = py
         .detach(|| gradlane::generate_certs(&dir, &names))
         .map_err(errors::certs_error)?;
-    let out = PyDict::new(py);
-    out.set_item("ca_cert", files.ca_cert)?;
-    out.set_item("ca_key", files.ca_key)?;
-    out.set_item("server_cert", files.server_cert)?;
-    out.set_item("server_key", files.server_key)?;
-    Ok(out)
+    paths_dict(py, files)
 }
 
 /// Makes a certificate for the job `job` that names the job, not the
@@ -117,6 +112,11 @@ fn generate_job_certs<'py>(
     let files = py
         .detach(|| gradlane::generate_job_certs(&dir, &job, ca_dir.as_deref()))
         .map_err(errors::certs_error)?;
+    paths_dict(py, files)
+}
+
+/// The paths the certificate makers wrote, as the dict both return.
+fn paths_dict(py: Python<'_>, files: gradlane::CertFiles) -> PyResult<Bound<'_, PyDict>> {
     let out = PyDict::new(py);
     out.set_item("ca_cert", files.ca_cert)?;
     out.set_item("ca_key", files.ca_key)?;
