@@ -150,6 +150,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="interface whose sent bytes the CSV reports",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the model trains: cuda puts rank r on GPU LOCAL_RANK mod the GPU count",
+    )
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch < 1 or args.eval_every < 1 or args.width < 1:
         p.error("--steps, --batch, --eval-every and --width must be positive")
@@ -229,7 +235,7 @@ def digits(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.T
 def checksum(model: nn.Module) -> str:
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
+        h.update(p.detach().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -245,13 +251,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     backend = "gloo" if args.transport == "gloo" else "gradlane"
+    if backend == "gradlane":
+        # Registers the backend on torch releases that do not load its
+        # entry point (torch.distributed.backends) by themselves.
+        import gradlane.torch  # noqa: F401
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        device = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     torch.manual_seed(args.seed)
-    x_train, y_train, x_test, y_test = digits(args.seed)
-    net = ResNet18(args.width)
+    x_train, y_train, x_test, y_test = (t.to(device) for t in digits(args.seed))
+    net = ResNet18(args.width).to(device)
     params = sum(p.numel() for p in net.parameters())
-    model = DDP(net) if args.bucket_cap_mb is None else DDP(net, bucket_cap_mb=args.bucket_cap_mb)
+    ddp_args = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
+    if device.type == "cuda":
+        ddp_args["device_ids"] = [device.index]
+    model = DDP(net, **ddp_args)
     state = None
     if args.transport == "hook":
         import gradlane.torch as gl
@@ -277,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     out = None
     if rank == 0:
         print(
-            f"{args.transport} (torch hook {args.comm_hook}): {world} ranks, "
+            f"{args.transport} (torch hook {args.comm_hook}): {world} ranks on {device.type}, "
             f"{params / 1e6:.2f}M parameters "
             f"({params * 4 / 1e6:.1f} MB a step)",
             flush=True,
@@ -292,12 +310,14 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(1, args.steps + 1):
         started = time.monotonic()
         model.train()
-        idx = torch.randint(len(y_train), (args.batch,), generator=gen)
+        idx = torch.randint(len(y_train), (args.batch,), generator=gen).to(device)
         loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
         opt.zero_grad()
         loss.backward()
         opt.step()
         schedule.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the step's kernels are timed too
         took = time.monotonic() - started
         step_s.append(took)
         train_s += took

@@ -114,6 +114,13 @@ def ddp_steps(rank):
     return out
 
 
+def staged_buffers(stager):
+    """(allocated, reused): the host buffers a Stager took for CPU tensors
+    (GRADLANE_STAGE_CPU_TENSORS=1); (0, 0) when nothing was staged."""
+    pool = stager.buffers(pinned=False)
+    return (pool.allocated, pool.reused)
+
+
 def scenario_ddp_gloo(rank):
     """ddp_steps over gloo: the gradients the gradlane backend must match."""
     import torch.distributed as dist
@@ -196,6 +203,7 @@ def scenario_backend(rank):
     dist.all_reduce(t)
     out["after_bad"] = t.numpy().copy()
     out["pg_name"] = dist.distributed_c10d._get_default_group().name()
+    out["staged_buffers"] = staged_buffers(dist.distributed_c10d._get_default_group()._stager)
     dist.destroy_process_group()
     return out
 
@@ -249,6 +257,7 @@ def scenario_hook(
     out["totals"] = dict(state.totals)
     out["buckets"] = len(state._buckets)
     out["own_group"] = state._own_group
+    out["staged_buffers"] = staged_buffers(state._stager)
     state.close()
     dist.destroy_process_group()
     return out
@@ -279,8 +288,9 @@ def scenario_fsdp(rank, mixed=False):
         F.cross_entropy(model(x), y).backward()
         opt.step()
     full = [p.full_tensor().detach().numpy().copy() for p in model.parameters()]
+    staged = staged_buffers(dist.distributed_c10d._get_default_group()._stager)
     dist.destroy_process_group()
-    return {"params": full}
+    return {"params": full, "staged_buffers": staged}
 
 
 def scenario_killed(rank):
@@ -479,7 +489,9 @@ def rank_main(scenario, rank, env, args, results):
     try:
         os.environ.update(env)
         os.environ["RANK"] = str(rank)
-        out = SCENARIOS[scenario](rank, *args)
+        # A name here, or a module-level function (of another test module).
+        fn = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
+        out = fn(rank, *args)
         results.put((rank, "ok", out))
     except BaseException:  # noqa: BLE001 - reported to the test
         results.put((rank, "error", traceback.format_exc()))
@@ -877,3 +889,68 @@ def test_a_bad_gradlane_variable_is_a_clear_error_naming_it(monkeypatch, tmp_pat
     monkeypatch.setenv("GRADLANE_CERT_DIR", str(tmp_path))
     with pytest.raises(ValueError, match=r"has no server.pem, server.key \(.*certs --job"):
         cert_dir_from_env()
+
+
+# ------------------------------------------------- staging (forced on CPU)
+
+#: Stage CPU tensors through host buffers as CUDA tensors are: the test
+#: switch that runs gradlane.torch._staging on a machine without a GPU.
+STAGED = {"GRADLANE_STAGE_CPU_TENSORS": "1"}
+
+
+def assert_same_bits(got, want, where):
+    """Equal results, arrays bit for bit, through dicts, lists and tuples."""
+    if isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for k in want:
+            assert_same_bits(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same_bits(g, w, f"{where}[{i}]")
+    elif isinstance(want, np.ndarray):
+        assert got.dtype == want.dtype and got.shape == want.shape, where
+        assert got.tobytes() == want.tobytes(), where
+    else:
+        assert got == want, where
+
+
+def test_staged_backend_gives_the_direct_paths_bits(backend, cert_dir):
+    # DDP's broadcast and allreduces, every collective through
+    # torch.distributed, the bad-input errors: all staged.
+    staged = run_ranks("backend", cert_dir, extra_env=STAGED)
+    for r in range(WORLD):
+        assert backend[r]["staged_buffers"] == (0, 0)
+        allocated, reused = staged[r]["staged_buffers"]
+        # Buffers were taken, and DDP's steps reused them.
+        assert allocated > 0 and reused > allocated, staged[r]["staged_buffers"]
+        direct = {k: v for k, v in backend[r].items() if k != "staged_buffers"}
+        got = {k: v for k, v in staged[r].items() if k != "staged_buffers"}
+        assert_same_bits(got, direct, f"rank {r}")
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_staged_hook_gives_the_direct_paths_bits(cert_dir, overlap):
+    args = ("gloo", 0.0, 3, False, overlap, "adaptive", ("bf16", "log8"))
+    direct = run_ranks("hook", cert_dir, *args)
+    staged = run_ranks("hook", cert_dir, *args, extra_env=STAGED)
+    for r in range(WORLD):
+        assert direct[r]["staged_buffers"] == (0, 0)
+        # Buffers taken in the first step and reused in the next ones.
+        allocated, reused = staged[r]["staged_buffers"]
+        assert allocated >= 1 and reused >= 2, (allocated, reused)
+        assert_same_bits(staged[r]["hooked"], direct[r]["hooked"], f"rank {r}")
+        # (The lossy bytes depend on the carrier, datagrams once QUIC has
+        # declared a loss, which a loaded machine can make it do.)
+        for s, d in zip(staged[r]["stats"], direct[r]["stats"], strict=True):
+            assert s["sent_important_bytes"] == d["sent_important_bytes"], (r, s, d)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_staged_fsdp2_gives_the_direct_paths_bits(cert_dir, mixed):
+    direct = run_ranks("fsdp", cert_dir, mixed)
+    staged = run_ranks("fsdp", cert_dir, mixed, extra_env=STAGED)
+    for r in range(WORLD):
+        assert direct[r]["staged_buffers"] == (0, 0)
+        assert staged[r]["staged_buffers"][0] > 0
+        assert_same_bits(staged[r]["params"], direct[r]["params"], f"rank {r}")

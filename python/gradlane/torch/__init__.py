@@ -2,11 +2,13 @@
 communication hook.
 
 The backend: with gradlane installed, ``dist.init_process_group("gradlane")``
-finds it through the entry point group ``torch.distributed.backends`` (no
-import needed in the script). Its collectives run on a
+finds it through the entry point group ``torch.distributed.backends`` on
+torch releases that load it (2.15 does, 2.11 does not); importing this
+module registers it on any release. Its collectives run on a
 :class:`gradlane.Group` over QUIC: allreduce, broadcast,
 allgather, allgather_into_tensor, reduce_scatter, reduce_scatter_tensor,
-barrier, on CPU tensors; the reductions (SUM, AVG, MAX, MIN) on float32,
+barrier, on CPU and CUDA tensors (CUDA ones staged through pinned host
+buffers); the reductions (SUM, AVG, MAX, MIN) on float32,
 bfloat16 and float16, so torch's fp16/bf16 compression hooks and
 PowerSGD run over it. Set GRADLANE_CERT_DIR to the certificates
 (:func:`gradlane.generate_certs`); torchrun's MASTER_ADDR, RANK,
@@ -26,6 +28,10 @@ from gradlane.torch._backend import (
     create_process_group,
 )
 from gradlane.torch._hook import HookState, ddp_hook
+
+# Importing registers the backend, for torch releases that do not load
+# the entry point (registering twice is a no-op).
+_register()
 
 __all__ = [
     "BACKEND_NAME",

@@ -1,12 +1,16 @@
 """The torch.distributed backend "gradlane": a Python ProcessGroup over
 :class:`gradlane.Group`.
 
-Every collective runs to completion inside the call (the GIL released
-while the network works) and returns a :class:`GradlaneWork` that is
-already done: its ``wait()`` returns True at once and its
-``get_future()`` is a completed :class:`torch.futures.Future`.
+Every collective runs its network part inside the call (the GIL released
+while the network works) and returns a :class:`GradlaneWork`. On CPU
+tensors it is done: its ``wait()`` returns True at once and its
+``get_future()`` is a completed :class:`torch.futures.Future`. CUDA
+tensors are staged through reusable pinned host buffers
+(gradlane.torch._staging): copied to the host on a side stream, reduced
+there, copied back on the side stream; ``wait()`` and the future make
+the caller's stream wait for the copies back, as NCCL's do.
 
-Tensors: CPU and contiguous. Reductions (allreduce, reduce_scatter; SUM,
+Tensors: CPU or CUDA, contiguous. Reductions (allreduce, reduce_scatter; SUM,
 AVG, MAX, MIN) take float32, bfloat16 and float16, used in place without
 copies; a 16-bit tensor travels as itself (two bytes a value), and each
 value is combined in float32 in rank order and rounded once, so every
@@ -31,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 import gradlane
+from gradlane.torch._staging import StagedCall, Stager, future_for
 
 BACKEND_NAME = "gradlane"
 #: The store key under which rank 0 publishes its "ip:port".
@@ -38,20 +43,34 @@ ROOT_KEY = "gradlane/root"
 
 
 class GradlaneWork(dist._Work):
-    """A finished collective: ``wait()`` is True, ``get_future()`` holds
-    ``result`` (what torch expects of the op: the tensors it wrote)."""
+    """A collective's result: ``get_future()`` holds ``result`` (what torch
+    expects of the op: the tensors it wrote).
 
-    def __init__(self, result):
+    On CPU tensors the collective is done when the Work is made: ``wait()``
+    returns True at once. On CUDA tensors the results are being copied back
+    to the device on gradlane's side stream: ``wait()`` (and the future's)
+    makes the caller's current stream wait for those copies, without
+    blocking the CPU, as NCCL's Work does; ``is_completed()`` says whether
+    they have finished."""
+
+    def __init__(self, result, staged: StagedCall | None = None):
         super().__init__()
         self._result = result
-        self._future = torch.futures.Future()
-        self._future.set_result(result)
+        self._event = None
+        if staged is None:
+            self._future = torch.futures.Future()
+            self._future.set_result(result)
+        else:
+            self._future = future_for(staged.device)
+            staged.complete(self._future, result)
+            self._event = staged.event
 
-    def wait(self, timeout=None):  # noqa: ARG002 - the op is done already
+    def wait(self, timeout=None):  # noqa: ARG002 - the network part is done already
+        self._future.wait()
         return True
 
     def is_completed(self):
-        return True
+        return self._event is None or self._event.query()
 
     def is_success(self):
         return True
@@ -77,9 +96,9 @@ REDUCED_DTYPES = {
 def _check_tensor(t, what, *, reduce):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"gradlane: {what} must be a torch.Tensor, not {type(t).__name__}")
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "cuda"):
         raise ValueError(
-            f"gradlane: {what} is on {t.device}; the gradlane backend takes CPU tensors only"
+            f"gradlane: {what} is on {t.device}; the gradlane backend takes CPU and CUDA tensors"
         )
     if reduce and t.dtype not in REDUCED_DTYPES:
         raise TypeError(
@@ -140,8 +159,10 @@ def _op_name(op, what):
     for known, name in _OPS.items():
         if op == known:
             return name
+    # A ReduceOp's repr is an object address; its RedOpType has the name.
+    name = getattr(getattr(op, "op", op), "name", op)
     raise ValueError(
-        f"gradlane: {what} supports ReduceOp.SUM, AVG, MAX and MIN, not {op}"
+        f"gradlane: {what} supports ReduceOp.SUM, AVG, MAX and MIN, not {name}"
     )
 
 
@@ -171,6 +192,7 @@ class GradlaneProcessGroup(dist.ProcessGroup):
         self._size = size
         self._group_name = ""
         self._group_desc = ""
+        self._stager = Stager()
         _GROUPS.add(self)
 
     # --- identity
@@ -198,6 +220,24 @@ class GradlaneProcessGroup(dist.ProcessGroup):
     def __repr__(self):
         return f"GradlaneProcessGroup(rank={self._rank}, size={self._size})"
 
+    # --- staging
+    def _run(self, tensors, reads, writes, body, result) -> GradlaneWork:
+        """Runs ``body`` (the collective on CPU tensors) on ``tensors``,
+        staged through host buffers when they are CUDA tensors: ``reads``
+        and ``writes`` say which the collective reads and writes. The Work
+        holds ``result``."""
+        if not self._stager.needs_staging(tensors):
+            body(tensors)
+            return GradlaneWork(result)
+        call = self._stager.call(tensors, reads, writes)
+        try:
+            body(call.host)
+        except BaseException:
+            call.abandon()
+            raise
+        call.finish()
+        return GradlaneWork(result, call)
+
     # --- reductions (float32, bfloat16, float16)
     def allreduce(self, tensors, opts=None):
         """Reduces each tensor over the ranks in place (ReduceOp.SUM, AVG,
@@ -205,23 +245,38 @@ class GradlaneProcessGroup(dist.ProcessGroup):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
         for i, t in enumerate(tensors):
             _check_tensor(t, f"allreduce tensor {i}", reduce=True)
-        for t in tensors:
-            view, dtype = values_view(t)
-            self.group.allreduce(view, op=op, dtype=dtype)
-        return GradlaneWork(tensors)
+        return self._allreduce(tensors, op)
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
         for i, t in enumerate(tensors):
             _check_tensor(t, f"allreduce_coalesced tensor {i}", reduce=True)
-        for t in tensors:
-            view, dtype = values_view(t)
-            self.group.allreduce(view, op=op, dtype=dtype)
-        return GradlaneWork(tensors)
+        return self._allreduce(tensors, op)
+
+    def _allreduce(self, tensors, op):
+        def body(host):
+            for t in host:
+                view, dtype = values_view(t)
+                self.group.allreduce(view, op=op, dtype=dtype)
+
+        every = [True] * len(tensors)
+        return self._run(tensors, every, every, body, tensors)
 
     def reduce_scatter_single(self, output, input, opts=None):
         """``input`` holds ``size`` equal parts; rank r's ``output`` becomes
         the sum (or mean, ReduceOp.AVG) of every rank's part r."""
+        op = self._check_reduce_scatter(output, input, opts)
+        return self._run(
+            [output, input],
+            [False, True],
+            [True, False],
+            lambda h: self._reduce_scatter_host(h[0], h[1], op),
+            [output],
+        )
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def _check_reduce_scatter(self, output, input, opts):
         op = _op_name(
             opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter"
         )
@@ -236,13 +291,13 @@ class GradlaneProcessGroup(dist.ProcessGroup):
                 f"gradlane: reduce_scatter input has {input.numel()} values, needs "
                 f"{output.numel()} x {self._size} ranks = {output.numel() * self._size}"
             )
+        return op
+
+    def _reduce_scatter_host(self, output, input, op):
         (inv, dtype), (outv, _) = values_view(input), values_view(output)
         if np.shares_memory(inv, outv):
             inv = inv.copy()  # in place: the Group takes separate buffers
         self.group.reduce_scatter(inv, outv, op=op, dtype=dtype)
-        return GradlaneWork([output])
-
-    _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         """Each rank's ``input_tensors[0]`` is a list of ``size`` tensors;
@@ -266,9 +321,17 @@ class GradlaneProcessGroup(dist.ProcessGroup):
         return self.reduce_scatter_single(output, flat, opts)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        for o, i in zip(outputs, inputs, strict=True):
-            self.reduce_scatter_single(o, i, opts)
-        return GradlaneWork(outputs)
+        ops = [self._check_reduce_scatter(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        n = len(outputs)
+
+        def body(host):
+            for k, op in enumerate(ops):
+                self._reduce_scatter_host(host[k], host[n + k], op)
+
+        return self._run(
+            list(outputs) + list(inputs), [False] * n + [True] * n, [True] * n + [False] * n,
+            body, outputs,
+        )
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -278,21 +341,36 @@ class GradlaneProcessGroup(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         for i, t in enumerate(tensors):
             _check_tensor(t, f"broadcast tensor {i}", reduce=False)
-        for t in tensors:
-            view = _bytes_view(t)
-            if view is not None:
-                self.group.broadcast(root, view)
-            else:
-                buf, n = _padded(t)
-                self.group.broadcast(root, buf)
-                t.detach().reshape(-1).view(torch.uint8).copy_(
-                    torch.from_numpy(buf.view(np.uint8)[:n])
-                )
-        return GradlaneWork(tensors)
+
+        def body(host):
+            for t in host:
+                view = _bytes_view(t)
+                if view is not None:
+                    self.group.broadcast(root, view)
+                else:
+                    buf, n = _padded(t)
+                    self.group.broadcast(root, buf)
+                    t.detach().reshape(-1).view(torch.uint8).copy_(
+                        torch.from_numpy(buf.view(np.uint8)[:n])
+                    )
+
+        # The root's tensors are read, every other rank's written.
+        mine = [self._rank == root] * len(tensors)
+        theirs = [self._rank != root] * len(tensors)
+        return self._run(tensors, mine, theirs, body, tensors)
 
     def all_gather_single(self, output, input, opts=None):
         """``output`` (``size`` times ``input``'s values, same dtype) becomes
         every rank's ``input`` in rank order."""
+        self._check_all_gather(output, input)
+        return self._run(
+            [output, input], [False, True], [True, False],
+            lambda h: self._all_gather_host(h[0], h[1]), [output],
+        )
+
+    _allgather_base = all_gather_single
+
+    def _check_all_gather(self, output, input):
         _check_tensor(input, "allgather input", reduce=False)
         _check_tensor(output, "allgather output", reduce=False)
         if output.dtype != input.dtype:
@@ -304,6 +382,8 @@ class GradlaneProcessGroup(dist.ProcessGroup):
                 f"gradlane: allgather output has {output.numel()} values, needs "
                 f"{input.numel()} x {self._size} ranks = {input.numel() * self._size}"
             )
+
+    def _all_gather_host(self, output, input):
         inv, outv = _bytes_view(input), _bytes_view(output)
         if inv is not None:
             if np.shares_memory(inv, outv):
@@ -319,14 +399,20 @@ class GradlaneProcessGroup(dist.ProcessGroup):
             output.detach().reshape(-1).view(torch.uint8).copy_(
                 torch.from_numpy(np.ascontiguousarray(parts).reshape(-1))
             )
-        return GradlaneWork([output])
-
-    _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         for o, i in zip(outputs, inputs, strict=True):
-            self.all_gather_single(o, i, opts)
-        return GradlaneWork(outputs)
+            self._check_all_gather(o, i)
+        n = len(outputs)
+
+        def body(host):
+            for k in range(n):
+                self._all_gather_host(host[k], host[n + k])
+
+        return self._run(
+            list(outputs) + list(inputs), [False] * n + [True] * n, [True] * n + [False] * n,
+            body, outputs,
+        )
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -347,11 +433,17 @@ class GradlaneProcessGroup(dist.ProcessGroup):
                     f"gradlane: allgather output {i} is {o.numel()} x {o.dtype}, "
                     f"the input {input.numel()} x {input.dtype}"
                 )
-        flat = torch.empty(input.numel() * self._size, dtype=input.dtype)
-        self.all_gather_single(flat, input.reshape(-1))
-        for o, part in zip(outputs, flat.chunk(self._size) if self._size else [], strict=True):
-            o.copy_(part.view(o.shape))
-        return GradlaneWork(output_tensors)
+
+        def body(host):
+            flat = torch.empty(input.numel() * self._size, dtype=input.dtype)
+            self._all_gather_host(flat, host[0].reshape(-1))
+            for o, part in zip(host[1:], flat.chunk(self._size), strict=True):
+                o.copy_(part.view(o.shape))
+
+        n = len(outputs)
+        return self._run(
+            [input, *outputs], [True] + [False] * n, [False] + [True] * n, body, output_tensors
+        )
 
     # --- synchronization
     def barrier(self, opts=None):
@@ -509,10 +601,10 @@ def idle_timeout_from_env() -> float | None:
 
 def _register():
     """The entry point torch calls (group ``torch.distributed.backends``,
-    name "gradlane"): registers the backend for CPU tensors."""
+    name "gradlane"): registers the backend for CPU and CUDA tensors."""
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu", "cuda"])
 
 
 def gradlane_group_of(pg) -> gradlane.Group | None:

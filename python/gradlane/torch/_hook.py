@@ -19,6 +19,7 @@ from gradlane.torch._backend import (
     rank_listen_from_env,
     values_view,
 )
+from gradlane.torch._staging import Stager, future_for
 
 RECOVERIES = ("zero_fill", "rescale", "error_feedback")
 LOSSY_CARRIERS = ("adaptive", "datagrams")
@@ -183,6 +184,8 @@ class HookState:
         self._jobs: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
         self._failed: BaseException | None = None
+        # CUDA buckets go through pinned host buffers (see _staging).
+        self._stager = Stager()
 
     # ------------------------------------------------------------ group
     def _join(self) -> gradlane.Group:
@@ -248,9 +251,13 @@ class HookState:
         while (job := self._jobs.get()) is not None:
             job()
 
-    def _reduce(self, key, shapes, flat, buf, fut, last: bool, queued_ns: int) -> None:
+    def _reduce(
+        self, key, shapes, flat, buf, fut, last: bool, queued_ns: int, staged=None
+    ) -> None:
         """One bucket's allreduce in place, then its future (inside the
-        hook, or on the state's thread with overlap)."""
+        hook, or on the state's thread with overlap). With ``staged`` (a
+        CUDA bucket), ``flat`` is its host copy, copied back to ``buf``
+        before the future completes."""
         started = time.perf_counter_ns()
         try:
             if self._failed is not None:
@@ -261,13 +268,19 @@ class HookState:
         except BaseException as e:  # noqa: BLE001 - handed to DDP through the future
             if self._failed is None:
                 self._failed = e
+            if staged is not None:
+                staged.abandon()
             fut.set_exception(e)
             return
         stats["hook_ns"] = time.perf_counter_ns() - started
         if self.overlap:
             stats["wait_ns"] = started - queued_ns
         self._record(stats, last)
-        fut.set_result(buf)
+        if staged is None:
+            fut.set_result(buf)
+        else:
+            staged.finish()
+            staged.complete(fut, buf)
 
     # ----------------------------------------------------------- layout
     def _bucket_id(self, g: gradlane.Group, key: tuple, shapes: tuple) -> int:
@@ -310,26 +323,31 @@ def ddp_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     :class:`HookState`).
 
     Register with ``ddp.register_comm_hook(HookState(...), ddp_hook)``.
-    Takes CPU gradients of float32, bfloat16 or float16.
+    Takes CPU or CUDA gradients of float32, bfloat16 or float16. A CUDA
+    bucket is copied to a pinned host buffer (on a side stream, waited
+    for here), reduced there and copied back on the side stream; the
+    future completes with those copies enqueued, and DDP's wait on it
+    makes its stream wait for them.
     """
     queued = time.perf_counter_ns()
     buf = bucket.buffer()
-    if buf.device.type != "cpu" or buf.dtype not in REDUCED_DTYPES:
+    if buf.device.type not in ("cpu", "cuda") or buf.dtype not in REDUCED_DTYPES:
         raise TypeError(
-            f"gradlane: ddp_hook takes CPU float32, bfloat16 or float16 gradients, the "
-            f"bucket is {buf.dtype} on {buf.device}"
+            f"gradlane: ddp_hook takes CPU or CUDA float32, bfloat16 or float16 gradients, "
+            f"the bucket is {buf.dtype} on {buf.device}"
         )
     shapes = tuple(tuple(p.shape) for p in bucket.parameters())
-    flat, dtype = values_view(buf)
+    staged = state._stager.call([buf], [True], [True]) if state._stager.needs_staging([buf]) else None
+    flat, dtype = values_view(staged.host[0] if staged is not None else buf)
     # DDP rebuilds its buckets after the first step, so the shapes are
     # part of the key.
     key = (bucket.index(), shapes, dtype)
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut: torch.futures.Future[torch.Tensor] = future_for(buf.device)
     last = bucket.is_last()
     if state.overlap:
-        state._submit(lambda: state._reduce(key, shapes, flat, buf, fut, last, queued))
+        state._submit(lambda: state._reduce(key, shapes, flat, buf, fut, last, queued, staged))
     else:
-        state._reduce(key, shapes, flat, buf, fut, last, queued)
+        state._reduce(key, shapes, flat, buf, fut, last, queued, staged)
     # DDP reads a future's value in C++, where an exception set from Python
     # is only a value that is not a tensor ("Unable to cast ... to Tensor");
     # reading it in a callback makes it the chained future's error.
