@@ -23,6 +23,7 @@ from test_torch import (  # noqa: E402 - the rank machinery of the CPU tests
     WORLD,
     batch,
     bits,
+    fsdp_reference,
     reference_run,
     run_ranks,
     small_cnn,
@@ -172,33 +173,6 @@ def scenario_ddp(rank, hook, overlap, model_name):
     return out
 
 
-def scenario_fsdp(rank):
-    """FSDP2 on CUDA over the gradlane backend, bfloat16 compute and
-    reduction: two steps, then the full parameters."""
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    dev = cuda_device(rank)
-    torch.cuda.set_device(dev)
-    register_backend()
-    dist.init_process_group("gradlane")
-    model = small_cnn(seed=100).to(dev)
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-    for layer in (model[0], model[3]):
-        fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    for step in range(2):
-        x, y = batch(step, rank)
-        opt.zero_grad()
-        F.cross_entropy(model(x.to(dev)), y.to(dev)).backward()
-        opt.step()
-    full = [cpu(p.full_tensor()) for p in model.parameters()]
-    dist.destroy_process_group()
-    return {"params": full}
-
-
 # ------------------------------------------------------------------ tests
 
 
@@ -253,17 +227,9 @@ def test_hook_on_cuda_equals_the_exact_allreduce(cert_dir, overlap):
 
 
 def test_fsdp2_on_cuda_trains_like_the_reference(cert_dir):
-    import torch.nn.functional as F
-
-    got = run_ranks(scenario_fsdp, cert_dir)
-    model = small_cnn(seed=100)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    for step in range(2):
-        xs, ys = zip(*(batch(step, r) for r in range(WORLD)))
-        opt.zero_grad()
-        F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
-        opt.step()
-    want = [p.detach().numpy() for p in model.parameters()]
+    # bfloat16 compute and reduction, as large models train.
+    got = run_ranks("fsdp", cert_dir, True, "cuda")
+    want = fsdp_reference()
     for r in range(WORLD):
         for a, w in zip(got[r]["params"], want, strict=True):
             np.testing.assert_allclose(a, w, rtol=0, atol=1e-2, err_msg=f"rank {r}")

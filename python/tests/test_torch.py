@@ -263,16 +263,22 @@ def scenario_hook(
     return out
 
 
-def scenario_fsdp(rank, mixed=False):
+def scenario_fsdp(rank, mixed=False, device="cpu"):
     """FSDP2's fully_shard over the gradlane backend (with `mixed`, in
     bfloat16 with bfloat16 gradient reduction, as large models train): two
-    steps, then every rank's full parameters."""
+    steps, then every rank's full parameters. ``device="cuda"``: on rank
+    r's GPU (test_cuda.py)."""
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    dev = torch.device("cpu")
+    if device == "cuda":
+        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+        import gradlane.torch  # noqa: F401 - registers it where torch lacks the entry points
     dist.init_process_group("gradlane")
-    model = small_cnn(seed=100)
+    model = small_cnn(seed=100).to(dev)
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
         if mixed
@@ -285,12 +291,27 @@ def scenario_fsdp(rank, mixed=False):
     for step in range(2):
         x, y = batch(step, rank)
         opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(x.to(dev)), y.to(dev)).backward()
         opt.step()
-    full = [p.full_tensor().detach().numpy().copy() for p in model.parameters()]
+    full = [p.full_tensor().detach().cpu().numpy().copy() for p in model.parameters()]
     staged = staged_buffers(dist.distributed_c10d._get_default_group()._stager)
     dist.destroy_process_group()
     return {"params": full, "staged_buffers": staged}
+
+
+def fsdp_reference():
+    """The parameters scenario_fsdp's two steps must reach: one process,
+    every rank's batches."""
+    import torch.nn.functional as F
+
+    model = small_cnn(seed=100)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(2):
+        xs, ys = zip(*(batch(step, r) for r in range(WORLD)))
+        opt.zero_grad()
+        F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
+        opt.step()
+    return params_of(model)
 
 
 def scenario_killed(rank):
@@ -798,17 +819,8 @@ def test_creator_without_cert_dir_says_what_to_set(monkeypatch):
 
 @pytest.mark.parametrize("mixed", [False, True])
 def test_fsdp2_fully_shard_trains_like_the_reference(cert_dir, mixed):
-    import torch.nn.functional as F
-
     got = run_ranks("fsdp", cert_dir, mixed)
-    model = small_cnn(seed=100)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    for step in range(2):
-        xs, ys = zip(*(batch(step, r) for r in range(WORLD)))
-        opt.zero_grad()
-        F.cross_entropy(model(torch.cat(xs)), torch.cat(ys)).backward()
-        opt.step()
-    want = params_of(model)
+    want = fsdp_reference()
     # bfloat16 compute and reduction: bfloat16's precision over two steps.
     atol = 1e-2 if mixed else 1e-6
     for r in range(WORLD):
