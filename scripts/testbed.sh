@@ -47,6 +47,8 @@
 #                      S seconds (default 30)
 #   --dry-run          DRY_RUN=1: check the options, print what would run and
 #                      exit (needs no root; touches nothing)
+#   --wait-lock        WAIT_LOCK=1: if another testbed is running, wait for it
+#                      to end instead of exiting
 #   OFFLOADS=off|on    TSO/GSO/GRO of the veths (default off: the stack cuts
 #                      segments of MTU size before the queue, so a loss or a
 #                      tail drop hits one 1500-byte packet, not a 64 KB batch)
@@ -63,8 +65,8 @@
 # The kernel's random drops are not seeded: two runs lose different packets.
 #
 # Needs root; installs iproute2, iptables and ethtool if missing. One
-# testbed at a time (a lock); namespaces left by a crashed run are removed
-# at start.
+# testbed at a time (a lock, /run/lock/gl-tb.lock); namespaces left by a
+# crashed run are removed at start.
 set -euo pipefail
 
 PREFIX=gl-tb
@@ -88,6 +90,7 @@ LOG_DIR=${LOG_DIR:-}
 GRACE=${GRACE:-30}
 OFFLOADS=${OFFLOADS:-off}
 DRY_RUN=${DRY_RUN:-0}
+WAIT_LOCK=${WAIT_LOCK:-0}
 
 usage() {
     sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
@@ -113,6 +116,7 @@ while (($#)); do
         --log-dir) LOG_DIR=${2:?--log-dir needs a value}; shift 2 ;;
         --grace) GRACE=${2:?--grace needs a value}; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
+        --wait-lock) WAIT_LOCK=1; shift ;;
         --) shift; break ;;
         *) die "unknown option '$1' (the command goes after --; see --help)" ;;
     esac
@@ -155,6 +159,7 @@ for d in $PRIORITY_DSCP; do
 done
 [[ $OFFLOADS == on || $OFFLOADS == off ]] || die "OFFLOADS must be on or off"
 [[ $DRY_RUN == 0 || $DRY_RUN == 1 ]] || die "DRY_RUN must be 0 or 1"
+[[ $WAIT_LOCK == 0 || $WAIT_LOCK == 1 ]] || die "WAIT_LOCK must be 0 or 1"
 if ((DRY_RUN)); then
     printf 'testbed: would run on %s ranks, %s each (queue %s bytes, loss %s, delay %s ms +- %s ms, TCP %s, DSCP priority %s):' \
         "$RANKS" "$RATE" "$QUEUE_BYTES" "$LOSS" "$DELAY_MS" "$JITTER_MS" "$TCP_CC" "$DSCP_PRIORITY"
@@ -198,7 +203,11 @@ fi
 
 # The lock is held on fd 9, which no child inherits.
 exec 9>/run/lock/$PREFIX.lock
-flock -n 9 || die "another testbed is running (lock /run/lock/$PREFIX.lock)"
+if ! flock -n 9; then
+    ((WAIT_LOCK)) || die "another testbed is running (lock /run/lock/$PREFIX.lock; --wait-lock waits for it)"
+    echo "testbed: another testbed is running; waiting for it to end (lock /run/lock/$PREFIX.lock)" >&2
+    flock 9
+fi
 
 rank_ns() { echo "$PREFIX-rank$1"; }
 

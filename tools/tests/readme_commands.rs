@@ -3,7 +3,8 @@
 //! README tells a new user what to type, and twice a command there failed
 //! as written (the receiver's `--model`, then `--workers` after `ps_train
 //! worker`), found only when someone happened to run it. This test reads
-//! README.md, takes every command in it (the lines of code blocks, and the
+//! README.md and docs/MULTIHOST.md (where README's "Across two hosts"
+//! sends readers, [`DOCUMENTS`]), takes every command in them (the lines of code blocks, and the
 //! `cargo run`, `bash scripts/...` and `scripts/...` spans of the prose) and
 //! runs each with this build's programs, in a scratch directory per
 //! section, on loopback: host addresses become 127.0.0.1, a listening port
@@ -19,7 +20,8 @@
 //!
 //! It prints one line per command saying what it did (see it with
 //! `cargo test --test readme_commands -- --nocapture`), and fails naming
-//! every README line that did not run, with the end of its output.
+//! every line (document and line number) that did not run, with the end
+//! of its output.
 
 #[path = "readme_commands/extract.rs"]
 mod extract;
@@ -38,7 +40,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const README: &str = include_str!("../../README.md");
+/// The documents whose commands are checked: README, and the walkthrough
+/// across hosts it leaves the detail to (the Rust sender and receiver, the
+/// parameter server, the torchrun job).
+const DOCUMENTS: &[(&str, &str)] = &[
+    ("README.md", include_str!("../../README.md")),
+    ("docs/MULTIHOST.md", include_str!("../../docs/MULTIHOST.md")),
+];
 
 /// A command's limit: generous for a loaded 2-core machine and a debug
 /// build; a hang ends here as a failure naming the line.
@@ -80,8 +88,8 @@ const PLACEHOLDERS: &[(&str, &[&str])] = &[
 ];
 
 /// Where the Python package's commands are checked.
-const PYTHON_HALF: &str =
-    "checked by python/tests/test_readme.py (the Python half of scripts/test.sh)";
+const PYTHON_HALF: &str = "checked by python/tests/test_readme.py and \
+     test_two_host_walkthrough.py (the Python half of scripts/test.sh)";
 
 /// How a command line is shown in the report.
 fn command_line(program: &str, args: &[String]) -> String {
@@ -220,24 +228,76 @@ fn readme_commands_run_as_written() {
     let build = Build::find();
     let work = std::env::temp_dir().join(format!("gradlane-readme-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
-    let items = items(extract::snippets(README), &build);
+    let mut failures = Vec::new();
+    let mut tally = Tally::default();
+    for (name, text) in DOCUMENTS {
+        // A scratch directory per document, so that sections of the same
+        // name in two documents do not share one.
+        let doc_work = work.join(name.replace(['/', '.'], "-"));
+        check_document(name, text, &build, &doc_work, &mut tally, &mut failures);
+    }
+    let Tally {
+        ran,
+        parsed,
+        elsewhere,
+    } = tally;
+    println!(
+        "\n{} commands of {}: {ran} ran, {parsed} checked by argument parsing only, \
+         {elsewhere} checked elsewhere or not run (each says why), {} failed; {:.1} s",
+        ran + parsed + elsewhere + failures.len(),
+        DOCUMENTS
+            .iter()
+            .map(|d| d.0)
+            .collect::<Vec<_>>()
+            .join(" and "),
+        failures.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if failures.is_empty() {
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    assert!(
+        failures.is_empty(),
+        "{} command(s) did not run as written (their scratch directories are under {}):\n\n{}",
+        failures.len(),
+        work.display(),
+        failures.join("\n")
+    );
+}
+
+/// How many commands were run, parsed, or left to another check.
+#[derive(Default)]
+struct Tally {
+    ran: usize,
+    parsed: usize,
+    elsewhere: usize,
+}
+
+/// Runs the commands of the document `name`, printing a line for each and
+/// adding those that failed to `failures`.
+fn check_document(
+    name: &str,
+    text: &str,
+    build: &Build,
+    work: &Path,
+    tally: &mut Tally,
+    failures: &mut Vec<String>,
+) {
+    let items = items(extract::snippets(text), build);
     let mut outcomes: BTreeMap<usize, Outcome> = BTreeMap::new();
     for step in steps(&items) {
         match step {
             Step::One(i) => {
-                let outcome = run_one(&items, i, &build, &work);
+                let outcome = run_one(&items, i, build, work);
                 outcomes.insert(i, outcome);
             }
             Step::Pair(server, clients) => {
-                for (i, outcome) in run_pair(&items, server, &clients, &build, &work) {
+                for (i, outcome) in run_pair(&items, server, &clients, build, work) {
                     outcomes.insert(i, outcome);
                 }
             }
         }
     }
-
-    let mut failures = Vec::new();
-    let (mut ran, mut parsed, mut elsewhere) = (0, 0, 0);
     for (i, outcome) in &outcomes {
         let s = &items[*i].snippet;
         // A block of code shows its first line.
@@ -245,18 +305,18 @@ fn readme_commands_run_as_written() {
             Some((first, rest)) => format!("{first} ... ({} lines)", rest.lines().count() + 1),
             None => s.text.clone(),
         };
-        let head = format!("README.md:{}: {text}", s.line);
+        let head = format!("{name}:{}: {text}", s.line);
         let what = match outcome {
             Outcome::Ran(what) => {
-                ran += 1;
+                tally.ran += 1;
                 format!("ran {what}")
             }
             Outcome::Parsed(what) => {
-                parsed += 1;
+                tally.parsed += 1;
                 format!("arguments only: {what}")
             }
             Outcome::Elsewhere(what) => {
-                elsewhere += 1;
+                tally.elsewhere += 1;
                 what.clone()
             }
             Outcome::Failed(why) => {
@@ -266,23 +326,6 @@ fn readme_commands_run_as_written() {
         };
         println!("{head}\n    {what}");
     }
-    println!(
-        "\n{} README commands: {ran} ran, {parsed} checked by argument parsing only, \
-         {elsewhere} checked elsewhere or not run (each says why), {} failed; {:.1} s",
-        outcomes.len(),
-        failures.len(),
-        started.elapsed().as_secs_f64()
-    );
-    if failures.is_empty() {
-        let _ = std::fs::remove_dir_all(&work);
-    }
-    assert!(
-        failures.is_empty(),
-        "{} README command(s) did not run as written (their scratch directories are under {}):\n\n{}",
-        failures.len(),
-        work.display(),
-        failures.join("\n")
-    );
 }
 
 // ------------------------------------------------------------ reading README
@@ -345,8 +388,8 @@ fn is_argument_list(text: &str) -> bool {
 }
 
 /// Words that start a command a user types.
-const COMMAND_WORDS: [&str; 9] = [
-    "cargo", "bash", "sudo", "pip", "python", "python3", "torchrun", "export", "ping",
+const COMMAND_WORDS: [&str; 10] = [
+    "cargo", "bash", "sudo", "pip", "python", "python3", "torchrun", "export", "ping", "scp",
 ];
 
 /// Whether a code span in prose is a command (or flags, or a script or
@@ -403,6 +446,7 @@ fn plan(s: &Snippet, build: &Build) -> Result<Option<Plan>, String> {
         w if w.starts_with("examples/") && w.ends_with(".py") => Plan::PythonExample,
         "pip" | "python" | "python3" | "torchrun" | "export" => Plan::Elsewhere(PYTHON_HALF),
         "ping" => Plan::Elsewhere("not run: a system tool, and its address is another host's"),
+        "scp" => Plan::Elsewhere("not run: it copies to another host"),
         w if is_span && w.starts_with("--") => Plan::Flags(rest.to_vec()),
         w => {
             return Err(format!(

@@ -68,6 +68,11 @@ pub const SCRIPTS: &[(&str, ScriptCheck, &str)] = &[
         ScriptCheck::DryRun,
         "needs root: network namespaces, tc and iptables",
     ),
+    (
+        "scripts/two_host_walkthrough.sh",
+        ScriptCheck::DryRun,
+        "needs root: the testbed (python/tests/test_two_host_walkthrough.py runs its lines on loopback)",
+    ),
 ];
 
 /// Checks the script at `path` (relative to the repository) as README gives
