@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# Stall soak: run the loopback benchmarks several times while a parallel
+# `cargo build` keeps the cores busy, and print, per variant, the median,
+# p99 and largest round time over all runs and the largest over the median.
+# A stall (rounds several times slower than the rest, and staying so)
+# shows as max/median far above 1.
+#
+#   scripts/stall_soak.sh                 # build, soak, summarize
+#   scripts/stall_soak.sh summarize DIR   # summarize an earlier soak's logs
+#
+# Environment (defaults in brackets):
+#   RUNS [5]            runs of each benchmark
+#   ROUNDS [20]         timed rounds per variant and run
+#   LOSSES [0,0.01,0.05] injected loss rates
+#   BENCHES ["allreduce round ps"] which benchmarks to run
+#   PS_SECONDS [10]     ps_bench's seconds per variant
+#   OUT [target/stall-soak/<date>]  where the logs go
+#   BIN [target/release] the benchmarks' binaries (another build's, to
+#                       soak an old commit); unset, they are built here
+#   LOAD [1]            1: a loop of `cargo build --release` in a scratch
+#                       copy of this tree (its own target dir under OUT,
+#                       a source file touched before each build) runs
+#                       for the whole soak; 0: none
+#   EXTRA [""]          more flags for allreduce_bench (e.g. --path-stats)
+#
+# allreduce_bench's rounds come from its per-round lines on stderr,
+# round_bench's from its per-variant summary (p99 of 20 rounds is the
+# largest), ps_bench's from its push latencies.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+summarize() {
+    python3 - "$1" <<'EOF'
+import re, sys, glob, os, statistics
+out = sys.argv[1]
+
+def pct(v, p):
+    # nearest rank, as round_bench's p99: of 20 rounds, the largest
+    v = sorted(v)
+    k = max(1, -(-int(p * len(v) * 1000) // 1000))
+    return v[min(len(v), k) - 1]
+
+rows = {}
+runs_seen = {}
+for log in sorted(glob.glob(os.path.join(out, "allreduce-*.log"))):
+    names = {}
+    for line in open(log, errors="replace"):
+        m = re.match(r"loss ([0-9.]+): setting up (.*)$", line.strip())
+        if m:
+            names.setdefault(m.group(1), []).append(m.group(2))
+            continue
+        m = re.match(r"loss ([0-9.]+): round (\d+) of \d+( \(warm-up\))?: (.*) ms$", line.strip())
+        if m and not m.group(3):
+            loss = m.group(1)
+            times = [float(t) for t in m.group(4).split(" / ")]
+            for name, t in zip(names.get(loss, []), times):
+                key = ("allreduce_bench", name, loss)
+                rows.setdefault(key, []).append(t)
+                runs_seen.setdefault(key, set()).add(log)
+
+print("| benchmark | variant | loss | runs | rounds | median ms | p99 ms | max ms | max/median | p99/median |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for (bench, name, loss), t in sorted(rows.items(), key=lambda kv: (float(kv[0][2]), kv[0][1])):
+    med = statistics.median(t)
+    p99 = pct(t, 0.99)
+    mx = max(t)
+    print(f"| {bench} | {name} | {float(loss)*100:g}% | {len(runs_seen[(bench, name, loss)])} | {len(t)} | "
+          f"{med:.0f} | {p99:.0f} | {mx:.0f} | {mx/med:.2f}x | {p99/med:.2f}x |")
+
+# round_bench: "NAME Some(Cc) loss L: N rounds, median X ms, p99 Y ms"
+rb = {}
+for log in sorted(glob.glob(os.path.join(out, "round-*.log"))):
+    for line in open(log, errors="replace"):
+        m = re.match(r"(.*) loss ([0-9.]+): (\d+) rounds, median ([0-9.]+) ms, p99 ([0-9.]+) ms(.*)$", line.strip())
+        if m:
+            rb.setdefault((m.group(1), m.group(2)), []).append(
+                (int(m.group(3)), float(m.group(4)), float(m.group(5)), m.group(6).strip()))
+if rb:
+    print()
+    print("round_bench, per run: median / largest round ms (largest/median)")
+    print()
+    print("| variant | loss | runs | rounds per run | per run | largest round / pooled median of the runs' medians |")
+    print("|---|---:|---:|---|---|---:|")
+    for (name, loss), rs in sorted(rb.items(), key=lambda kv: (float(kv[0][1]), kv[0][0])):
+        meds = [r[1] for r in rs]
+        mx = max(r[2] for r in rs)
+        cells = ", ".join(f"{r[1]:.0f}/{r[2]:.0f} ({r[2]/r[1]:.2f}x)" + (f" [{r[3]}]" if r[3] else "") for r in rs)
+        print(f"| {name} | {float(loss)*100:g}% | {len(rs)} | {','.join(str(r[0]) for r in rs)} | {cells} | "
+              f"{mx/statistics.median(meds):.2f}x |")
+
+# ps_bench: the table's rows, one per run
+ps = {}
+for log in sorted(glob.glob(os.path.join(out, "ps-*.log"))):
+    loss = re.search(r"ps-([0-9.]+)-", os.path.basename(log))
+    for line in open(log, errors="replace"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[1].replace(".", "").isdigit():
+            ps.setdefault((cells[0], loss.group(1) if loss else "?"), []).append(
+                (float(cells[1]), float(cells[3]), float(cells[4])))
+if ps:
+    print()
+    print("| ps_bench variant | loss | runs | updates/s per run | push p50 ms per run | push p99 ms per run | largest p99/p50 |")
+    print("|---|---:|---:|---|---|---|---:|")
+    for (name, loss), rs in sorted(ps.items(), key=lambda kv: (float(kv[0][1]), kv[0][0])):
+        print(f"| {name} | {float(loss)*100:g}% | {len(rs)} | {', '.join(f'{r[0]:.1f}' for r in rs)} | "
+              f"{', '.join(f'{r[1]:.0f}' for r in rs)} | {', '.join(f'{r[2]:.0f}' for r in rs)} | "
+              f"{max(r[2]/max(r[1],1e-9) for r in rs):.2f}x |")
+EOF
+}
+
+if [[ "${1:-}" == "summarize" ]]; then
+    summarize "${2:?summarize needs the log directory of a soak}"
+    exit 0
+fi
+
+RUNS=${RUNS:-5}
+ROUNDS=${ROUNDS:-20}
+LOSSES=${LOSSES:-0,0.01,0.05}
+BENCHES=${BENCHES:-allreduce round ps}
+PS_SECONDS=${PS_SECONDS:-10}
+OUT=${OUT:-target/stall-soak/$(date -u +%Y%m%dT%H%M%SZ)}
+LOAD=${LOAD:-1}
+EXTRA=${EXTRA:-}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+if [[ -z "${BIN:-}" ]]; then
+    cargo build --release --bin allreduce_bench --bin round_bench --bin ps_bench
+    BIN=${CARGO_TARGET_DIR:-target}/release
+fi
+BIN=$(cd "$BIN" && pwd)
+
+{
+    echo "soak $(date -u +%FT%TZ): build $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . || echo +dirty), binaries $BIN"
+    echo "RUNS=$RUNS ROUNDS=$ROUNDS LOSSES=$LOSSES BENCHES=$BENCHES LOAD=$LOAD EXTRA=$EXTRA"
+} | tee "$OUT/soak.txt"
+
+load_pid=
+stop_load() {
+    if [[ -n "$load_pid" ]]; then
+        # The loop runs in its own process group (setsid): end it and its
+        # cargo and rustc children, and nothing else.
+        kill -- "-$load_pid" 2>/dev/null || true
+        wait "$load_pid" 2>/dev/null || true
+        load_pid=
+    fi
+}
+trap stop_load EXIT
+
+if [[ "$LOAD" == 1 ]]; then
+    src="$OUT/load-src"
+    rm -rf "$src"
+    mkdir -p "$src"
+    git ls-files -z | xargs -0 tar cf - | tar xf - -C "$src"
+    setsid bash -c '
+        cd "$1"
+        export CARGO_TARGET_DIR="$2"
+        while true; do
+            touch gradlane-core/src/lib.rs
+            cargo build --release -p gradlane -q >/dev/null 2>&1 || sleep 1
+            echo "$(date -u +%T) build done" >> "$3"
+        done
+    ' load "$src" "$OUT/load-target" "$OUT/load.log" &
+    load_pid=$!
+    echo "load: cargo build loop, pid $load_pid, log $OUT/load.log" | tee -a "$OUT/soak.txt"
+fi
+
+for run in $(seq 1 "$RUNS"); do
+    for bench in $BENCHES; do
+        case $bench in
+        allreduce)
+            log="$OUT/allreduce-$run.log"
+            echo "$(date -u +%T) run $run: allreduce_bench --rounds $ROUNDS --losses $LOSSES $EXTRA" | tee -a "$OUT/soak.txt"
+            # shellcheck disable=SC2086
+            "$BIN/allreduce_bench" --rounds "$ROUNDS" --losses "$LOSSES" $EXTRA >"$log" 2>&1 ||
+                echo "allreduce_bench run $run failed: see $log" | tee -a "$OUT/soak.txt"
+            ;;
+        round)
+            log="$OUT/round-$run.log"
+            echo "$(date -u +%T) run $run: round_bench --rounds $ROUNDS --losses $LOSSES --quick --budget-s 600" | tee -a "$OUT/soak.txt"
+            "$BIN/round_bench" --rounds "$ROUNDS" --losses "$LOSSES" --quick --budget-s 600 >"$log" 2>&1 ||
+                echo "round_bench run $run failed: see $log" | tee -a "$OUT/soak.txt"
+            ;;
+        ps)
+            for loss in ${LOSSES//,/ }; do
+                log="$OUT/ps-$loss-$run.log"
+                echo "$(date -u +%T) run $run: ps_bench --loss $loss --seconds $PS_SECONDS" | tee -a "$OUT/soak.txt"
+                "$BIN/ps_bench" --loss "$loss" --seconds "$PS_SECONDS" >"$log" 2>&1 ||
+                    echo "ps_bench run $run at $loss failed: see $log" | tee -a "$OUT/soak.txt"
+            done
+            ;;
+        *)
+            echo "unknown benchmark $bench (allreduce, round or ps)" >&2
+            exit 2
+            ;;
+        esac
+    done
+done
+stop_load
+echo "$(date -u +%T) done" | tee -a "$OUT/soak.txt"
+summarize "$OUT" | tee "$OUT/summary.md"
