@@ -312,7 +312,6 @@ impl InflightCap {
     /// the smallest RTT (at least [`MIN_CAP_RTT`]), at least the
     /// [`floor`](Self::floor). `None` (no cap) until the bandwidth and the
     /// smallest RTT are measured.
-    #[cfg(test)]
     pub(crate) fn cap(&self) -> Option<u64> {
         self.cap
     }
