@@ -130,8 +130,14 @@ if [[ -z "${BIN:-}" ]]; then
 fi
 BIN=$(cd "$BIN" && pwd)
 
+# The build is the commit of the tree the binaries were built in (BIN may
+# be another worktree's target dir), +dirty if that tree has changes.
+build_of() {
+    git -C "$1" rev-parse --short HEAD 2>/dev/null || echo unknown
+    git -C "$1" diff --quiet HEAD -- 2>/dev/null || echo +dirty
+}
 {
-    echo "soak $(date -u +%FT%TZ): build $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . || echo +dirty), binaries $BIN"
+    echo "soak $(date -u +%FT%TZ): build $(build_of "$BIN" | tr -d '\n'), binaries $BIN"
     echo "RUNS=$RUNS ROUNDS=$ROUNDS LOSSES=$LOSSES BENCHES=$BENCHES LOAD=$LOAD EXTRA=$EXTRA"
 } | tee "$OUT/soak.txt"
 
