@@ -25,6 +25,21 @@
 //! the link with windows of a few packets (docs/RESULTS.md, "Time to
 //! accuracy").
 //!
+//! The lower bound also keeps a path from a wedge of quinn's BBR that
+//! nothing else ends. Its smallest RTT is quinn's `RttEstimator::min`, the
+//! smallest sample of the connection's life, and its bandwidth estimate
+//! takes a sample only when it beats the estimate: neither ever comes back
+//! up. On a loaded host one sample sets the RTT wrong for good: quinn's
+//! endpoint driver stamps every datagram of a receive loop with the time
+//! the loop began, so an acknowledgement read after the driver's thread
+//! was descheduled for longer than the RTT is timed from before it
+//! arrived (BBR smallest RTTs of 0.18-0.63 ms, and zero, were seen on paths
+//! with 1 ms of delay each way). The window, twice that bandwidth times
+//! that RTT, stays at a few packets, or at BBR's minimum of 4, for the rest
+//! of the connection: the multi-second allreduce stalls of docs/RESULTS.md
+//! ("Stalls"). The bound works from the gate's own measures, whose samples
+//! age out.
+//!
 //! BBR's own rule bounds what is in flight by a gain times the path's
 //! bandwidth-delay product. [`InflightCap`] measures both: the delivery
 //! rate from the acknowledgements (a windowed maximum over sampling periods
