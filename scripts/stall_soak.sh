@@ -67,6 +67,49 @@ for (bench, name, loss), t in sorted(rows.items(), key=lambda kv: (float(kv[0][2
     print(f"| {bench} | {name} | {float(loss)*100:g}% | {len(runs_seen[(bench, name, loss)])} | {len(t)} | "
           f"{med:.0f} | {p99:.0f} | {mx:.0f} | {mx/med:.2f}x | {p99/med:.2f}x |")
 
+# allreduce_bench --path-stats: rank 0's paths after every round, with
+# quinn's BBR inside the gate (gradlane::controller_state)
+def dur(v):
+    for unit, f in (("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)):
+        if v.endswith(unit):
+            return float(v[: -len(unit)]) * f
+    return None
+
+paths = {}
+for log in sorted(glob.glob(os.path.join(out, "allreduce-*.log"))):
+    loss = None
+    for line in open(log, errors="replace"):
+        m = re.match(r"loss ([0-9.]+):", line)
+        if m:
+            loss = m.group(1)
+            continue
+        m = re.match(r"  (.*?): (to \d+: .*)$", line.rstrip())
+        if not m or "[window" not in line:
+            continue
+        for path in m.group(2).split("; to "):
+            w = re.search(r"\[window (\d+) B \(quinn's (\d+) B", path)
+            r = re.search(r"min_rtt=([0-9.]+[a-zµ]+)", path)
+            if not w:
+                continue
+            p = paths.setdefault((m.group(1), loss), [0, 0, 0, 0, 0])
+            window, inner = int(w.group(1)), int(w.group(2))
+            rtt = dur(r.group(1)) if r else None
+            p[0] += 1
+            p[1] += rtt is not None and 0 < rtt < 1e-3
+            p[2] += inner < 64_000
+            p[3] += window < 64_000
+            p[4] += window > inner
+if paths:
+    print()
+    print("Paths after each round (allreduce_bench --path-stats: rank 0's, every variant): samples; quinn's BBR smallest RTT")
+    print("above zero and under 1 ms (the paths have 2 ms of injected delay); quinn's window under 64 kB; the window used")
+    print("under 64 kB; the window used above quinn's (the gate's floor lifting it)")
+    print()
+    print("| variant | loss | samples | BBR min RTT in (0, 1 ms) | quinn's window < 64 kB | window < 64 kB | window > quinn's |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for (name, loss), p in sorted(paths.items(), key=lambda kv: (float(kv[0][1] or 0), kv[0][0])):
+        print(f"| {name} | {float(loss or 0)*100:g}% | {p[0]} | {p[1]} | {p[2]} | {p[3]} | {p[4]} |")
+
 # round_bench: "NAME Some(Cc) loss L: N rounds, median X ms, p99 Y ms"
 rb = {}
 for log in sorted(glob.glob(os.path.join(out, "round-*.log"))):
