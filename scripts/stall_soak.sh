@@ -58,6 +58,43 @@ for log in sorted(glob.glob(os.path.join(out, "allreduce-*.log"))):
                 rows.setdefault(key, []).append(t)
                 runs_seen.setdefault(key, set()).add(log)
 
+# One line per run: each run's own worst variant (largest round over the
+# variant's median over all runs), and the exact variant at 5%.
+per_run = {}
+for log in sorted(glob.glob(os.path.join(out, "allreduce-*.log"))):
+    run = re.search(r"allreduce-(\d+)\.log", log).group(1)
+    per_run[run] = log
+pooled = {k: statistics.median(v) for k, v in rows.items()}
+by_run = {}
+for log in per_run.values():
+    names = {}
+    for line in open(log, errors="replace"):
+        m = re.match(r"loss ([0-9.]+): setting up (.*)$", line.strip())
+        if m:
+            names.setdefault(m.group(1), []).append(m.group(2))
+            continue
+        m = re.match(r"loss ([0-9.]+): round (\d+) of \d+( \(warm-up\))?: (.*) ms$", line.strip())
+        if m and not m.group(3):
+            for name, t in zip(names.get(m.group(1), []), m.group(4).split(" / ")):
+                by_run.setdefault(log, {}).setdefault((name, m.group(1)), []).append(float(t))
+if by_run:
+    print("allreduce_bench, per run: the variant whose largest round is the most over its median (pooled over")
+    print("all runs), the QUIC variants' worst, and the exact variant at 5% loss")
+    print()
+    print("| run | rounds | worst variant | its largest / pooled median | worst QUIC allreduce (exact, differentiated) | exact 5%: median ms, largest ms |")
+    print("|---|---:|---|---:|---|---|")
+    for log, vs in sorted(by_run.items()):
+        run = re.search(r"allreduce-(\d+)\.log", log).group(1)
+        ratio = {k: max(t) / pooled[("allreduce_bench",) + k] for k, t in vs.items()}
+        worst = max(ratio, key=ratio.get)
+        quic = {k: r for k, r in ratio.items() if k[0].startswith(("exact", "differentiated"))}
+        wq = max(quic, key=quic.get) if quic else None
+        ex = next((t for (n, l), t in vs.items() if n == "exact" and float(l) == 0.05), None)
+        print(f"| {run} | {sum(len(t) for t in vs.values())} | {worst[0]} at {float(worst[1])*100:g}% | {ratio[worst]:.2f}x | "
+              + (f"{wq[0]} at {float(wq[1])*100:g}%: {quic[wq]:.2f}x" if wq else "-") + " | "
+              + (f"{statistics.median(ex):.0f}, {max(ex):.0f}" if ex else "-") + " |")
+    print()
+
 print("| benchmark | variant | loss | runs | rounds | median ms | p99 ms | max ms | max/median | p99/median |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 for (bench, name, loss), t in sorted(rows.items(), key=lambda kv: (float(kv[0][2]), kv[0][1])):
