@@ -171,3 +171,30 @@ fn bbr_fields(debug: &str) -> String {
     }
     out.join(" ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn bbr_fields_reads_the_window_and_its_inputs_from_quinns_bbr() {
+        let bbr = Arc::new(BbrConfig::default()).build(Instant::now(), 1200);
+        let window = bbr.window();
+        let bbr = bbr.into_any().downcast::<Bbr>().expect("quinn's BBR");
+        let fields = bbr_fields(&format!("{bbr:?}"));
+        assert_eq!(
+            fields,
+            format!(
+                "mode=Startup min_rtt=0ns cwnd={window} min_cwnd=4800 \
+                 recovery_state=NotInRecovery recovery_window=0 \
+                 is_at_full_bandwidth=false bw=0B/s"
+            )
+        );
+    }
+
+    #[test]
+    fn bbr_fields_of_something_else_is_empty() {
+        assert_eq!(bbr_fields("Cubic { window: 3 }"), "");
+    }
+}
