@@ -33,10 +33,14 @@
 //! endpoint driver stamps every datagram of a receive loop with the time
 //! the loop began, so an acknowledgement read after the driver's thread
 //! was descheduled for longer than the RTT is timed from before it
-//! arrived (BBR smallest RTTs of 0.18-0.63 ms, and zero, were seen on paths
-//! with 1 ms of delay each way). The window, twice that bandwidth times
-//! that RTT, stays at a few packets, or at BBR's minimum of 4, for the rest
-//! of the connection: the multi-second allreduce stalls of docs/RESULTS.md
+//! arrived (on loopback paths with 1 ms of delay each way BBR's smallest
+//! RTT was zero in most samples, and 10 us to 2 ms in the rest). Its
+//! bandwidth samples are one packet over the time since the previous
+//! acknowledgement frame, however many packets that frame acknowledged
+//! (a median of a third of the rate delivered). The window, twice that
+//! bandwidth times that RTT plus what acknowledgements arrived in bursts,
+//! stays at a few packets, or at BBR's minimum of 4, for the rest of the
+//! connection: the multi-second allreduce stalls of docs/RESULTS.md
 //! ("Stalls"). The bound works from the gate's own measures, whose samples
 //! age out.
 //!
