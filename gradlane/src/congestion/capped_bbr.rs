@@ -27,14 +27,15 @@
 //!
 //! The lower bound also keeps a path from a wedge of quinn's BBR that
 //! nothing else ends. Its smallest RTT is quinn's `RttEstimator::min`, the
-//! smallest sample of the connection's life, and its bandwidth estimate
-//! takes a sample only when it beats the estimate: neither ever comes back
-//! up. On a loaded host one sample sets the RTT wrong for good: quinn's
-//! endpoint driver stamps every datagram of a receive loop with the time
-//! the loop began, so an acknowledgement read after the driver's thread
-//! was descheduled for longer than the RTT is timed from before it
-//! arrived (on loopback paths with 1 ms of delay each way BBR's smallest
-//! RTT was zero in most samples, and 10 us to 2 ms in the rest). Its
+//! smallest sample of the connection's life, which never rises again, and
+//! its bandwidth estimate the largest sample (its filter takes a sample
+//! only when it beats the estimate). On a loaded host one sample sets the
+//! RTT wrong for good: quinn's endpoint driver stamps every datagram of a
+//! receive loop with the time the loop began, so an acknowledgement read
+//! after the driver's thread was descheduled for longer than the RTT is
+//! timed from before it arrived (on loopback paths with 1 ms of delay each
+//! way BBR's smallest RTT was zero in about half the samples, and 10 us to
+//! 2 ms in the rest). Its
 //! bandwidth samples are one packet over the time since the previous
 //! acknowledgement frame, however many packets that frame acknowledged
 //! (a median of a third of the rate delivered). The window, twice that
@@ -891,9 +892,9 @@ mod tests {
     /// microseconds; zero counts as unmeasured, the initial window), at
     /// least 4 packets; in ProbeRTT 0.75 times the same product, also at
     /// least 4 packets. Its smallest RTT is `RttEstimator::min`, the
-    /// smallest sample of the connection's life, and its bandwidth filter
-    /// takes a sample only when it beats the estimate: neither ever comes
-    /// back up.
+    /// smallest sample of the connection's life, which never rises again;
+    /// its bandwidth the largest sample (quinn's own samples are biased
+    /// low; the model gives it the path's rate, which favours quinn).
     struct QuinnBbr {
         min_rtt: Duration,
         bandwidth: f64,
