@@ -111,7 +111,7 @@ pub use config::{
     Config, ConfigError, Packets, QuicSettings, ReceiverLimits, Scoring, ETHERNET_UDP_PAYLOAD,
     JUMBO_UDP_PAYLOAD, MAX_UDP_PAYLOAD, MIN_UDP_PAYLOAD,
 };
-pub use congestion::Congestion;
+pub use congestion::{controller_state, Congestion, ControllerState};
 pub use endpoint::{Endpoint, Incoming, IncomingError, SetupError};
 pub use gradlane_core::classify::{AdaptiveRatio, Ranking};
 pub use gradlane_core::codec;

@@ -59,9 +59,13 @@ impl<G: ControllerGate> GatedController<G> {
     }
 
     /// The gate, with what it measured and decided so far.
-    #[cfg(test)]
     pub(crate) fn gate(&self) -> &G {
         &self.gate
+    }
+
+    /// quinn's controller inside.
+    pub(crate) fn into_inner(self) -> Box<dyn Controller> {
+        self.inner
     }
 }
 

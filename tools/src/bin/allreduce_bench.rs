@@ -57,9 +57,9 @@ use clap::Parser;
 use common::BoxError;
 use futures_util::future::join_all;
 use gradlane::{
-    bf16, f16, generate_certs, presets, BucketId, BucketOptions, ClassFormats, Config, Element,
-    Faults, Group, GroupConfig, Layout, LossRecovery, ReduceOp, Rendezvous, SparseAllgather,
-    SparseRows, TensorSpec, ValueFormat,
+    bf16, controller_state, f16, generate_certs, presets, BucketId, BucketOptions, ClassFormats,
+    Config, Element, Faults, Group, GroupConfig, Layout, LossRecovery, ReduceOp, Rendezvous,
+    SparseAllgather, SparseRows, TensorSpec, ValueFormat,
 };
 use gradlane_core::format::{narrow, widen};
 use gradlane_core::rng::SplitMix64;
@@ -737,10 +737,14 @@ impl Runner {
             Runner::Tcp(_) => return "kernel TCP".into(),
         };
         (0..group.world())
-            .filter_map(|r| group.connection(r).map(|c| (r, c.stats())))
-            .map(|(r, s)| {
+            .filter_map(|r| {
+                group
+                    .connection(r)
+                    .map(|c| (r, c.stats(), controller_state(c)))
+            })
+            .map(|(r, s, c)| {
                 format!(
-                    "to {r}: rtt {:.1} ms cwnd {} KB lost {} sent {}",
+                    "to {r}: rtt {:.1} ms cwnd {} KB lost {} sent {} [{c}]",
                     s.path.rtt.as_secs_f64() * 1e3,
                     s.path.cwnd / 1000,
                     s.path.lost_packets,
