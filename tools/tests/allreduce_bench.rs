@@ -64,20 +64,18 @@ fn another_congestion_controller_is_taken_and_an_unknown_one_refused() {
     assert!(err.contains("vegas") && err.contains("capped-bbr"), "{err}");
 }
 
-#[test]
-fn one_rank_per_process_from_torchrun_variables() {
-    let dir = std::env::temp_dir().join(format!("gl-arb-certs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    gradlane::generate_certs(&dir, &["127.0.0.1"]).unwrap();
-    // A free port and the 200 above it are assumed free: rank 0 binds
-    // each variant's port, the TCP ring the ports from +100.
-    let port = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .min(u16::MAX - 300);
-    let world = 3;
+/// The first of the 201 ports a torchrun-style run takes (rank 0 binds
+/// each variant's, the TCP ring those from +100): below the kernel's
+/// ephemeral range (32768 and up by default), where no other test's
+/// `bind(0)` or outgoing connection lands, and apart per attempt.
+fn base_port(attempt: u32) -> u16 {
+    let spread = (std::process::id() + attempt * 4099) % 40;
+    20000 + 300 * spread as u16
+}
+
+/// Runs `world` ranks of allreduce_bench as torchrun would start them,
+/// rank 0 at `port`; every rank's output.
+fn run_ranks(world: usize, port: u16, certs: &std::path::Path) -> Vec<Output> {
     let ranks: Vec<_> = (0..world)
         .map(|rank| {
             Command::new(BENCH)
@@ -87,17 +85,36 @@ fn one_rank_per_process_from_torchrun_variables() {
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", port.to_string())
                 .env("GRADLANE_RANK_ADDR", "127.0.0.1")
-                .env("GRADLANE_CERT_DIR", &dir)
+                .env("GRADLANE_CERT_DIR", certs)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
                 .unwrap()
         })
         .collect();
-    let outs: Vec<Output> = ranks
+    ranks
         .into_iter()
         .map(|c| c.wait_with_output().unwrap())
-        .collect();
+        .collect()
+}
+
+#[test]
+fn one_rank_per_process_from_torchrun_variables() {
+    let dir = std::env::temp_dir().join(format!("gl-arb-certs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    gradlane::generate_certs(&dir, &["127.0.0.1"]).unwrap();
+    // Another process on the machine may hold one of the 201 fixed ports:
+    // that run is retried on other ports, and only that failure is.
+    let mut outs = Vec::new();
+    for attempt in 0..3 {
+        outs = run_ranks(3, base_port(attempt), &dir);
+        let in_use = outs
+            .iter()
+            .any(|o| String::from_utf8_lossy(&o.stderr).contains("Address already in use"));
+        if !in_use {
+            break;
+        }
+    }
     assert_every_variant_agrees(&outs[0], &["0%"]);
     for other in &outs[1..] {
         assert!(
