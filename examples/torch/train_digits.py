@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -97,6 +95,10 @@ def checksum(model: nn.Module) -> str:
 def main() -> None:
     args = parse_args()
     backend = "gloo" if args.transport == "gloo" else "gradlane"
+    if backend == "gradlane":
+        # Registers the backend on torch releases that do not load its
+        # entry point (torch.distributed.backends) by themselves.
+        import gradlane.torch  # noqa: F401
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
