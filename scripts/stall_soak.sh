@@ -40,10 +40,8 @@ def pct(v, p):
     k = max(1, -(-int(p * len(v) * 1000) // 1000))
     return v[min(len(v), k) - 1]
 
-rows = {}
-runs_seen = {}
-rounds = []
-for log in sorted(glob.glob(os.path.join(out, "allreduce-*.log"))):
+def allreduce_rounds(log):
+    """Each timed round of an allreduce_bench log: (loss, [(variant, ms)])."""
     names = {}
     for line in open(log, errors="replace"):
         m = re.match(r"loss ([0-9.]+): setting up (.*)$", line.strip())
@@ -54,11 +52,20 @@ for log in sorted(glob.glob(os.path.join(out, "allreduce-*.log"))):
         if m and not m.group(3):
             loss = m.group(1)
             times = [float(t) for t in m.group(4).split(" / ")]
-            rounds.append([(("allreduce_bench", name, loss), t) for name, t in zip(names.get(loss, []), times)])
-            for name, t in zip(names.get(loss, []), times):
-                key = ("allreduce_bench", name, loss)
-                rows.setdefault(key, []).append(t)
-                runs_seen.setdefault(key, set()).add(log)
+            yield loss, list(zip(names.get(loss, []), times))
+
+rows = {}
+runs_seen = {}
+rounds = []
+by_run = {}
+for log in sorted(glob.glob(os.path.join(out, "allreduce-*.log"))):
+    for loss, timed in allreduce_rounds(log):
+        rounds.append([(("allreduce_bench", name, loss), t) for name, t in timed])
+        for name, t in timed:
+            key = ("allreduce_bench", name, loss)
+            rows.setdefault(key, []).append(t)
+            runs_seen.setdefault(key, set()).add(log)
+            by_run.setdefault(log, {}).setdefault((name, loss), []).append(t)
 
 # The load on a shared host changes by more than 2x within a run, and it
 # slows every variant of a round alike (they interleave, round by round);
@@ -74,23 +81,7 @@ for r in rounds:
 
 # One line per run: each run's own worst variant (largest round over the
 # variant's median over all runs), and the exact variant at 5%.
-per_run = {}
-for log in sorted(glob.glob(os.path.join(out, "allreduce-*.log"))):
-    run = re.search(r"allreduce-(\d+)\.log", log).group(1)
-    per_run[run] = log
 pooled = {k: statistics.median(v) for k, v in rows.items()}
-by_run = {}
-for log in per_run.values():
-    names = {}
-    for line in open(log, errors="replace"):
-        m = re.match(r"loss ([0-9.]+): setting up (.*)$", line.strip())
-        if m:
-            names.setdefault(m.group(1), []).append(m.group(2))
-            continue
-        m = re.match(r"loss ([0-9.]+): round (\d+) of \d+( \(warm-up\))?: (.*) ms$", line.strip())
-        if m and not m.group(3):
-            for name, t in zip(names.get(m.group(1), []), m.group(4).split(" / ")):
-                by_run.setdefault(log, {}).setdefault((name, m.group(1)), []).append(float(t))
 if by_run:
     print("allreduce_bench, per run: the variant whose largest round is the most over its median (pooled over")
     print("all runs), the QUIC variants' worst, and the exact variant at 5% loss")
