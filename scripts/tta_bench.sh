@@ -16,13 +16,17 @@
 #              each optionally with one of torch's DDP hooks: +fp16
 #              (fp16_compress_hook), +bf16 (bf16_compress_hook), +powersgd
 #              (powerSGD_hook, rank 4 from step 10, one DDP bucket: see
-#              docs/RESULTS.md on why more buckets wedge gloo);
+#              docs/RESULTS.md on why more buckets wedge gloo),
+#              +powersgd-fp16 (the same inside torch's fp16_compress_wrapper),
+#              either with -rR for PowerSGD of rank R (+powersgd-r8);
 #              hook-zero_fill, hook-rescale, hook-error_feedback (the gradlane
 #              backend with gradlane's DDP hook and that recovery),
 #              hook-datagrams (zero fill, the lossy part always datagrams),
 #              hook-bf16log8-tT (the hook with bf16 important chunks, log8
 #              lossy ones with compression feedback, the owners' lossy
-#              return, loss tolerance T)
+#              return, loss tolerance T); hook-bf16log8-tT+powersgd is
+#              gradlane's powersgd_hook: PowerSGD as +powersgd, its
+#              warm-up steps through that hook
 #   loss       the testbed's LOSS, a drop probability
 #   seed       train_tta.py's --seed (model, split and batches)
 #   condition  plain; delayD (D ms of one-way delay on every rank's input,
@@ -122,11 +126,16 @@ run_cells() {
         cc=cubic
         base=${variant%%+*} torch_hook=none
         [[ $variant == *+* ]] && torch_hook=${variant#*+}
+        # +powersgd-rR, +powersgd-fp16-rR: PowerSGD of rank R (default 4).
+        if [[ $torch_hook =~ ^(powersgd(-fp16)?)-r([0-9]+)$ ]]; then
+            torch_hook=${BASH_REMATCH[1]}
+            args+=(--powersgd-rank "${BASH_REMATCH[3]}")
+        fi
         case $torch_hook in
             none) ;;
             fp16 | bf16) args+=(--comm-hook "$torch_hook") ;;
             # One bucket: see docs/RESULTS.md on PowerSGD over gloo.
-            powersgd) args+=(--comm-hook powersgd --bucket-cap-mb 64) ;;
+            powersgd | powersgd-fp16) args+=(--comm-hook "$torch_hook" --bucket-cap-mb 64) ;;
             *) die "unknown torch hook '+$torch_hook' in $variant" ;;
         esac
         case $base in
@@ -140,8 +149,8 @@ run_cells() {
                     --loss-tolerance "${base#hook-bf16log8-t}") ;;
             *) die "unknown variant $variant" ;;
         esac
-        [[ $torch_hook == none || $base == gloo-* || $base == gradlane ]] ||
-            die "$variant: torch's hooks go over a backend (gloo-*, gradlane), not gradlane's hook"
+        [[ $torch_hook == none || $base == gloo-* || $base == gradlane || $torch_hook == powersgd ]] ||
+            die "$variant: torch's hooks go over a backend (gloo-*, gradlane); gradlane's hook takes +powersgd only"
         compete=0 dscp=0 delay=0
         case $condition in
             plain) ;;

@@ -30,8 +30,11 @@ lossy; ``--loss-tolerance``, ``--recovery``, ``--dscp``, ``--overlap``,
 ``--lossy-return``). ``--comm-hook`` puts one of torch's own DDP hooks
 (``fp16``, ``bf16``: ``fp16_compress_hook``, ``bf16_compress_hook``;
 ``powersgd``: ``powerSGD_hook``, ``--powersgd-rank``,
-``--powersgd-start``) over the gloo or gradlane backend, as a PyTorch
-user would turn one on. Needs ``pip install "./python[torch]" scikit-learn``.
+``--powersgd-start``; ``powersgd-fp16``: ``powerSGD_hook`` inside
+``fp16_compress_wrapper``, as torch's docs show it) over the gloo or
+gradlane backend, as a PyTorch user would turn one on. With ``--transport
+hook``, ``--comm-hook powersgd`` is gradlane's ``powersgd_hook``:
+PowerSGD whose warm-up steps go through gradlane's hook. Needs ``pip install "./python[torch]" scikit-learn``.
 """
 
 from __future__ import annotations
@@ -97,9 +100,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--comm-hook",
-        choices=["none", "fp16", "bf16", "powersgd"],
+        choices=["none", "fp16", "bf16", "powersgd", "powersgd-fp16"],
         default="none",
-        help="gloo or gradlane: one of torch's DDP communication hooks",
+        help="gloo or gradlane: one of torch's DDP communication hooks; "
+        "hook: powersgd only (PowerSGD, its warm-up steps through gradlane's hook)",
     )
     p.add_argument(
         "--powersgd-rank",
@@ -170,8 +174,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     hook_formats = args.important_format != "f32" or args.lossy_format != "f32"
     if (hook_formats or args.lossy_return) and args.transport != "hook":
         p.error("--important-format, --lossy-format and --lossy-return need --transport hook")
-    if args.comm_hook != "none" and args.transport == "hook":
-        p.error("--comm-hook is torch's hook over a backend: use --transport gloo or gradlane")
+    if args.comm_hook not in ("none", "powersgd") and args.transport == "hook":
+        p.error(
+            "--transport hook takes --comm-hook powersgd only (PowerSGD after the hook's "
+            "warm-up); torch's other hooks go over a backend: use --transport gloo or gradlane"
+        )
     if args.powersgd_rank < 1 or args.powersgd_start < 1:
         p.error("--powersgd-rank and --powersgd-start must be positive")
     return args
@@ -284,7 +291,10 @@ def main(argv: list[str] | None = None) -> int:
             lossy_format=args.lossy_format,
             lossy_return=args.lossy_return,
         )
-        model.register_comm_hook(state, gl.ddp_hook)
+        if args.comm_hook == "powersgd":
+            model.register_comm_hook(gl.PowerSGDWarmup(powersgd_state(args), state), gl.powersgd_hook)
+        else:
+            model.register_comm_hook(state, gl.ddp_hook)
     elif args.comm_hook != "none":
         register_torch_hook(model, args)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
@@ -388,14 +398,23 @@ def register_torch_hook(model: DDP, args: argparse.Namespace) -> None:
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif args.comm_hook == "bf16":
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif args.comm_hook == "powersgd":
+        model.register_comm_hook(powersgd_state(args), powersgd.powerSGD_hook)
     else:
-        state = powersgd.PowerSGDState(
-            process_group=None,
-            matrix_approximation_rank=args.powersgd_rank,
-            start_powerSGD_iter=args.powersgd_start,
-            random_seed=args.seed,
-        )
-        model.register_comm_hook(state, powersgd.powerSGD_hook)
+        hook = default_hooks.fp16_compress_wrapper(powersgd.powerSGD_hook)
+        model.register_comm_hook(powersgd_state(args), hook)
+
+
+def powersgd_state(args: argparse.Namespace):
+    """torch's PowerSGDState from the command line's settings."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    return powersgd.PowerSGDState(
+        process_group=None,
+        matrix_approximation_rank=args.powersgd_rank,
+        start_powerSGD_iter=args.powersgd_start,
+        random_seed=args.seed,
+    )
 
 
 def leave_together(rank: int, world: int) -> None:

@@ -17,7 +17,8 @@ WORLD_SIZE as usual.
 The hook: ``model.register_comm_hook(HookState(loss_tolerance=0.2),
 ddp_hook)`` sends each gradient bucket through gradlane's differentiated
 allreduce (the important chunks exact, the rest lossy), with any process
-group (gradlane or gloo).
+group (gradlane or gloo). :func:`powersgd_hook` runs torch's PowerSGD
+with its warm-up steps (full gradients) through that hook.
 """
 
 from gradlane.torch._backend import (
@@ -28,6 +29,7 @@ from gradlane.torch._backend import (
     create_process_group,
 )
 from gradlane.torch._hook import HookState, ddp_hook
+from gradlane.torch._powersgd import PowerSGDWarmup, powersgd_hook
 
 # Importing registers the backend, for torch releases that do not load
 # the entry point (registering twice is a no-op).
@@ -38,6 +40,8 @@ __all__ = [
     "GradlaneProcessGroup",
     "GradlaneWork",
     "HookState",
+    "PowerSGDWarmup",
     "create_process_group",
     "ddp_hook",
+    "powersgd_hook",
 ]
