@@ -41,6 +41,8 @@ VARIANTS = [
     "gloo-bbr+bf16",
     "gloo-cubic+powersgd",
     "gloo-bbr+powersgd",
+    "gloo-cubic+powersgd-fp16",
+    "gloo-bbr+powersgd-fp16",
     "gradlane",
     "gradlane+fp16",
     "gradlane+bf16",
@@ -88,16 +90,19 @@ def grouped(runs: list[dict]) -> dict[tuple, list[dict]]:
     return groups
 
 
-def best(groups: dict, cond: str, loss: float, fam: str) -> str | None:
+def best(groups: dict, cond: str, loss: float, fam: str, min_acc: float | None = None) -> str | None:
     """The variant of that family with the least median time to target in
-    the cell (ties and misses broken by step time)."""
+    the cell (ties and misses broken by step time). With `min_acc`, the
+    variants whose median final accuracy reaches it come first."""
     cands = [v for (c, l, v) in groups if c == cond and l == loss and family(v) == fam]
 
     def key(v: str) -> tuple:
         rs = groups[(cond, loss, v)]
         med, _ = ttt(rs)
         p50 = statistics.median(float(r["step_p50_s"]) for r in rs)
-        return (med is None, med or 0.0, p50)
+        acc = statistics.median(float(r["final_acc"]) for r in rs)
+        short = min_acc is not None and acc < min_acc - 1e-9
+        return (short, med is None, med or 0.0, p50)
 
     return min(cands, key=key) if cands else None
 
@@ -284,7 +289,12 @@ def best_against_best(runs: list[dict], target: float) -> str:
     for cond, loss, goal in KEY_CELLS:
         meds = {}
         for fam in ("gloo", "gradlane"):
-            v = best(groups, cond, loss, fam)
+            # gradlane's best choice where there is loss is the fastest that
+            # meets the goal's accuracy bar, if one does; gloo's, the fastest.
+            bar = None
+            if fam == "gradlane" and loss > 0.0 and gloo_acc is not None:
+                bar = gloo_acc - 0.005
+            v = best(groups, cond, loss, fam, bar)
             if v is None:
                 continue
             rs = groups[(cond, loss, v)]
