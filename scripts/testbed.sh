@@ -457,7 +457,25 @@ while ((${#RANK_OF[@]})); do
     wait -n -p done_pid "${!RANK_OF[@]}" ${timer:+"$timer"}
     st=$?
     set -e
-    [[ -n $done_pid ]] || break
+    if [[ -z ${done_pid:-} ]]; then
+        # wait -n came back without naming a process (bash 5.2 did, with a
+        # rank still training): take a rank that has ended by its own pid,
+        # or wait again while all run.
+        for p in "${!RANK_OF[@]}"; do
+            if ! kill -0 "$p" 2>/dev/null; then
+                set +e
+                wait "$p"
+                st=$?
+                set -e
+                done_pid=$p
+                break
+            fi
+        done
+        if [[ -z ${done_pid:-} ]]; then
+            sleep 0.2
+            continue
+        fi
+    fi
     if [[ $done_pid == "$timer" ]]; then
         timer=
         echo "testbed: grace of ${GRACE}s over" >&2

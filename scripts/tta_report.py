@@ -383,7 +383,8 @@ def main() -> int:
         return 1
     md = (
         "Best against best (per condition, the variant of each side with the least "
-        "median time to target):\n\n" + best_against_best(runs, args.target)
+        "median time to target; gradlane's, where there is loss, the fastest of those "
+        "that meet the goal's accuracy bar):\n\n" + best_against_best(runs, args.target)
         + "\nEvery variant:\n\n" + table(runs, args.target)
     )
     (out / "table.md").write_text(md)
