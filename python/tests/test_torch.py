@@ -493,6 +493,48 @@ def scenario_amp(rank, backend, transport):
     return out
 
 
+def scenario_powersgd_warmup(rank, backend, steps, start):
+    """gradlane's powersgd_hook (its warm-up through gradlane's hook,
+    without loss) next to torch's powerSGD_hook, same settings, same
+    batches: the parameters of each step and the step counters."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import gradlane.torch as gl
+
+    dist.init_process_group(backend)
+    ours, theirs = wide_cnn(seed=7), wide_cnn(seed=7)
+    ddp_ours, ddp_theirs = DDP(ours), DDP(theirs)
+
+    def powersgd_state():
+        return psgd.PowerSGDState(
+            process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=start
+        )
+
+    state = gl.PowerSGDWarmup(powersgd_state(), gl.HookState(loss_tolerance=0.2))
+    ddp_ours.register_comm_hook(state, gl.powersgd_hook)
+    reference = powersgd_state()
+    ddp_theirs.register_comm_hook(reference, psgd.powerSGD_hook)
+    opts = [torch.optim.SGD(m.parameters(), lr=LR) for m in (ddp_ours, ddp_theirs)]
+    out = {"ours": [], "theirs": [], "warmup_steps": [], "iter": [], "reference_iter": []}
+    for step in range(steps):
+        x, y = batch(step, rank, n=8)
+        for ddp, opt in zip((ddp_ours, ddp_theirs), opts):
+            opt.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        out["ours"].append(params_of(ours))
+        out["theirs"].append(params_of(theirs))
+        out["warmup_steps"].append(state.warmup_steps)
+        out["iter"].append(state.powersgd.iter)
+        out["reference_iter"].append(reference.iter)
+    state.warmup.close()
+    dist.destroy_process_group()
+    return out
+
+
 SCENARIOS = {
     "backend": scenario_backend,
     "bf16_ddp": scenario_bf16_ddp,
@@ -503,6 +545,7 @@ SCENARIOS = {
     "fsdp": scenario_fsdp,
     "killed": scenario_killed,
     "killed_hook": scenario_killed_hook,
+    "powersgd_warmup": scenario_powersgd_warmup,
 }
 
 
@@ -764,6 +807,36 @@ def test_torchs_own_hooks_train_over_gradlane_as_over_gloo(cert_dir, hook):
             np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4, err_msg=f"{hook} rank {r}")
         # The loss falls: it trains.
         assert ours[r]["loss"][-1] < ours[r]["loss"][0], ours[r]["loss"]
+
+
+@pytest.mark.parametrize("backend", ["gradlane", "gloo"])
+def test_powersgd_after_the_hooks_warmup_trains_as_torchs_powersgd(cert_dir, backend):
+    steps, start = 5, 3
+    got = run_ranks("powersgd_warmup", cert_dir, backend, steps, start)
+    for r in range(WORLD):
+        o = got[r]
+        # The first `start` steps went through gradlane's hook, the rest
+        # through PowerSGD; PowerSGD counted every step as its own hook does.
+        assert o["warmup_steps"] == [min(s + 1, start) for s in range(steps)], o["warmup_steps"]
+        assert o["iter"] == o["reference_iter"] == list(range(1, steps + 1)), o["iter"]
+        # Without loss the hook's average is the exact one, so PowerSGD then
+        # starts from the same parameters and trains the same.
+        for step in range(steps):
+            for a, b in zip(o["ours"][step], o["theirs"][step], strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"rank {r} step {step}")
+        for a, b in zip(o["ours"][-1], got[0]["ours"][-1], strict=True):
+            assert np.array_equal(bits(a), bits(b)), f"rank {r} vs 0"
+
+
+def test_powersgd_warmup_takes_only_the_states_it_names():
+    import gradlane.torch as gl
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    with pytest.raises(TypeError, match="PowerSGDState"):
+        gl.PowerSGDWarmup(gl.HookState(), gl.HookState())
+    ps = psgd.PowerSGDState(process_group=None, start_powerSGD_iter=2)
+    with pytest.raises(TypeError, match="HookState"):
+        gl.PowerSGDWarmup(ps, ps)
 
 
 @pytest.mark.parametrize(("backend", "transport"), [("gradlane", "backend"), ("gloo", "hook")])

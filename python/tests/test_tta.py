@@ -75,6 +75,13 @@ def test_a_run_writes_one_row_per_evaluation_and_ranks_agree(tmp_path, transport
      "--bucket-cap-mb", "64"],
     ["--transport", "hook", "--important-format", "bf16", "--lossy-format", "log8",
      "--lossy-return", "--loss-tolerance", "0.4"],
+    # torch's docs' way to send PowerSGD's warm-up in fp16.
+    ["--transport", "gloo", "--comm-hook", "powersgd-fp16", "--powersgd-start", "3",
+     "--bucket-cap-mb", "64"],
+    # gradlane's powersgd_hook: the warm-up through gradlane's hook.
+    ["--transport", "hook", "--important-format", "bf16", "--lossy-format", "log8",
+     "--lossy-return", "--loss-tolerance", "0.7", "--comm-hook", "powersgd",
+     "--powersgd-start", "3", "--powersgd-rank", "8"],
 ])
 def test_torchs_hooks_and_the_value_formats_train_and_ranks_agree(tmp_path, flags):
     out = tmp_path / "run.csv"
@@ -88,6 +95,9 @@ def test_torchs_hooks_and_the_value_formats_train_and_ranks_agree(tmp_path, flag
     assert len(sums) == 2 and sums[0] == sums[1], run.stdout
     if "--comm-hook" in flags:
         assert f"(torch hook {flags[flags.index('--comm-hook') + 1]})" in run.stdout, run.stdout
+    if flags[:2] == ["--transport", "hook"] and "--comm-hook" in flags:
+        # Only the 3 warm-up steps went through gradlane's hook.
+        assert re.search(r"late \d+ B over 3 steps", run.stdout), run.stdout
 
 
 def test_the_time_limit_stops_every_rank_at_the_same_step(tmp_path):
