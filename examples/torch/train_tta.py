@@ -34,7 +34,8 @@ lossy; ``--loss-tolerance``, ``--recovery``, ``--dscp``, ``--overlap``,
 ``fp16_compress_wrapper``, as torch's docs show it) over the gloo or
 gradlane backend, as a PyTorch user would turn one on. With ``--transport
 hook``, ``--comm-hook powersgd`` is gradlane's ``powersgd_hook``:
-PowerSGD whose warm-up steps go through gradlane's hook. Needs ``pip install "./python[torch]" scikit-learn``.
+PowerSGD whose warm-up steps go through gradlane's hook. Needs
+``pip install "./python[torch]" scikit-learn``.
 """
 
 from __future__ import annotations

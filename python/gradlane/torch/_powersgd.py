@@ -10,7 +10,6 @@ lossy ones, whatever its :class:`HookState` says), then hands every later
 step to torch's ``powerSGD_hook`` unchanged.
 """
 
-
 import torch
 
 from gradlane.torch._hook import HookState, ddp_hook
