@@ -7,8 +7,8 @@ Two ranks share the machine's GPUs (rank r on cuda:r mod the count).
 Each checks what staging must get right: the side stream waits for the
 values the caller's stream computes; the caller's stream waits for the
 copies back; CUDA gives the bits the CPU path gives; DDP (with and
-without the hook, with overlap) and FSDP2 train as on CPU, every rank
-ending with the same bits."""
+without the hook, with overlap), PowerSGD after the hook's warm-up and
+FSDP2 train as on CPU, every rank ending with the same bits."""
 
 import numpy as np
 import pytest
@@ -26,6 +26,7 @@ from test_torch import (  # noqa: E402 - the rank machinery of the CPU tests
     fsdp_reference,
     reference_run,
     run_ranks,
+    scenario_powersgd_warmup,
     small_cnn,
     wide_cnn,
 )
@@ -234,4 +235,17 @@ def test_fsdp2_on_cuda_trains_like_the_reference(cert_dir):
         for a, w in zip(got[r]["params"], want, strict=True):
             np.testing.assert_allclose(a, w, rtol=0, atol=1e-2, err_msg=f"rank {r}")
         for a, b in zip(got[r]["params"], got[0]["params"], strict=True):
+            assert np.array_equal(bits(a), bits(b)), f"rank {r} vs 0"
+
+
+def test_powersgd_after_the_hooks_warmup_on_cuda_trains_as_torchs(cert_dir):
+    steps, start = 5, 3
+    got = run_ranks(scenario_powersgd_warmup, cert_dir, "gradlane", steps, start, "cuda")
+    for r in range(WORLD):
+        o = got[r]
+        assert o["warmup_steps"][-1] == start and o["iter"] == o["reference_iter"]
+        for step in range(steps):
+            for a, b in zip(o["ours"][step], o["theirs"][step], strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"rank {r} step {step}")
+        for a, b in zip(o["ours"][-1], got[0]["ours"][-1], strict=True):
             assert np.array_equal(bits(a), bits(b)), f"rank {r} vs 0"

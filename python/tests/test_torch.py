@@ -82,7 +82,7 @@ def batch(step, rank, n=BATCH):
 
 
 def params_of(model):
-    return [p.detach().numpy().copy() for p in model.parameters()]
+    return [p.detach().cpu().numpy().copy() for p in model.parameters()]
 
 
 def bits(a):
@@ -493,10 +493,11 @@ def scenario_amp(rank, backend, transport):
     return out
 
 
-def scenario_powersgd_warmup(rank, backend, steps, start):
+def scenario_powersgd_warmup(rank, backend, steps, start, device="cpu"):
     """gradlane's powersgd_hook (its warm-up through gradlane's hook,
     without loss) next to torch's powerSGD_hook, same settings, same
-    batches: the parameters of each step and the step counters."""
+    batches: the parameters of each step and the step counters. On
+    ``device`` "cuda", rank r trains on cuda:r mod the count."""
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
@@ -504,9 +505,15 @@ def scenario_powersgd_warmup(rank, backend, steps, start):
 
     import gradlane.torch as gl
 
+    dev = torch.device("cpu")
+    ddp_args = {}
+    if device == "cuda":
+        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+        ddp_args["device_ids"] = [dev.index]
     dist.init_process_group(backend)
-    ours, theirs = wide_cnn(seed=7), wide_cnn(seed=7)
-    ddp_ours, ddp_theirs = DDP(ours), DDP(theirs)
+    ours, theirs = wide_cnn(seed=7).to(dev), wide_cnn(seed=7).to(dev)
+    ddp_ours, ddp_theirs = DDP(ours, **ddp_args), DDP(theirs, **ddp_args)
 
     def powersgd_state():
         return psgd.PowerSGDState(
@@ -523,7 +530,7 @@ def scenario_powersgd_warmup(rank, backend, steps, start):
         x, y = batch(step, rank, n=8)
         for ddp, opt in zip((ddp_ours, ddp_theirs), opts):
             opt.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
+            F.cross_entropy(ddp(x.to(dev)), y.to(dev)).backward()
             opt.step()
         out["ours"].append(params_of(ours))
         out["theirs"].append(params_of(theirs))
