@@ -255,8 +255,12 @@ fn a_worker_checks_its_workers_against_the_servers() {
         assert!(status.success(), "{err}");
         assert!(out.contains(&format!("worker {id} pushes=5")), "{out}");
     }
-    let (status, _, err) = server.finish();
+    let (status, out, err) = server.finish();
     assert!(status.success(), "{err}");
+    // The refused worker said hello and never trained: the server counts
+    // the two that did, so it waited for worker 1 instead of stopping
+    // once worker 0 had left.
+    assert!(out.contains("joined=2 left=2"), "{out}");
 }
 
 /// A flag given to a role that does not take it is refused, with a tip

@@ -27,9 +27,11 @@ use tracing::Instrument;
 /// Counters of a serving run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ServeStats {
-    /// Links accepted and served.
+    /// Workers that took part: links that pulled parameters or pushed a
+    /// gradient at least once. A link that only said hello (a worker that
+    /// then refused the server's welcome) is not one.
     pub workers_joined: u64,
-    /// Links whose worker went away (cleanly or not).
+    /// Of those, the ones that went away (cleanly or not).
     pub workers_left: u64,
     /// Links refused (wrong model size, failed handshake).
     pub links_refused: u64,
@@ -299,7 +301,6 @@ fn admit<S: ParameterServer>(
         lock(&shared.stats).links_refused += 1;
         return None;
     }
-    lock(&shared.stats).workers_joined += 1;
     let mut seats = lock(&shared.seats);
     seats.push(Seat {
         name: None,
@@ -318,7 +319,8 @@ async fn session<S: ParameterServer>(
     seat: usize,
 ) {
     let mut held = None;
-    let why = serve_worker(&mut link, &shared, dim, seat, &mut held).await;
+    let mut joined = false;
+    let why = serve_worker(&mut link, &shared, dim, seat, &mut held, &mut joined).await;
     match &why {
         Ok(()) => tracing::info!("worker finished"),
         Err(e) => tracing::info!(%e, "worker gone"),
@@ -343,7 +345,9 @@ async fn session<S: ParameterServer>(
     if let Some(s) = lock(&shared.seats).get_mut(seat) {
         s.conn = None;
     }
-    lock(&shared.stats).workers_left += 1;
+    if joined {
+        lock(&shared.stats).workers_left += 1;
+    }
     shared.changed.notify_waiters();
 }
 
@@ -353,6 +357,7 @@ async fn serve_worker<S: ParameterServer>(
     dim: usize,
     seat: usize,
     held: &mut Option<u64>,
+    joined: &mut bool,
 ) -> Result<(), SessionError> {
     let conn = link.connection().clone();
     let (mut send, mut recv) = conn.accept_bi().await.map_err(LinkError::from_conn)?;
@@ -362,7 +367,15 @@ async fn serve_worker<S: ParameterServer>(
         let Some(body) = read_body(&mut recv, cap).await? else {
             return Ok(());
         };
-        let (index, source) = match Request::decode(&body)? {
+        let request = Request::decode(&body)?;
+        // A worker joins with its first pull or push, not its hello: one
+        // that refuses the welcome (another K, another seed) never trained,
+        // and must not count towards the workers a run waits for.
+        if !*joined && !matches!(request, Request::Hello { .. }) {
+            *joined = true;
+            lock(&shared.stats).workers_joined += 1;
+        }
+        let (index, source) = match request {
             Request::Hello { name } => {
                 tracing::info!(%name, "worker said hello");
                 if let Some(s) = lock(&shared.seats).get_mut(seat) {
