@@ -201,7 +201,13 @@ class StagedCall:
                     if r:
                         h.copy_(t)
         except BaseException:
-            self.abandon()
+            try:
+                # Copies already queued on the side stream still write into
+                # the buffers: they must end before the buffers are reused.
+                if self.stream is not None:
+                    self.stream.synchronize()
+            finally:
+                self.abandon()
             raise
 
     def finish(self) -> None:
