@@ -520,7 +520,12 @@ def scenario_powersgd_warmup(rank, backend, steps, start, device="cpu"):
             process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=start
         )
 
-    state = gl.PowerSGDWarmup(powersgd_state(), gl.HookState(loss_tolerance=0.2))
+    # Everything exact: the claim is about PowerSGD, not the lossy part. On
+    # a starved host (CI's 2 cores) even loopback can lose a packet (a
+    # full receive buffer); the hook then sends its lossy chunks as
+    # datagrams, one may be zero filled or late as designed, and the two
+    # models part.
+    state = gl.PowerSGDWarmup(powersgd_state(), gl.HookState(loss_tolerance=0.0))
     ddp_ours.register_comm_hook(state, gl.powersgd_hook)
     reference = powersgd_state()
     ddp_theirs.register_comm_hook(reference, psgd.powerSGD_hook)
