@@ -134,7 +134,7 @@ for log in sorted(glob.glob(os.path.join(out, "allreduce-*.log"))):
             r = re.search(r"min_rtt=([0-9.]+[a-zµ]+)", path)
             if not w:
                 continue
-            p = paths.setdefault((m.group(1), loss), [0, 0, 0, 0, 0])
+            p = paths.setdefault((m.group(1), loss), [0, 0, 0, 0, 0, 0])
             window, inner = int(w.group(1)), int(w.group(2))
             rtt = dur(r.group(1)) if r else None
             p[0] += 1
@@ -142,16 +142,17 @@ for log in sorted(glob.glob(os.path.join(out, "allreduce-*.log"))):
             p[2] += inner < 64_000
             p[3] += window < 64_000
             p[4] += window > inner
+            p[5] += "mode=ProbeRtt" in path
 if paths:
     print()
     print("Paths after each round (allreduce_bench --path-stats: rank 0's, every variant): samples; quinn's BBR smallest RTT")
     print("above zero and under 1 ms (the paths have 2 ms of injected delay); quinn's window under 64 kB; the window used")
-    print("under 64 kB; the window used above quinn's (the gate's floor lifting it)")
+    print("under 64 kB; the window used above quinn's (the gate's floor lifting it); quinn's BBR in ProbeRTT")
     print()
-    print("| variant | loss | samples | BBR min RTT in (0, 1 ms) | quinn's window < 64 kB | window < 64 kB | window > quinn's |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| variant | loss | samples | BBR min RTT in (0, 1 ms) | quinn's window < 64 kB | window < 64 kB | window > quinn's | in ProbeRTT |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for (name, loss), p in sorted(paths.items(), key=lambda kv: (float(kv[0][1] or 0), kv[0][0])):
-        print(f"| {name} | {float(loss or 0)*100:g}% | {p[0]} | {p[1]} | {p[2]} | {p[3]} | {p[4]} |")
+        print(f"| {name} | {float(loss or 0)*100:g}% | {p[0]} | {p[1]} | {p[2]} | {p[3]} | {p[4]} | {p[5]} |")
 
 # round_bench: "NAME Some(Cc) loss L: N rounds, median X ms, p99 Y ms"
 rb = {}

@@ -423,6 +423,25 @@ impl ControllerGate for InflightCap {
         InflightCap::window(self, inner)
     }
 
+    /// While the lower bound lifts the window above BBR's, BBR is told at
+    /// most its own window in flight: what it would see had its window
+    /// governed. quinn's BBR leaves ProbeRTT only after what is in flight
+    /// fell under its ProbeRTT window (0.75 of its bandwidth-delay
+    /// product, at least 4 packets) plus a packet, and the lower bound keeps
+    /// more than that in flight for as long as the sender has data: told
+    /// the truth, BBR stays in ProbeRTT until the sender runs dry, its
+    /// window the lower bound's, which holds the rate already measured and
+    /// never probes above it. Google's reference BBR also leaves once what
+    /// is in flight falls to the sender's minimum window (quiche issue
+    /// 2698, pull request 2711); the lower bound is that minimum here.
+    fn inner_in_flight(&self, in_flight: u64, inner_window: u64) -> u64 {
+        if InflightCap::window(self, inner_window) > inner_window {
+            in_flight.min(inner_window)
+        } else {
+            in_flight
+        }
+    }
+
     fn set_mtu(&mut self, mtu: u16) {
         InflightCap::set_mtu(self, mtu);
     }
@@ -990,5 +1009,160 @@ mod tests {
             "delivered {after} of {} with quinn's BBR at 4 packets",
             path.rate
         );
+    }
+
+    /// quinn's ProbeRTT by the rules of quinn-proto 0.11.19
+    /// (`Bbr::maybe_enter_or_exit_probe_rtt`): entered at the first end of
+    /// acknowledgements not app-limited, and again 10 s after each entry;
+    /// its window then 0.75 times BBR's bandwidth-delay product, at least
+    /// 4 packets (the model's: 4); its exit armed at an end of
+    /// acknowledgements that reports less in flight than that window plus
+    /// a packet, and taken 200 ms later at the start of a round trip.
+    #[derive(Default)]
+    struct QuinnProbeRtt {
+        entered: Option<Instant>,
+        exit_at: Option<Instant>,
+        active: bool,
+    }
+
+    impl QuinnProbeRtt {
+        const WINDOW: u64 = 4 * PACKET;
+
+        fn on_end_acks(&mut self, now: Instant, in_flight: u64, round_start: bool) {
+            let expired = self
+                .entered
+                .is_none_or(|e| now.saturating_duration_since(e) > Duration::from_secs(10));
+            if expired && !self.active {
+                self.active = true;
+                self.entered = Some(now);
+                self.exit_at = None;
+            }
+            if !self.active {
+                return;
+            }
+            match self.exit_at {
+                None if in_flight < Self::WINDOW + PACKET => {
+                    self.exit_at = Some(now + Duration::from_millis(200));
+                }
+                Some(at) if round_start && now >= at => self.active = false,
+                _ => {}
+            }
+        }
+    }
+
+    /// A sender that always has data, on `path` for `span` from `start`,
+    /// behind the gate with quinn's BBR inside: its window `outside` out
+    /// of ProbeRTT (BBR's own never binds: the cap does), its ProbeRTT by
+    /// `probe`, told what `tell` makes of the bytes in flight and BBR's
+    /// window. Returns the rate delivered at the end and how long ProbeRTT
+    /// lasted in all.
+    fn through_probe_rtt(
+        cap: &mut InflightCap,
+        probe: &mut QuinnProbeRtt,
+        tell: impl Fn(&InflightCap, u64, u64) -> u64,
+        path: &Path,
+        start: Instant,
+        span: Duration,
+    ) -> (f64, Duration) {
+        let outside = 1 << 30;
+        let (mut now, mut rate) = (start, 0.0);
+        let mut round_end = start;
+        let mut in_probe = Duration::ZERO;
+        while now < start + span {
+            let inner = if probe.active {
+                QuinnProbeRtt::WINDOW
+            } else {
+                outside
+            };
+            let window = ControllerGate::window(cap, inner);
+            rate = path.delivery_rate(window);
+            let step = Duration::from_secs_f64(PACKET as f64 / rate);
+            if probe.active {
+                in_probe += step;
+            }
+            now += step;
+            let rtt = path.rtt(window);
+            cap.on_ack(now, now - rtt, PACKET, false, rtt);
+            let round_start = now >= round_end;
+            if round_start {
+                round_end = now + rtt;
+            }
+            probe.on_end_acks(now, tell(cap, window, inner), round_start);
+        }
+        (rate, in_probe)
+    }
+
+    #[test]
+    fn probe_rtt_ends_though_the_lower_bound_keeps_more_in_flight() {
+        // The gate measured 40 MB/s (a sender with less to send, or a
+        // busier path); now the path carries 125 MB/s and the sender has
+        // data for 3 s. quinn's BBR enters ProbeRTT at once (it has never
+        // been in it), at 4 packets, and the lower bound holds the window at
+        // the measured rate times the RTT.
+        let path = Path {
+            rate: 125e6,
+            base: 2 * MS,
+        };
+        let measured = |cap: &mut InflightCap| {
+            let gap = Duration::from_secs_f64(PACKET as f64 / 40e6);
+            deliver(cap, Instant::now(), 5_000, gap, 2 * MS, false)
+        };
+        let span = Duration::from_secs(3);
+
+        // Told the true bytes in flight (the shell before this gate hook),
+        // BBR never sees them under its ProbeRTT window: it stays there for
+        // the whole transfer, and the window stays at the rate measured.
+        let mut cap = InflightCap::new(DEFAULT_GAIN, MTU);
+        let t = measured(&mut cap);
+        let mut probe = QuinnProbeRtt::default();
+        let truth = |_: &InflightCap, in_flight: u64, _: u64| in_flight;
+        let (rate, in_probe) = through_probe_rtt(&mut cap, &mut probe, truth, &path, t, span);
+        assert!(
+            probe.active && probe.exit_at.is_none(),
+            "wedged in ProbeRTT"
+        );
+        assert!(in_probe + MS >= span, "in ProbeRTT for {in_probe:?}");
+        assert!(rate < 0.5 * path.rate, "delivered {rate} of {}", path.rate);
+
+        // Told at most its own window while the lower bound lifts it, BBR
+        // leaves ProbeRTT 200 ms and a round trip later, and the cap, no
+        // longer held at the lower bound, lets the rate grow to the path's.
+        let mut cap = InflightCap::new(DEFAULT_GAIN, MTU);
+        let t = measured(&mut cap);
+        let mut probe = QuinnProbeRtt::default();
+        let told = |cap: &InflightCap, in_flight: u64, inner: u64| {
+            ControllerGate::inner_in_flight(cap, in_flight, inner)
+        };
+        let (rate, in_probe) = through_probe_rtt(&mut cap, &mut probe, told, &path, t, span);
+        assert!(!probe.active, "ProbeRTT ended");
+        assert!(
+            in_probe < Duration::from_millis(210),
+            "in ProbeRTT for {in_probe:?}"
+        );
+        assert!(
+            rate >= 0.99 * path.rate,
+            "delivered {rate} of {}",
+            path.rate
+        );
+    }
+
+    #[test]
+    fn bbr_is_told_the_true_bytes_in_flight_when_its_own_window_governs() {
+        let mut cap = InflightCap::new(DEFAULT_GAIN, MTU);
+        steady(&mut cap);
+        let lifted = 4 * PACKET;
+        assert!(
+            cap.window(lifted) > lifted,
+            "the lower bound lifts 4 packets"
+        );
+        assert_eq!(cap.inner_in_flight(100 * PACKET, lifted), lifted);
+        // Where BBR's window is at least the lower bound (or the cap cuts
+        // it), the gate's window is no larger than BBR's: the truth.
+        let big = 1 << 30;
+        assert!(cap.window(big) <= big);
+        assert_eq!(cap.inner_in_flight(100 * PACKET, big), 100 * PACKET);
+        // Before any measurement nothing is lifted.
+        let fresh = InflightCap::new(DEFAULT_GAIN, MTU);
+        assert_eq!(fresh.inner_in_flight(100 * PACKET, lifted), 100 * PACKET);
     }
 }

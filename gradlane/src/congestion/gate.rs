@@ -42,6 +42,14 @@ pub(crate) trait ControllerGate: Clone + Send + Sync + 'static {
         inner
     }
 
+    /// The bytes in flight to tell the inner controller at the end of a
+    /// batch of acknowledgements, given the true count and the inner
+    /// controller's own window: a gate that lifts the window above the
+    /// inner's can keep more in flight than the inner ever could.
+    fn inner_in_flight(&self, in_flight: u64, _inner_window: u64) -> u64 {
+        in_flight
+    }
+
     /// The path's packet size changed.
     fn set_mtu(&mut self, mtu: u16);
 }
@@ -93,6 +101,7 @@ impl<G: ControllerGate> Controller for GatedController<G> {
         app_limited: bool,
         largest_packet_num_acked: Option<u64>,
     ) {
+        let in_flight = self.gate.inner_in_flight(in_flight, self.inner.window());
         self.inner
             .on_end_acks(now, in_flight, app_limited, largest_packet_num_acked);
     }
@@ -142,5 +151,80 @@ impl<G: ControllerGate> Controller for GatedController<G> {
 
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A controller that records the bytes in flight it is told.
+    #[derive(Clone, Default)]
+    struct Recorder {
+        told: Arc<Mutex<Vec<u64>>>,
+    }
+
+    impl Controller for Recorder {
+        fn on_end_acks(&mut self, _: Instant, in_flight: u64, _: bool, _: Option<u64>) {
+            self.told.lock().expect("not poisoned").push(in_flight);
+        }
+        fn on_congestion_event(&mut self, _: Instant, _: Instant, _: bool, _: u64) {}
+        fn on_mtu_update(&mut self, _: u16) {}
+        fn window(&self) -> u64 {
+            5_000
+        }
+        fn clone_box(&self) -> Box<dyn Controller> {
+            Box::new(self.clone())
+        }
+        fn initial_window(&self) -> u64 {
+            5_000
+        }
+        fn into_any(self: Box<Self>) -> Box<dyn Any> {
+            self
+        }
+    }
+
+    /// Lifts every window to at least 50 kB, and says so to the inner.
+    #[derive(Clone)]
+    struct Lift;
+
+    impl ControllerGate for Lift {
+        fn on_ack(&mut self, _: Instant, _: Instant, _: u64, _: bool, _: Duration) {}
+        fn window(&self, inner: u64) -> u64 {
+            inner.max(50_000)
+        }
+        fn inner_in_flight(&self, in_flight: u64, inner_window: u64) -> u64 {
+            in_flight.min(inner_window)
+        }
+        fn set_mtu(&mut self, _: u16) {}
+    }
+
+    /// Changes nothing.
+    #[derive(Clone)]
+    struct Pass;
+
+    impl ControllerGate for Pass {
+        fn on_ack(&mut self, _: Instant, _: Instant, _: u64, _: bool, _: Duration) {}
+        fn set_mtu(&mut self, _: u16) {}
+    }
+
+    #[test]
+    fn the_inner_controller_is_told_what_the_gate_makes_of_the_bytes_in_flight() {
+        let now = Instant::now();
+        let inner = Recorder::default();
+        let told = inner.told.clone();
+        let mut lifted = GatedController::new(Box::new(inner), Lift);
+        assert_eq!(lifted.window(), 50_000);
+        lifted.on_end_acks(now, 40_000, false, Some(7));
+        lifted.on_end_acks(now, 3_000, false, Some(8));
+
+        let inner = Recorder::default();
+        let told_plain = inner.told.clone();
+        let mut plain = GatedController::new(Box::new(inner), Pass);
+        plain.on_end_acks(now, 40_000, false, Some(7));
+
+        assert_eq!(*told.lock().expect("not poisoned"), [5_000, 3_000]);
+        assert_eq!(*told_plain.lock().expect("not poisoned"), [40_000]);
     }
 }
