@@ -27,6 +27,10 @@
 # round_bench's from its per-variant summary (p99 of 20 rounds is the
 # largest), ps_bench's from its push latencies.
 set -euo pipefail
+# A relative log directory is the caller's, not the tree's.
+if [[ "${1:-}" == "summarize" && -n "${2:-}" ]]; then
+    set -- summarize "$(realpath -m "$2")"
+fi
 cd "$(dirname "$0")/.."
 
 summarize() {
@@ -196,7 +200,9 @@ EOF
 }
 
 if [[ "${1:-}" == "summarize" ]]; then
-    summarize "${2:?summarize needs the log directory of a soak}"
+    [[ -d "${2:?summarize needs the log directory of a soak}" ]] ||
+        { echo "stall_soak: no such directory: $2" >&2; exit 2; }
+    summarize "$2"
     exit 0
 fi
 
