@@ -1109,7 +1109,7 @@ mod tests {
         };
         let span = Duration::from_secs(3);
 
-        // Told the true bytes in flight (the shell before this gate hook),
+        // Told the true bytes in flight (a gate without `inner_in_flight`),
         // BBR never sees them under its ProbeRTT window: it stays there for
         // the whole transfer, and the window stays at the rate measured.
         let mut cap = InflightCap::new(DEFAULT_GAIN, MTU);
