@@ -9,12 +9,14 @@
 
 use crate::config::{Config, ConfigError};
 use crate::link::{read_control, write_control, Carrier, Link, LinkError};
+use crate::socket::batching::{BatchCounts, BatchingSocket};
 use crate::socket::faults::{FaultStats, FaultySocket};
 use crate::socket::marking::{ConnectionMark, MarkRegistry};
 #[cfg(target_os = "linux")]
 use crate::socket::marking::{MarkedCounts, MarkingSocket};
 use crate::socket::{self, EndpointError, EndpointParts};
 use crate::tls::{self, ClientConfigError, PeerCertError, Refusal, ServerConfigError};
+use crate::tuning::Tuning;
 use gradlane_core::control::{codes, framed, Control, HandshakeError, Hello};
 use gradlane_core::layout::Layout;
 use quinn::VarInt;
@@ -46,6 +48,7 @@ pub struct Endpoint {
     inner: quinn::Endpoint,
     config: Config,
     faults: Option<Arc<FaultySocket>>,
+    batching: Arc<BatchingSocket>,
     marks: Option<Arc<MarkRegistry>>,
     #[cfg(target_os = "linux")]
     marking: Option<Arc<MarkingSocket>>,
@@ -53,6 +56,39 @@ pub struct Endpoint {
     job: Option<String>,
     /// The server certificate its client refused last (peer endpoints).
     refusal: Option<Refusal>,
+    /// Its TLS configurations, from which each connection's own is made
+    /// (MTU discovery up to what the route to that peer carries).
+    tls: PerPeer,
+}
+
+/// An endpoint's TLS configurations and transport settings, from which
+/// each connection gets a configuration of its own.
+#[derive(Debug, Clone)]
+struct PerPeer {
+    tuning: Tuning,
+    server: Option<quinn::ServerConfig>,
+    client: Option<quinn::ClientConfig>,
+}
+
+impl PerPeer {
+    /// The server configuration for a client at `peer`, where the MTU
+    /// ceiling depends on the peer (else the endpoint's own applies).
+    fn server_for(&self, peer: SocketAddr) -> Option<Arc<quinn::ServerConfig>> {
+        let mut server = self.server.clone().filter(|_| self.tuning.route_ceiling)?;
+        let transport = self.tuning.transport_config_to(peer).ok()?;
+        server.transport_config(Arc::new(transport));
+        Some(Arc::new(server))
+    }
+
+    /// The client configuration for a server at `peer`, if this endpoint
+    /// connects.
+    fn client_for(&self, peer: SocketAddr) -> Result<Option<quinn::ClientConfig>, ConfigError> {
+        let Some(mut client) = self.client.clone() else {
+            return Ok(None);
+        };
+        client.transport_config(Arc::new(self.tuning.transport_config_to(peer)?));
+        Ok(Some(client))
+    }
 }
 
 impl Endpoint {
@@ -65,8 +101,13 @@ impl Endpoint {
     ) -> Result<Self, SetupError> {
         config.validate()?;
         let server = tls::server_config(cert.as_ref(), key.as_ref())?;
-        let parts = socket::endpoint_parts(addr, Some(server), &config.tuning(), config.faults)?;
-        Ok(Self::from_parts(parts, config))
+        let tls = PerPeer {
+            tuning: config.tuning(),
+            server: Some(server.clone()),
+            client: None,
+        };
+        let parts = socket::endpoint_parts(addr, Some(server), &tls.tuning, config.faults)?;
+        Ok(Self::from_parts(parts, config, tls))
     }
 
     /// An endpoint that both listens on `addr` and connects, for the ranks
@@ -94,10 +135,15 @@ impl Endpoint {
         let refusal = Refusal::default();
         let server = tls::mutual_server_config(cert, key, ca, job.as_deref())?;
         let client = tls::mutual_client_config(ca, cert, key, refusal.clone())?;
+        let tls = PerPeer {
+            tuning: tuning.clone(),
+            server: Some(server.clone()),
+            client: Some(client.clone()),
+        };
         let client = socket::tuned_client(client, &tuning)?;
         let mut parts = socket::endpoint_parts(addr, Some(server), &tuning, config.faults)?;
         parts.endpoint.set_default_client_config(client);
-        let mut endpoint = Self::from_parts(parts, config);
+        let mut endpoint = Self::from_parts(parts, config, tls);
         endpoint.job = job;
         endpoint.refusal = Some(refusal);
         Ok(endpoint)
@@ -130,28 +176,41 @@ impl Endpoint {
         config.validate()?;
         let tuning = config.tuning();
         let client = tls::client_config(ca.as_ref())?;
+        let tls = PerPeer {
+            tuning: tuning.clone(),
+            server: None,
+            client: Some(client.clone()),
+        };
         let client = socket::tuned_client(client, &tuning)?;
         let mut parts = socket::endpoint_parts(local, None, &tuning, config.faults)?;
         parts.endpoint.set_default_client_config(client);
-        Ok(Self::from_parts(parts, config))
+        Ok(Self::from_parts(parts, config, tls))
     }
 
-    fn from_parts(parts: EndpointParts, config: Config) -> Self {
+    fn from_parts(parts: EndpointParts, config: Config, tls: PerPeer) -> Self {
         Self {
             inner: parts.endpoint,
             config,
             faults: parts.faults,
+            batching: parts.batching,
             marks: parts.marks,
             #[cfg(target_os = "linux")]
             marking: parts.marking,
             job: None,
             refusal: None,
+            tls,
         }
     }
 
     /// The local address (useful after binding port 0).
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.inner.local_addr()
+    }
+
+    /// Packets per send and per receive so far: whether GSO and GRO batch
+    /// on this host, and how often a batch had to be split.
+    pub fn batch_counts(&self) -> BatchCounts {
+        self.batching.counts()
     }
 
     /// What the fault injector did so far, if one is attached.
@@ -172,10 +231,15 @@ impl Endpoint {
         server_name: &str,
         layout: &Layout,
     ) -> Result<Link, LinkError> {
-        let connecting = self
-            .inner
-            .connect(addr, server_name)
+        let own = self
+            .tls
+            .client_for(addr)
             .map_err(|e| LinkError::Protocol(format!("connect: {e}")))?;
+        let connecting = match own {
+            Some(client) => self.inner.connect_with(client, addr, server_name),
+            None => self.inner.connect(addr, server_name),
+        }
+        .map_err(|e| LinkError::Protocol(format!("connect: {e}")))?;
         let conn = connecting.await.map_err(LinkError::from_conn)?;
         let (mut send, mut recv) = conn.open_bi().await.map_err(LinkError::from_conn)?;
         let hello = Hello {
@@ -222,8 +286,10 @@ impl Endpoint {
     /// the endpoint is closed.
     pub async fn incoming(&self) -> Option<Incoming> {
         let incoming = self.inner.accept().await?;
+        let server = self.tls.server_for(incoming.remote_address());
         Some(Incoming {
             incoming,
+            server,
             config: self.config.clone(),
             marks: self.marks.clone(),
         })
@@ -266,6 +332,8 @@ fn layout_difference(expected: &Layout, got: &Layout) -> String {
 #[derive(Debug)]
 pub struct Incoming {
     incoming: quinn::Incoming,
+    /// Its own server configuration, if it differs from the endpoint's.
+    server: Option<Arc<quinn::ServerConfig>>,
     config: Config,
     marks: Option<Arc<MarkRegistry>>,
 }
@@ -291,7 +359,14 @@ impl Incoming {
     /// Runs both handshakes; the client has [`Config::hello_timeout`] after
     /// the QUIC handshake to send its hello.
     pub async fn finish(self) -> Result<Link, IncomingError> {
-        let conn = self.incoming.await.map_err(IncomingError::Quic)?;
+        let connecting = match self.server {
+            Some(server) => self.incoming.accept_with(server),
+            None => self.incoming.accept(),
+        };
+        let conn = connecting
+            .map_err(IncomingError::Quic)?
+            .await
+            .map_err(IncomingError::Quic)?;
         let config = self.config;
         let welcome = welcome(&config, &self.marks, conn.clone());
         match tokio::time::timeout(config.hello_timeout, welcome).await {

@@ -85,7 +85,8 @@
 //! - `tls`: certificates in, rustls configurations out, and a small CA.
 //! - `tuning`: socket buffers, flow-control windows, MTU, the congestion
 //!   controller, and the endpoint built from them.
-//! - `socket/`: wrappers of quinn's UDP socket: GSO cap, DSCP marks, faults.
+//! - `socket/`: wrappers of quinn's UDP socket: GSO/GRO batches, DSCP
+//!   marks, faults; the MTU of the route to a peer.
 //! - `congestion/`: gradlane's two congestion controllers.
 //! - `ps_net/`: the parameter server over links.
 
@@ -113,6 +114,7 @@ pub use config::{
 };
 pub use congestion::{controller_state, Congestion, ControllerState};
 pub use endpoint::{Endpoint, Incoming, IncomingError, SetupError};
+pub use socket::batching::BatchCounts;
 pub use gradlane_core::classify::{AdaptiveRatio, Ranking};
 pub use gradlane_core::codec;
 pub use gradlane_core::control::{codes, HandshakeError};

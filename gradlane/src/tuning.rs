@@ -7,7 +7,10 @@
 //!
 //! [`Config`]: crate::Config
 
+use crate::config::ETHERNET_UDP_PAYLOAD;
 use crate::config_error::{ConfigError, MAX_UDP_PAYLOAD, MIN_UDP_PAYLOAD};
+use crate::socket::route_mtu::route_udp_payload;
+use std::net::SocketAddr;
 use crate::congestion::Congestion;
 use crate::socket::marking::DscpMarks;
 use quinn::{IdleTimeout, VarInt};
@@ -31,6 +34,9 @@ pub(crate) struct Tuning {
     pub(crate) min_udp_payload: u16,
     /// Where MTU discovery stops, and the largest payload accepted.
     pub(crate) max_udp_payload: u16,
+    /// Each connection's discovery stops at what the route to its peer
+    /// carries instead ([`Packets::Route`](crate::Packets::Route)).
+    pub(crate) route_ceiling: bool,
     pub(crate) dscp: Option<DscpMarks>,
 }
 
@@ -52,8 +58,38 @@ impl Tuning {
         }
     }
 
-    /// The quinn transport configuration for these settings.
+    /// Where a connection to `peer` stops its MTU discovery: the route's
+    /// ceiling where [`route_ceiling`](Self::route_ceiling) is set (an
+    /// Ethernet frame where the route is unknown: no peer, or the kernel
+    /// does not say), else `max_udp_payload`.
+    pub(crate) fn mtu_ceiling(&self, peer: Option<SocketAddr>) -> u16 {
+        let (min, max) = (self.min_udp_payload, self.max_udp_payload);
+        if !self.route_ceiling {
+            return max;
+        }
+        let route = peer.and_then(route_udp_payload);
+        let ceiling = route.unwrap_or(u32::from(ETHERNET_UDP_PAYLOAD));
+        // Not `clamp`: settings with min above max reach here before
+        // `udp_payload` refuses them, and must not panic.
+        u16::try_from(ceiling).unwrap_or(u16::MAX).max(min).min(max)
+    }
+
+    /// The quinn transport configuration of a connection to `peer`: the
+    /// endpoint's, with MTU discovery up to what the route carries.
+    pub(crate) fn transport_config_to(
+        &self,
+        peer: SocketAddr,
+    ) -> Result<quinn::TransportConfig, ConfigError> {
+        self.transport_config_with(self.mtu_ceiling(Some(peer)))
+    }
+
+    /// The quinn transport configuration for these settings, for a peer
+    /// not known yet (an endpoint's defaults).
     pub(crate) fn transport_config(&self) -> Result<quinn::TransportConfig, ConfigError> {
+        self.transport_config_with(self.mtu_ceiling(None))
+    }
+
+    fn transport_config_with(&self, ceiling: u16) -> Result<quinn::TransportConfig, ConfigError> {
         let varint = |name, value| {
             VarInt::from_u64(value).map_err(|_| ConfigError::TooLarge { name, value })
         };
@@ -70,9 +106,9 @@ impl Tuning {
             None => None,
         };
         config.max_idle_timeout(idle);
-        let (min, max) = self.udp_payload()?;
+        let (min, _) = self.udp_payload()?;
         let mut discovery = quinn::MtuDiscoveryConfig::default();
-        discovery.upper_bound(max);
+        discovery.upper_bound(ceiling);
         config
             .initial_mtu(min)
             .min_mtu(min)

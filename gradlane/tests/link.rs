@@ -196,7 +196,11 @@ async fn floor_datagrams_survive_random_loss_that_reads_as_a_black_hole_at_the_p
     let run = |datagram_size: DatagramSize, seed: u64| {
         let layout = layout.clone();
         async move {
-            let mut config = quick();
+            // An Ethernet-sized path, where discovery stops at 1452 bytes.
+            let mut config = Config {
+                packets: Packets::Ethernet,
+                ..quick()
+            };
             config.timing.datagram_size = datagram_size;
             let faults = Faults::symmetric_loss(0.05, seed);
             let tag = format!("mtu{seed}");
@@ -661,4 +665,51 @@ async fn a_client_trusting_another_ca_fails_clearly() {
         err.contains("UnknownIssuer") || err.contains("certificate"),
         "{err}"
     );
+}
+
+/// GSO and GRO at work on the real socket, as the endpoints count them:
+/// with Ethernet-sized packets quinn hands the kernel several packets per
+/// send, and the receiver takes several per buffer. By default (MTU
+/// discovery up to what loopback carries) the packets grow to 64 KB, one
+/// per send, and no batch is lost to the kernel's 64 KB limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gso_and_gro_batch_on_loopback_and_packets_grow_to_the_route() {
+    let layout = presets::resnet18();
+    let grads = presets::gradients(&layout, 7);
+    for packets in [Packets::Ethernet, Packets::Route] {
+        let config = Config {
+            packets,
+            loss_tolerance: 0.0,
+            ..quick()
+        };
+        let (server_ep, mut server, client_ep, mut client) =
+            pair(&format!("batches{packets:?}"), &layout, None, config).await;
+        for r in 0..2 {
+            let (sent, got) = tokio::join!(client.send_round(r, &grads), server.recv_round());
+            sent.unwrap();
+            let got = got.unwrap();
+            let exact = got.tensors.iter().zip(&grads).all(|(a, b)| bit_equal(a, b));
+            assert!(exact && got.tensors.len() == grads.len(), "round {r}");
+        }
+        let (tx, rx) = (client_ep.batch_counts(), server_ep.batch_counts());
+        let mtu = client.connection().stats().path.current_mtu;
+        eprintln!("{packets:?}: mtu {mtu}, sender {tx:?}, receiver {rx:?}");
+        assert_eq!(tx.packets_dropped_full, 0, "{tx:?}");
+        match packets {
+            Packets::Ethernet => {
+                assert!(mtu <= 1452, "{mtu}");
+                assert!(tx.packets_sent > 2 * tx.sends, "GSO: {tx:?}");
+                assert!(rx.packets_received > 2 * rx.buffers_received, "GRO: {rx:?}");
+            }
+            _ => {
+                assert!(mtu > 60_000, "{mtu}");
+                // Each quinn batch of 64 KB packets is split into sends.
+                assert!(tx.batches_split > 0, "{tx:?}");
+                let mean = client.connection().stats().udp_tx.bytes / tx.packets_sent.max(1);
+                assert!(mean > 20_000, "mean packet {mean} bytes: {tx:?}");
+            }
+        }
+        client.close().await.unwrap();
+        client_ep.wait_idle().await;
+    }
 }

@@ -44,14 +44,16 @@ impl From<Cc> for Congestion {
 }
 
 /// `config` with a program's transport flags: `--congestion`, and with
-/// `--jumbo` 8952-byte packets from the first ([`Packets::Jumbo`]).
+/// `--jumbo` 8952-byte packets from the first ([`Packets::Jumbo`]); without
+/// it, MTU discovery up to what the route to each peer carries
+/// ([`Packets::Route`]).
 pub fn transport(config: Config, congestion: Cc, jumbo: bool) -> Config {
     Config {
         congestion: congestion.into(),
         packets: if jumbo {
             Packets::Jumbo
         } else {
-            Packets::Ethernet
+            Packets::Route
         },
         ..config
     }

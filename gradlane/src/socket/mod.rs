@@ -5,21 +5,26 @@
 //! sees it ([`bind_udp`]). Above it sit layers, each a wrapper of quinn's
 //! `AsyncUdpSocket` that forwards what it does not change:
 //!
-//! - [`gso_cap`]: keeps quinn's GSO batches within one UDP send, which
-//!   jumbo packets need.
+//! - [`batching`]: splits quinn's GSO batches to fit one UDP send (which
+//!   jumbo and loopback packets need), bounds quinn's receive buffers, and
+//!   counts packets per send and per receive (GSO and GRO at work).
 //! - [`marking`]: writes the DSCP of the class a link is sending into every
 //!   packet (quinn-udp writes only ECN).
 //! - [`faults`]: seeded loss, delay and jitter, for tests, examples and
 //!   benchmarks (this kind of host has no `netem`).
+//!
+//! [`route_mtu`] asks the kernel what the interface towards a peer
+//! carries: the ceiling of that connection's MTU discovery.
 
 pub(crate) mod faults;
-pub(crate) mod gso_cap;
+pub(crate) mod batching;
 pub(crate) mod marking;
+pub(crate) mod route_mtu;
 
 use crate::config::ConfigError;
 use crate::tuning::Tuning;
 use faults::{Faults, FaultySocket, FaultySocketError};
-use gso_cap::GsoCappedSocket;
+use batching::BatchingSocket;
 use marking::MarkRegistry;
 #[cfg(target_os = "linux")]
 use marking::MarkingSocket;
@@ -138,6 +143,8 @@ pub(crate) struct EndpointParts {
     pub endpoint: quinn::Endpoint,
     /// The fault injector, if faults were given.
     pub faults: Option<Arc<FaultySocket>>,
+    /// The layer that counts packets per send and per receive.
+    pub batching: Arc<BatchingSocket>,
     /// Where links register the class their packets are marked with, if
     /// [`Tuning::dscp`] is set.
     pub marks: Option<Arc<MarkRegistry>>,
@@ -182,7 +189,8 @@ pub(crate) fn endpoint_parts(
         Some(_) => return Err(ConfigError::DscpUnsupported.into()),
         None => runtime.wrap_udp_socket(socket).map_err(endpoint_err)?,
     };
-    let real: Arc<dyn AsyncUdpSocket> = GsoCappedSocket::new(base, max_udp_payload);
+    let batching = BatchingSocket::new(base, max_udp_payload);
+    let real: Arc<dyn AsyncUdpSocket> = batching.clone();
     let (abstract_socket, faulty): (Arc<dyn AsyncUdpSocket>, _) = match faults {
         Some(f) => {
             let faulty = FaultySocket::new(real, f)?;
@@ -207,6 +215,7 @@ pub(crate) fn endpoint_parts(
     Ok(EndpointParts {
         endpoint,
         faults: faulty,
+        batching,
         marks,
         #[cfg(target_os = "linux")]
         marking,

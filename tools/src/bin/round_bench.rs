@@ -41,6 +41,9 @@
 
 use gradlane_tools::cli as common;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,6 +51,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use common::{grads, BoxError, Cc};
+use gradlane_tools::cpu::CpuTime;
 use gradlane::{generate_certs, presets, quic, CertFiles, Congestion, Layout, Packets};
 use gradlane::{
     Config, DatagramSize, Endpoint, FaultStats, Faults, Link, LossyCarrier, LossyRelease,
@@ -112,10 +116,14 @@ struct Args {
     datagram_size: Datagrams,
     /// Every QUIC variant in 8952-byte packets from the first
     /// (`Packets::Jumbo`), as on a network known to carry jumbo frames;
-    /// loopback carries them. Without it, the default tuning: MTU
-    /// discovery up to 1452 bytes.
-    #[arg(long)]
+    /// loopback carries them. Without it (and `--ethernet`), the default:
+    /// MTU discovery up to what loopback carries (`Packets::Route`).
+    #[arg(long, conflicts_with = "ethernet")]
     jumbo: bool,
+    /// Every QUIC variant with MTU discovery up to an Ethernet frame's
+    /// 1452 bytes (`Packets::Ethernet`), as across a 1500-byte network.
+    #[arg(long)]
+    ethernet: bool,
 }
 
 /// `--datagram-size`.
@@ -160,6 +168,10 @@ struct Row {
     important_bytes: u64,
     /// gradlane: mean zero-filled bytes per round.
     zero_filled: f64,
+    /// The process's CPU time over the timed rounds (sender and receiver
+    /// together: both ends live in this process, and the rounds of the
+    /// variants run one at a time).
+    cpu: CpuTime,
     note: String,
 }
 
@@ -238,8 +250,10 @@ impl Bench {
             congestion,
             packets: if self.args.jumbo {
                 Packets::Jumbo
-            } else {
+            } else if self.args.ethernet {
                 Packets::Ethernet
+            } else {
+                Packets::Route
             },
             ..Config::default()
         }
@@ -826,7 +840,10 @@ async fn measure(bench: &Bench, model_bytes: usize) -> Result<Measured, BoxError
                 if bench.args.idle_ms > 0 {
                     tokio::time::sleep(Duration::from_millis(bench.args.idle_ms)).await;
                 }
-                match run.round(bench, r).await {
+                let cpu_before = CpuTime::now();
+                let sample = run.round(bench, r).await;
+                row.cpu.add(&CpuTime::now().since(&cpu_before));
+                match sample {
                     Ok(s) => {
                         *spent += s.time;
                         row.times.push(s.time);
@@ -895,6 +912,7 @@ async fn open(
         plan: Vec::new(),
         important_bytes: 0,
         zero_filled: 0.0,
+        cpu: CpuTime::default(),
         note: String::new(),
     };
     if bench.skipped(&format!("{name} {}", cc_name(congestion))) {
@@ -935,23 +953,27 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
     println!(
         "{} rounds of {:.1} MB ({}) per variant after 1 warm-up; every variant on its own \
          connection, rounds interleaved across variants; QUIC variants: {} ms delay each way, \
-         seeded loss each way, {}; loopback, one process",
+         seeded loss each way, {}; loopback, one process. CPU s/GB: the process's user + system \
+         CPU time over its timed rounds (sender and receiver together, both in this process) \
+         per GB of model data",
         bench.args.rounds,
         model_bytes as f64 / 1e6,
         bench.args.model,
         bench.args.delay_ms,
         if bench.args.jumbo {
             "8952-byte packets (--jumbo)"
+        } else if bench.args.ethernet {
+            "packets up to 1452 bytes (--ethernet)"
         } else {
-            "packets up to 1452 bytes"
+            "packets up to what loopback carries (MTU discovery)"
         }
     );
     println!();
     println!(
         "| variant | CC | loss | rounds | median ms | p99 ms | Gbit/s (median) | vs raw quinn | \
-         p99 vs own lossless p99 | zero-filled MB/round | note |"
+         p99 vs own lossless p99 | zero-filled MB/round | CPU s/GB | of which system | note |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for r in rows {
         let g = gbps(r.median());
         let base = find(
@@ -976,8 +998,16 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
             Kind::Gradlane(..) => format!("{:.2}", r.zero_filled / 1e6),
             _ => "-".into(),
         };
+        let moved = model_bytes as u64 * r.times.len() as u64;
+        let cpu = r.cpu.per_gb(moved);
+        let system = CpuTime {
+            user: Default::default(),
+            system: r.cpu.system,
+        }
+        .per_gb(moved);
+        let per_gb = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         println!(
-            "| {} | {} | {}% | {} | {} | {} | {} | {vs} | {own} | {zero} | {} |",
+            "| {} | {} | {}% | {} | {} | {} | {} | {vs} | {own} | {zero} | {} | {} | {} |",
             r.name,
             cc_name(r.congestion),
             r.loss * 100.0,
@@ -985,6 +1015,8 @@ fn report(bench: &Bench, model_bytes: usize, rows: &[Row], important_quinn: &[(f
             ms(r.median()),
             ms(r.p99()),
             g.map_or("-".into(), |v| format!("{v:.2}")),
+            per_gb(cpu),
+            per_gb(system),
             r.note
         );
     }
