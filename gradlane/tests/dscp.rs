@@ -136,8 +136,10 @@ fn layout() -> Layout {
 async fn every_class_leaves_with_its_own_mark() {
     let dir = std::env::temp_dir().join(format!("gradlane-dscp-{}", std::process::id()));
     generate_certs(&dir, &["localhost"]).unwrap();
+    // Ethernet-sized packets: a larger one would carry several datagrams.
     let config = Config {
         dscp: Some(MARKS),
+        packets: gradlane::Packets::Ethernet,
         ..Config::default()
     };
     let server = common::server(&dir, config.clone());

@@ -24,21 +24,49 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use tokio::runtime::Runtime;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The process's runtime and the id of the process that made it.
 static RUNTIME: OnceLock<Result<(u32, Runtime), String>> = OnceLock::new();
 
-/// The process's tokio runtime, made at the first call: two worker threads
-/// (the machine gradlane is tuned for has two cores; quinn's drivers and
-/// the links' tasks run there, the collective itself on the calling
-/// thread).
+/// The environment variable that sets the runtime's worker threads.
+pub(crate) const THREADS_ENV: &str = "GRADLANE_THREADS";
+
+/// The runtime's worker threads: `GRADLANE_THREADS`, else this process's
+/// share of the host's cores (torchrun's `LOCAL_WORLD_SIZE` ranks share
+/// them), between 2 and 8. quinn's drivers, the links' tasks and the
+/// sealing and opening of packets run there, the collective itself on the
+/// calling thread.
+fn worker_threads() -> Result<usize, CallError> {
+    if let Ok(text) = std::env::var(THREADS_ENV) {
+        return match text.trim().parse::<usize>() {
+            Ok(n) if (1..=256).contains(&n) => Ok(n),
+            _ => Err(CallError::Value(format!(
+                "{THREADS_ENV}={text:?} is not a thread count in 1..=256"
+            ))),
+        };
+    }
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let local_ranks = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1);
+    Ok((cores / local_ranks).clamp(2, 8))
+}
+
+/// The process's tokio runtime, made at the first call, with
+/// [`worker_threads`] threads.
 ///
 /// A fork copies the runtime's memory but not its threads: in a forked
 /// child of a process that had already used gradlane the runtime is dead,
 /// and using it would hang. That is an error instead.
 pub(crate) fn runtime() -> Result<&'static Runtime, CallError> {
+    let threads = worker_threads()?;
     let made = RUNTIME.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(threads)
             .thread_name("gradlane")
             .enable_all()
             .build()

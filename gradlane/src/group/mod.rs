@@ -14,13 +14,18 @@
 //!   the links' exact messages. Every reduction sums in rank order, so
 //!   every rank ends with the same bits.
 //! - `sparse`: the sparse allgather with count negotiation.
+//! - `paths`: more connections per pair of ranks, over more sockets, so
+//!   that a rank's packets are sealed and opened on several cores; the
+//!   exact messages are striped over them.
 
 mod differentiated;
 mod exact;
+mod paths;
 mod rendezvous;
 mod sparse;
 
 pub use differentiated::{AllreduceReport, BucketId, BucketOptions, LossRecovery};
+pub use paths::{default_sockets, paths_per_peer, MAX_SOCKETS};
 pub use rendezvous::Rendezvous;
 pub use sparse::{SparseAllgather, SparsePath, SparseReport, SparseRows};
 
@@ -120,6 +125,15 @@ pub struct GroupConfig {
     /// How long forming the mesh may take before a rank that never showed
     /// up is an error naming it.
     pub join_timeout: Duration,
+    /// UDP sockets (quinn endpoints) this rank spreads its traffic over,
+    /// at least 1 (default [`default_sockets`]: half the cores, at most
+    /// 4). quinn seals, opens and acknowledges a connection's packets in
+    /// one task, about one core's worth at 10 Gbit/s; with more sockets
+    /// each pair of ranks gets [`paths_per_peer`] connections and the
+    /// exact collectives stripe their messages over them. Raise it where
+    /// a fast path leaves cores idle; leave it at 1 on a slow link, where
+    /// the link binds, not the CPU.
+    pub sockets: usize,
 }
 
 impl GroupConfig {
@@ -143,6 +157,7 @@ impl GroupConfig {
             server_name: None,
             link: Config::default(),
             join_timeout: Duration::from_secs(60),
+            sockets: default_sockets(),
         }
     }
 }
@@ -226,6 +241,12 @@ pub struct Group {
     buckets: Vec<differentiated::Bucket>,
     /// The next round index on the link to each rank.
     next_round: Vec<u32>,
+    /// Each rank's paths beyond the first (empty at this rank's own index
+    /// and with one path per peer): the exact messages are striped over
+    /// the first path and these.
+    stripes: Vec<Vec<paths::Path>>,
+    /// The endpoints of those paths (sockets beyond the first).
+    extra_endpoints: Vec<Endpoint>,
 }
 
 impl std::fmt::Debug for Group {
@@ -252,6 +273,7 @@ enum Kind {
     Rows = 8,
     Values = 9,
     RowsAndValues = 10,
+    Paths = 11,
 }
 
 fn tag(seq: u64, kind: Kind) -> u64 {
@@ -287,13 +309,28 @@ impl Group {
     }
 
     /// Bytes sent on every link so far (UDP payload, from quinn's
-    /// counters).
+    /// counters), on every path.
     pub fn bytes_sent(&self) -> u64 {
-        self.senders
-            .iter()
-            .flatten()
-            .map(|l| l.connection().stats().udp_tx.bytes)
-            .sum()
+        let first = self.senders.iter().flatten().map(LinkSender::connection);
+        let more = self.stripes.iter().flatten().map(|p| p.sender.connection());
+        first.chain(more).map(|c| c.stats().udp_tx.bytes).sum()
+    }
+
+    /// The connections to `rank`, one per path (the first is
+    /// [`connection`](Self::connection)'s); empty for this rank.
+    pub fn path_connections(&self, rank: usize) -> Vec<&quinn::Connection> {
+        let first = self.connection(rank);
+        let more = self.stripes.get(rank).into_iter().flatten();
+        first
+            .into_iter()
+            .chain(more.map(|p| p.sender.connection()))
+            .collect()
+    }
+
+    /// The endpoints this rank's paths run on: the first (the one it
+    /// joined with) and one per further socket.
+    pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> {
+        std::iter::once(&self.endpoint).chain(&self.extra_endpoints)
     }
 
     /// Closes every link in order (each waits for its peer, at most
@@ -301,10 +338,17 @@ impl Group {
     /// idle, and returns once its socket is released: the same rank can
     /// join a new group on the same address at once.
     pub async fn close(self) {
-        let closing = self.senders.iter().flatten().map(|l| l.close());
+        let first = self.senders.iter().flatten();
+        let more = self.stripes.iter().flatten().map(|p| &p.sender);
+        let closing = first.chain(more).map(|l| l.close());
         let _ = futures_util::future::join_all(closing).await;
         drop(self.senders);
         drop(self.receivers);
+        drop(self.stripes);
+        for extra in &self.extra_endpoints {
+            extra.wait_idle().await;
+        }
+        drop(self.extra_endpoints);
         self.endpoint.wait_idle().await;
         let local = self.endpoint.local_addr();
         drop(self.endpoint);
@@ -332,6 +376,8 @@ impl Group {
     /// Sends `out[r]` to each rank `r` that has one and receives a message
     /// from each rank in `from`, all at once; returns what came, by rank.
     /// Every message has `tag`; another tag is an [`GroupError::OutOfStep`].
+    /// A large message to a rank with several paths is striped over them
+    /// ([`paths::send_striped`]).
     async fn exchange(
         &mut self,
         tag: u64,
@@ -339,32 +385,29 @@ impl Group {
         from: &[bool],
     ) -> Result<Vec<Option<Bytes>>, GroupError> {
         out.resize(self.world, None);
-        let halves = self.senders.iter_mut().zip(self.receivers.iter_mut());
+        let halves = self
+            .senders
+            .iter_mut()
+            .zip(self.receivers.iter_mut())
+            .zip(self.stripes.iter_mut());
         let work = halves
             .enumerate()
             .zip(out)
-            .filter_map(|((rank, (sender, receiver)), body)| {
+            .filter_map(|((rank, ((sender, receiver), stripes)), body)| {
                 let (sender, receiver) = (sender.as_mut()?, receiver.as_mut()?);
                 let receive = from.get(rank).copied().unwrap_or(false);
                 Some(async move {
                     let failed = |source| GroupError::Rank { rank, source };
+                    let (mut senders, mut receivers) = paths::halves(stripes);
                     if let Some(body) = body {
-                        sender.send_message(tag, body).await.map_err(failed)?;
+                        paths::send_striped(sender, &mut senders, tag, body)
+                            .await
+                            .map_err(failed)?;
                     }
                     if !receive {
-                        return Ok((rank, None));
+                        return Ok::<_, GroupError>((rank, None));
                     }
-                    let (got, body) = receiver.recv_message().await.map_err(failed)?;
-                    if got != tag {
-                        return Err(GroupError::OutOfStep {
-                            rank,
-                            what: format!(
-                                "message {} where {} was due",
-                                describe(got),
-                                describe(tag)
-                            ),
-                        });
-                    }
+                    let body = paths::recv_striped(rank, receiver, &mut receivers, tag).await?;
                     Ok((rank, Some(body)))
                 })
             });

@@ -137,7 +137,7 @@ pub(super) async fn join(config: GroupConfig) -> Result<Group, GroupError> {
                     None => (None, None),
                 })
                 .unzip();
-            Ok(Group {
+            let mut group = Group {
                 rank,
                 world,
                 senders,
@@ -146,7 +146,11 @@ pub(super) async fn join(config: GroupConfig) -> Result<Group, GroupError> {
                 seq: 0,
                 buckets: Vec::new(),
                 next_round: vec![0; world],
-            })
+                stripes: (0..world).map(|_| Vec::new()).collect(),
+                extra_endpoints: Vec::new(),
+            };
+            group.form_paths(&config, deadline).await?;
+            Ok(group)
         }
         Ok(Err(e)) => Err(e),
         Err(_) => Err(GroupError::Missing {

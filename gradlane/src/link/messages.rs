@@ -41,12 +41,23 @@ impl LinkSender {
     /// check. Returns once quinn holds all of it. Fails for a body over
     /// [`MAX_MESSAGE_BYTES`].
     pub async fn send_message(&mut self, tag: u64, body: Bytes) -> Result<(), LinkError> {
-        if body.len() > MAX_MESSAGE_BYTES {
-            return Err(LinkError::MessageTooLarge(body.len()));
+        self.send_message_chunks(tag, vec![body]).await
+    }
+
+    /// Sends one message whose body is `chunks` one after the other,
+    /// without copying them together first.
+    pub(crate) async fn send_message_chunks(
+        &mut self,
+        tag: u64,
+        body: Vec<Bytes>,
+    ) -> Result<(), LinkError> {
+        let len: usize = body.iter().map(Bytes::len).sum();
+        if len > MAX_MESSAGE_BYTES {
+            return Err(LinkError::MessageTooLarge(len));
         }
         let mut head = [0u8; MESSAGE_HEAD];
         head[..8].copy_from_slice(&tag.to_le_bytes());
-        head[8..].copy_from_slice(&(body.len() as u32).to_le_bytes());
+        head[8..].copy_from_slice(&(len as u32).to_le_bytes());
         let mut stream = self.control.messages.lock().await;
         let (send, magic) = match &mut *stream {
             Some(send) => (send, Bytes::new()),
@@ -55,7 +66,10 @@ impl LinkSender {
                 (stream.insert(send), Bytes::from_static(&MESSAGE_MAGIC))
             }
         };
-        let mut chunks = [magic, Bytes::copy_from_slice(&head), body];
+        let mut chunks = Vec::with_capacity(body.len() + 2);
+        chunks.push(magic);
+        chunks.push(Bytes::copy_from_slice(&head));
+        chunks.extend(body);
         send.write_all_chunks(&mut chunks)
             .await
             .map_err(write_error)

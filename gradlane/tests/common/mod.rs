@@ -96,8 +96,9 @@ pub fn free_port() -> SocketAddr {
     s.local_addr().unwrap()
 }
 
-/// A rank's configuration with the certificates in `dir`, `quick()` links
-/// and a 20 s join timeout.
+/// A rank's configuration with the certificates in `dir`, `quick()` links,
+/// a 20 s join timeout and one socket (one path per peer, whatever the
+/// host's cores: the tests of more paths ask for them).
 pub fn group_config(dir: &Path, rank: usize, world: usize, rendezvous: Rendezvous) -> GroupConfig {
     let mut c = GroupConfig::new(
         rank,
@@ -109,6 +110,7 @@ pub fn group_config(dir: &Path, rank: usize, world: usize, rendezvous: Rendezvou
     );
     c.link = quick();
     c.join_timeout = Duration::from_secs(20);
+    c.sockets = 1;
     c
 }
 

@@ -53,8 +53,12 @@
 
 use gradlane_tools::cli as common;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::Parser;
 use common::BoxError;
+use gradlane_tools::cpu::CpuTime;
 use futures_util::future::join_all;
 use gradlane::{
     bf16, controller_state, f16, generate_certs, presets, BucketId, BucketOptions, ClassFormats,
@@ -146,6 +150,10 @@ struct Args {
     /// named after it unless it is the default 0.2 alone.
     #[arg(long, value_delimiter = ',', value_parser = tolerance, default_value = "0.2")]
     loss_tolerance: Vec<f64>,
+    /// UDP sockets per QUIC rank (`GroupConfig::sockets`; default: the
+    /// library's, from the cores).
+    #[arg(long)]
+    sockets: Option<usize>,
 }
 
 /// A `--loss-tolerance` value: a share in `[0, 1]`.
@@ -279,6 +287,10 @@ struct Row {
     zero_filled: u64,
     /// Rounds after which the ranks' results differed.
     mismatches: usize,
+    /// This process's CPU time over the timed rounds (all its ranks).
+    cpu: CpuTime,
+    /// Bytes this process's ranks sent over the timed rounds.
+    bytes_local: f64,
 }
 
 /// What a variant of the table runs.
@@ -429,7 +441,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     // what each rank measured; its port is the first.
     let mut control = match place.across {
         Some(_) => Some(
-            group(&place, 0, 0.0, 0, 0.0, 0, args.congestion)
+            group(&place, 0, 0.0, 0, 0.0, 0, args.congestion, Some(1))
                 .await?
                 .remove(0),
         ),
@@ -492,6 +504,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
                     tolerance,
                     seed,
                     cc,
+                    args.sockets,
                 )
             };
             let runner = match variant.kind {
@@ -527,7 +540,10 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 if let Some(c) = control.as_mut() {
                     c.barrier().await?;
                 }
+                let cpu_before = CpuTime::now();
                 let sample = runner.round(&buckets, inputs, round, place.first).await?;
+                let cpu = CpuTime::now().since(&cpu_before);
+                let sent_here = sample.bytes_per_rank * place.local as f64;
                 let sample = match control.as_mut() {
                     Some(c) => gather(c, sample).await?,
                     None => sample,
@@ -544,6 +560,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
                 row.bytes_per_rank += sample.bytes_per_rank / args.rounds as f64;
                 row.zero_filled += sample.zero_filled;
                 row.mismatches += usize::from(!sample.same);
+                row.cpu.add(&cpu);
+                row.bytes_local += sent_here;
             }
             if place.reports() {
                 eprintln!(
@@ -864,6 +882,7 @@ async fn group(
     loss_tolerance: f64,
     seed: u64,
     congestion: common::Cc,
+    sockets: Option<usize>,
 ) -> Result<Vec<Group>, BoxError> {
     let (rendezvous, server_name) = match &place.across {
         None => {
@@ -899,6 +918,9 @@ async fn group(
             }),
             ..Config::default()
         };
+        if let Some(sockets) = sockets {
+            c.sockets = sockets;
+        }
         Group::join(c)
     });
     let groups: Result<Vec<Group>, _> = join_all(joins).await.into_iter().collect();
@@ -1103,13 +1125,17 @@ fn percentile(times: &[Duration], p: f64) -> f64 {
 fn print_table(rows: &[Row], ranks: usize, total: usize) {
     let bound = 2.0 * (ranks - 1) as f64 / ranks as f64 * total as f64 * 4.0;
     println!();
-    println!("| variant | loss | rounds | median ms | p99 ms | Gbit/s of gradient (median) | MB sent per rank | vs 2(N-1)/N bound | zero-filled MB/round | ranks differ |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "CPU s per GB sent: this process's user + system CPU time over the timed rounds \
+         (every rank it runs) per GB its ranks sent"
+    );
+    println!("| variant | loss | rounds | median ms | p99 ms | Gbit/s of gradient (median) | MB sent per rank | vs 2(N-1)/N bound | zero-filled MB/round | ranks differ | CPU s per GB sent |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let median = percentile(&r.times, 0.5);
         let gbits = total as f64 * 32.0 / (median * 1e-3) / 1e9;
         println!(
-            "| {} | {:.0}% | {} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2}x | {:.2} | {} |",
+            "| {} | {:.0}% | {} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2}x | {:.2} | {} | {} |",
             r.name,
             r.loss * 100.0,
             r.times.len(),
@@ -1119,7 +1145,10 @@ fn print_table(rows: &[Row], ranks: usize, total: usize) {
             r.bytes_per_rank / 1e6,
             r.bytes_per_rank / bound,
             r.zero_filled as f64 / 1e6 / r.times.len().max(1) as f64,
-            r.mismatches
+            r.mismatches,
+            r.cpu
+                .per_gb(r.bytes_local as u64)
+                .map_or("-".into(), |v| format!("{v:.2}"))
         );
     }
 }

@@ -1,0 +1,477 @@
+//! More than one connection between a pair of ranks, over more than one
+//! socket, and the exact messages striped over them.
+//!
+//! quinn drives each connection from one task: its packets are sealed,
+//! opened and acknowledged there, and each endpoint's socket is read by
+//! one task too. One connection per pair therefore keeps a rank's
+//! traffic to about one core per peer, and to one receiving task in all.
+//! A rank with `sockets` endpoints gives each peer [`paths_per_peer`]
+//! connections, the first being the one the rendezvous made; a pair uses
+//! the fewer of the two ranks' numbers, so ranks configured differently
+//! still agree.
+//!
+//! Peers are spread over the endpoints rather than every peer getting
+//! every endpoint: the connections per rank stay under `sockets + world`
+//! however large the group grows, and with many peers every endpoint
+//! carries some of them.
+//!
+//! A message of at least [`STRIPE_PIECE`] bytes per path is cut into
+//! pieces of about equal size, one per path, sent at once; the first
+//! path's piece opens with the number of pieces, so the receiver knows
+//! how many to wait for without knowing the length in advance. Each piece
+//! is an exact message on its own connection (its own stream, checked
+//! tag): the message is whole and exact, or the collective fails with the
+//! rank's error, as on one path. Small messages stay on the first path,
+//! where one round trip is all they cost.
+//!
+//! The differentiated allreduce's rounds stay on the first path: its
+//! promises (important part exact, zero fill, late merge) are a round's
+//! on one link.
+
+use super::{describe, server_name, tag, Group, GroupConfig, GroupError, Kind};
+use crate::endpoint::Endpoint;
+use crate::link::{LinkError, LinkReceiver, LinkSender};
+use bytes::{Bytes, BytesMut};
+use futures_util::future::try_join_all;
+use gradlane_core::layout::{Layout, TensorSpec};
+use std::net::SocketAddr;
+use tokio::time::Instant;
+
+/// The smallest piece a message is cut into: below it, a further path
+/// costs more than it carries.
+pub(super) const STRIPE_PIECE: usize = 64 << 10;
+
+/// The most sockets a rank may ask for.
+pub const MAX_SOCKETS: usize = 64;
+
+/// Sockets per rank by default: half this host's cores (ranks usually
+/// share a host with others, and the training needs cores too), 1 to 4.
+pub fn default_sockets() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / 2).clamp(1, 4)
+}
+
+/// Connections a rank with `sockets` sockets offers each peer in a group
+/// of `world`: its sockets shared among its peers, at least one each
+/// (`ceil(sockets / (world - 1))`, at most `sockets`).
+pub fn paths_per_peer(sockets: usize, world: usize) -> usize {
+    let sockets = sockets.max(1);
+    match world.saturating_sub(1) {
+        0 => 1,
+        peers => sockets.div_ceil(peers).clamp(1, sockets),
+    }
+}
+
+/// The endpoint (of `sockets`) that carries path `path` (1 or more) to
+/// `peer`: paths beyond the first go round the endpoints beyond the first,
+/// starting at a place that differs by peer.
+fn endpoint_of(sockets: usize, peer: usize, path: usize) -> usize {
+    match sockets {
+        0 | 1 => 0,
+        _ => 1 + (path - 1 + peer) % (sockets - 1),
+    }
+}
+
+/// One path beyond the first to a peer: both halves of its link.
+pub(super) struct Path {
+    pub(super) sender: LinkSender,
+    pub(super) receiver: LinkReceiver,
+}
+
+/// The sending and receiving halves of `paths`, apart.
+pub(super) fn halves(paths: &mut [Path]) -> (Vec<&mut LinkSender>, Vec<&mut LinkReceiver>) {
+    paths
+        .iter_mut()
+        .map(|p| (&mut p.sender, &mut p.receiver))
+        .unzip()
+}
+
+/// Sends `body` with `tag` to one rank: on `first` alone when there are no
+/// further paths, else in as many pieces as it fills (at least
+/// [`STRIPE_PIECE`] bytes each), the first on `first` behind a byte that
+/// counts the pieces.
+pub(super) async fn send_striped(
+    first: &mut LinkSender,
+    more: &mut [&mut LinkSender],
+    tag: u64,
+    body: Bytes,
+) -> Result<(), LinkError> {
+    if more.is_empty() {
+        return first.send_message(tag, body).await;
+    }
+    let pieces = (body.len() / STRIPE_PIECE).clamp(1, more.len() + 1);
+    let cut = |i: usize| body.len() * i / pieces;
+    let head = Bytes::copy_from_slice(&[pieces as u8]);
+    let opening = first.send_message_chunks(tag, vec![head, body.slice(..cut(1))]);
+    let rest = more
+        .iter_mut()
+        .take(pieces - 1)
+        .enumerate()
+        .map(|(i, s)| s.send_message(tag, body.slice(cut(i + 1)..cut(i + 2))));
+    let (opened, sent) = tokio::join!(opening, try_join_all(rest));
+    opened.and(sent.map(drop))
+}
+
+/// Receives one message with `tag` from `rank`, striped as
+/// [`send_striped`] sends it, and puts it back together.
+pub(super) async fn recv_striped(
+    rank: usize,
+    first: &mut LinkReceiver,
+    more: &mut [&mut LinkReceiver],
+    tag: u64,
+) -> Result<Bytes, GroupError> {
+    let failed = |source| GroupError::Rank { rank, source };
+    let check = |got: u64| match got == tag {
+        true => Ok(()),
+        false => Err(GroupError::OutOfStep {
+            rank,
+            what: format!(
+                "message {} where {} was due",
+                describe(got),
+                describe(tag)
+            ),
+        }),
+    };
+    let (got, mut body) = first.recv_message().await.map_err(failed)?;
+    check(got)?;
+    if more.is_empty() {
+        return Ok(body);
+    }
+    let pieces = match body.first() {
+        Some(&n) if (1..=more.len() + 1).contains(&usize::from(n)) => usize::from(n),
+        other => {
+            return Err(GroupError::OutOfStep {
+                rank,
+                what: format!(
+                    "a striped message in {other:?} pieces over {} paths",
+                    more.len() + 1
+                ),
+            })
+        }
+    };
+    let _ = body.split_to(1);
+    if pieces == 1 {
+        return Ok(body);
+    }
+    let rest = more
+        .iter_mut()
+        .take(pieces - 1)
+        .map(|r| async { r.recv_message().await.map_err(failed) });
+    let rest = try_join_all(rest).await?;
+    let total = body.len() + rest.iter().map(|(_, b)| b.len()).sum::<usize>();
+    let mut whole = BytesMut::with_capacity(total);
+    whole.extend_from_slice(&body);
+    for (got, piece) in rest {
+        check(got)?;
+        whole.extend_from_slice(&piece);
+    }
+    Ok(whole.freeze())
+}
+
+/// What a rank tells each peer on the first path once the mesh is formed:
+/// how many paths it offers, and the ports of its further sockets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Offer {
+    paths: usize,
+    ports: Vec<u16>,
+}
+
+const OFFER: &str = "gradlane-paths/1";
+
+impl Offer {
+    fn encode(&self) -> Bytes {
+        let ports: Vec<String> = self.ports.iter().map(u16::to_string).collect();
+        format!("{OFFER} {} {}", self.paths, ports.join(" "))
+            .trim_end()
+            .to_owned()
+            .into()
+    }
+
+    /// The offer, if `body` is one whose paths fit its ports.
+    fn decode(body: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(body).ok()?;
+        let mut words = text.split(' ');
+        if words.next()? != OFFER {
+            return None;
+        }
+        let paths: usize = words.next()?.parse().ok()?;
+        let ports: Vec<u16> = words.map(|w| w.parse().ok()).collect::<Option<_>>()?;
+        let fits = (1..=MAX_SOCKETS).contains(&paths)
+            && ports.len() < MAX_SOCKETS
+            && (paths == 1 || !ports.is_empty());
+        fits.then_some(Self { paths, ports })
+    }
+}
+
+/// The first message on a further path: who connects, and which path.
+const PATH_HELLO: &str = "gradlane-path/1";
+
+fn path_hello(rank: usize, path: usize) -> Bytes {
+    format!("{PATH_HELLO} {rank} {path}").into()
+}
+
+fn decode_path_hello(body: &[u8]) -> Option<(usize, usize)> {
+    let text = std::str::from_utf8(body).ok()?;
+    let mut words = text.split(' ');
+    if words.next()? != PATH_HELLO {
+        return None;
+    }
+    let rank = words.next()?.parse().ok()?;
+    let path = words.next()?.parse().ok()?;
+    words.next().is_none().then_some((rank, path))
+}
+
+/// One further connection to make or take: with `peer`, path `path`, on
+/// this rank's endpoint `local` (index among its sockets); the peer's
+/// socket is at `remote` when this rank connects.
+#[derive(Debug, Clone, Copy)]
+struct Planned {
+    peer: usize,
+    path: usize,
+    local: usize,
+    remote: Option<SocketAddr>,
+}
+
+impl Group {
+    /// After the mesh is formed: tells every peer what this rank offers,
+    /// opens the further sockets, and connects or accepts the further
+    /// paths, before `deadline`.
+    pub(super) async fn form_paths(
+        &mut self,
+        config: &GroupConfig,
+        deadline: Instant,
+    ) -> Result<(), GroupError> {
+        let sockets = config.sockets.clamp(1, MAX_SOCKETS);
+        let offered = paths_per_peer(sockets, self.world);
+        if self.world < 2 {
+            return Ok(());
+        }
+        // Sockets beyond the first, only where this rank offers more
+        // paths: on the first one's address, any port.
+        let local = self
+            .endpoint
+            .local_addr()
+            .map_err(|e| GroupError::Setup(e.to_string()))?;
+        let mut extra = Vec::new();
+        if offered > 1 {
+            for _ in 1..sockets {
+                let endpoint = Endpoint::peer(
+                    SocketAddr::new(local.ip(), 0),
+                    &config.cert,
+                    &config.key,
+                    &config.ca,
+                    config.link.clone(),
+                )?;
+                extra.push(endpoint);
+            }
+        }
+        let ports = extra
+            .iter()
+            .map(|e| e.local_addr().map(|a| a.port()))
+            .collect::<Result<Vec<u16>, _>>()
+            .map_err(|e| GroupError::Setup(e.to_string()))?;
+        let offer = Offer {
+            paths: offered,
+            ports,
+        };
+        let t = tag(0, Kind::Paths);
+        let body = offer.encode();
+        let out = self.others().iter().map(|&o| o.then(|| body.clone())).collect();
+        let from = self.others();
+        let got = self.exchange(t, out, &from).await?;
+        // What each pair uses: the fewer paths of the two offers.
+        let mut planned = Vec::new();
+        for (peer, body) in got.iter().enumerate() {
+            let Some(body) = body else { continue };
+            let theirs = Offer::decode(body).ok_or_else(|| GroupError::OutOfStep {
+                rank: peer,
+                what: "no valid offer of paths".into(),
+            })?;
+            let paths = offered.min(theirs.paths);
+            for path in 1..paths {
+                let their_socket = endpoint_of(theirs.ports.len() + 1, self.rank, path);
+                let remote = match self.rank > peer {
+                    true => {
+                        let port = *theirs.ports.get(their_socket - 1).ok_or_else(|| {
+                            GroupError::OutOfStep {
+                                rank: peer,
+                                what: format!("path {path} on a socket it did not offer"),
+                            }
+                        })?;
+                        let ip = self.connection(peer).map(|c| c.remote_address().ip());
+                        Some(SocketAddr::new(ip.unwrap_or(local.ip()), port))
+                    }
+                    false => None,
+                };
+                planned.push(Planned {
+                    peer,
+                    path,
+                    local: endpoint_of(sockets, peer, path),
+                    remote,
+                });
+            }
+        }
+        let made = tokio::time::timeout_at(deadline, connect_paths(config, &extra, &planned)).await;
+        let made = made.map_err(|_| GroupError::Missing {
+            missing: planned.iter().map(|p| p.peer).collect(),
+            waited: config.join_timeout,
+            failed: Vec::new(),
+        })??;
+        for (peer, path, link) in made {
+            let (sender, receiver) = link.split();
+            let stripes = &mut self.stripes[peer];
+            stripes.push(Path { sender, receiver });
+            debug_assert_eq!(stripes.len(), path);
+        }
+        self.extra_endpoints = extra;
+        Ok(())
+    }
+}
+
+/// Makes every planned path: connects those with a remote socket, accepts
+/// the others on their endpoints, all at once. Returns them in path order.
+async fn connect_paths(
+    config: &GroupConfig,
+    extra: &[Endpoint],
+    planned: &[Planned],
+) -> Result<Vec<(usize, usize, crate::link::Link)>, GroupError> {
+    let layout = Layout::new(vec![TensorSpec::dense("group", [1])])
+        .map_err(|e| GroupError::Setup(e.to_string()))?;
+    let socket = |i: usize| {
+        extra
+            .get(i.wrapping_sub(1))
+            .ok_or_else(|| GroupError::Setup(format!("no socket {i}")))
+    };
+    let connects = planned.iter().filter_map(|p| {
+        let remote = p.remote?;
+        let layout = &layout;
+        Some(async move {
+            let endpoint = socket(p.local)?;
+            let failed = |source| GroupError::Rank {
+                rank: p.peer,
+                source,
+            };
+            let name = server_name(config, endpoint, remote);
+            let mut link = endpoint
+                .connect(remote, &name, layout)
+                .await
+                .map_err(failed)?;
+            link.send_message(tag(0, Kind::Paths), path_hello(config.rank, p.path))
+                .await
+                .map_err(failed)?;
+            Ok::<_, GroupError>((p.peer, p.path, link))
+        })
+    });
+    let accepts = (1..=extra.len()).map(|i| {
+        let expected: Vec<(usize, usize)> = planned
+            .iter()
+            .filter(|p| p.remote.is_none() && p.local == i)
+            .map(|p| (p.peer, p.path))
+            .collect();
+        async move { accept_paths(socket(i)?, expected).await }
+    });
+    let (connected, accepted) = tokio::join!(try_join_all(connects), try_join_all(accepts));
+    let mut all: Vec<_> = connected?;
+    all.extend(accepted?.into_iter().flatten());
+    all.sort_by_key(|&(peer, path, _)| (peer, path));
+    Ok(all)
+}
+
+/// Accepts on `endpoint` until every `(peer, path)` in `expected` has
+/// connected and said so; a connection that fails or says something else
+/// is skipped (a stray client, an abandoned attempt).
+async fn accept_paths(
+    endpoint: &Endpoint,
+    mut expected: Vec<(usize, usize)>,
+) -> Result<Vec<(usize, usize, crate::link::Link)>, GroupError> {
+    let mut got = Vec::new();
+    while !expected.is_empty() {
+        let Some(incoming) = endpoint.incoming().await else {
+            return Err(GroupError::Setup("a path's endpoint closed".into()));
+        };
+        let remote = incoming.remote_address();
+        let mut link = match incoming.finish().await {
+            Ok(link) => link,
+            Err(e) => {
+                tracing::info!(%e, %remote, "a path to this rank failed its handshake");
+                continue;
+            }
+        };
+        let said = match link.recv_message().await {
+            Ok((t, body)) if t == tag(0, Kind::Paths) => decode_path_hello(&body),
+            _ => None,
+        };
+        match said.and_then(|s| expected.iter().position(|&e| e == s)) {
+            Some(i) => {
+                let (peer, path) = expected.swap_remove(i);
+                got.push((peer, path, link));
+            }
+            None => tracing::info!(%remote, "a connection to a path socket said no path hello"),
+        }
+    }
+    Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_share_the_sockets_among_the_peers() {
+        assert_eq!(paths_per_peer(4, 1), 1);
+        assert_eq!(paths_per_peer(4, 2), 4);
+        assert_eq!(paths_per_peer(4, 4), 2);
+        assert_eq!(paths_per_peer(4, 5), 1);
+        assert_eq!(paths_per_peer(4, 32), 1);
+        assert_eq!(paths_per_peer(1, 2), 1);
+        assert_eq!(paths_per_peer(0, 2), 1);
+        // Connections per rank stay under sockets + world.
+        for sockets in 1..=8 {
+            for world in 2..=40 {
+                let conns = paths_per_peer(sockets, world) * (world - 1);
+                assert!(conns < sockets + world, "{sockets} sockets, {world} ranks");
+            }
+        }
+        // Paths beyond the first use the sockets beyond the first, and a
+        // rank's peers start at different ones.
+        assert_eq!(endpoint_of(4, 0, 1), 1);
+        assert_eq!(endpoint_of(4, 1, 1), 2);
+        assert_eq!(endpoint_of(4, 3, 1), 1);
+        assert_eq!(endpoint_of(4, 0, 3), 3);
+        for peer in 0..10 {
+            for path in 1..4 {
+                assert!((1..4).contains(&endpoint_of(4, peer, path)));
+            }
+        }
+    }
+
+    #[test]
+    fn offers_and_path_hellos_round_trip_and_garbage_is_none() {
+        let offer = Offer {
+            paths: 3,
+            ports: vec![4000, 4001, 4002],
+        };
+        assert_eq!(Offer::decode(&offer.encode()), Some(offer));
+        let single = Offer {
+            paths: 1,
+            ports: vec![],
+        };
+        assert_eq!(Offer::decode(&single.encode()), Some(single));
+        for bad in [
+            &b""[..],
+            b"gradlane-paths/1",
+            b"gradlane-paths/1 0",
+            b"gradlane-paths/1 2",
+            b"gradlane-paths/1 2 x",
+            b"gradlane-paths/1 2 70000",
+            b"gradlane-paths/2 1",
+            b"\xff",
+        ] {
+            assert_eq!(Offer::decode(bad), None, "{bad:?}");
+        }
+        assert_eq!(decode_path_hello(&path_hello(3, 2)), Some((3, 2)));
+        for bad in [&b""[..], b"gradlane-path/1 3", b"gradlane-path/1 3 2 1", b"x 1 2"] {
+            assert_eq!(decode_path_hello(bad), None, "{bad:?}");
+        }
+    }
+}
