@@ -114,7 +114,6 @@ pub use config::{
 };
 pub use congestion::{controller_state, Congestion, ControllerState};
 pub use endpoint::{Endpoint, Incoming, IncomingError, SetupError};
-pub use socket::batching::BatchCounts;
 pub use gradlane_core::classify::{AdaptiveRatio, Ranking};
 pub use gradlane_core::codec;
 pub use gradlane_core::control::{codes, HandshakeError};
@@ -138,6 +137,7 @@ pub use link::{
     DatagramSize, LayoutId, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,
     RoundArrival, RoundTiming, SendReport, CLOSE_WAIT, MAX_MESSAGE_BYTES,
 };
+pub use socket::batching::BatchCounts;
 pub use socket::faults::{FaultStats, Faults};
 pub use socket::marking::DscpMarks;
 #[cfg(target_os = "linux")]

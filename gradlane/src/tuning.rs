@@ -9,11 +9,11 @@
 
 use crate::config::ETHERNET_UDP_PAYLOAD;
 use crate::config_error::{ConfigError, MAX_UDP_PAYLOAD, MIN_UDP_PAYLOAD};
-use crate::socket::route_mtu::route_udp_payload;
-use std::net::SocketAddr;
 use crate::congestion::Congestion;
 use crate::socket::marking::DscpMarks;
+use crate::socket::route_mtu::route_udp_payload;
 use quinn::{IdleTimeout, VarInt};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 /// Everything an endpoint's socket and QUIC stack are made with

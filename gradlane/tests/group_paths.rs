@@ -141,9 +141,14 @@ async fn four_ranks_share_their_sockets_and_ranks_that_differ_agree() {
     let mut groups = group_of("paths4", world, sockets).await;
     for g in &groups {
         for peer in (0..world).filter(|&p| p != g.rank()) {
-            let want = paths_per_peer(sockets(g.rank()), world)
-                .min(paths_per_peer(sockets(peer), world));
-            assert_eq!(g.path_connections(peer).len(), want, "{} to {peer}", g.rank());
+            let want =
+                paths_per_peer(sockets(g.rank()), world).min(paths_per_peer(sockets(peer), world));
+            assert_eq!(
+                g.path_connections(peer).len(),
+                want,
+                "{} to {peer}",
+                g.rank()
+            );
         }
     }
     collectives_are_exact(&mut groups, 300_000, 3).await;
@@ -207,7 +212,11 @@ async fn the_differentiated_allreduce_keeps_its_promises_over_several_paths() {
     let regs = groups
         .iter_mut()
         .map(|g| g.register_bucket_with(&layout, options));
-    let ids: Vec<_> = join_all(regs).await.into_iter().map(|r| r.unwrap()).collect();
+    let ids: Vec<_> = join_all(regs)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
     let n = layout.total_values() as usize;
     let mut lost = 0;
     for step in 0..3u64 {
@@ -221,7 +230,10 @@ async fn the_differentiated_allreduce_keeps_its_promises_over_several_paths() {
             .into_iter()
             .map(|r| r.unwrap())
             .collect();
-        assert!(bits(&bufs[0]) == bits(&bufs[1]), "step {step}: replicas differ");
+        assert!(
+            bits(&bufs[0]) == bits(&bufs[1]),
+            "step {step}: replicas differ"
+        );
         for (r, rep) in reports.iter().enumerate() {
             lost += rep.lost.len();
             for (q, stats) in rep.received.iter().enumerate() {

@@ -42,6 +42,7 @@ class Group:
         lossy_carrier: Literal["adaptive", "datagrams"] = "adaptive",
         important_format: Literal["f32", "bf16", "f16"] = "f32",
         lossy_format: Literal["f32", "bf16", "f16", "log8"] = "f32",
+        sockets: int | None = None,
     ) -> None: ...
     @property
     def rank(self) -> int: ...

@@ -25,6 +25,32 @@ use tokio::runtime::Runtime;
 /// `cert_dir` is not given.
 const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 
+/// The environment variable that sets a group's sockets when the
+/// constructor is not told.
+const SOCKETS_ENV: &str = "GRADLANE_SOCKETS";
+
+/// A group's sockets: `asked`, else `GRADLANE_SOCKETS`, else half the
+/// runtime's worker threads, 1 to 4.
+fn group_sockets(asked: Option<i64>) -> Result<usize, CallError> {
+    let valid = |n: i64, from: &str| match usize::try_from(n) {
+        Ok(n) if (1..=gradlane::MAX_SOCKETS).contains(&n) => Ok(n),
+        _ => Err(CallError::Value(format!(
+            "{from} {n} is not a socket count in 1..={}",
+            gradlane::MAX_SOCKETS
+        ))),
+    };
+    if let Some(n) = asked {
+        return valid(n, "sockets");
+    }
+    if let Ok(text) = std::env::var(SOCKETS_ENV) {
+        let n = text.trim().parse::<i64>().map_err(|_| {
+            CallError::Value(format!("{SOCKETS_ENV}={text:?} is not a socket count"))
+        })?;
+        return valid(n, SOCKETS_ENV);
+    }
+    Ok((crate::worker_threads()? / 2).clamp(1, 4))
+}
+
 /// One rank of a gradlane group: a QUIC link to every other rank, and the
 /// collectives among them.
 ///
@@ -32,7 +58,7 @@ const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 ///       cert_dir=None, server_name=None, join_timeout=60.0,
 ///       loss_tolerance=0.2, injected_loss=0.0, seed=0, idle_timeout=None,
 ///       dscp=False, lossy_carrier="adaptive", important_format="f32",
-///       lossy_format="f32")
+///       lossy_format="f32", sockets=None)
 ///
 /// The constructor joins the group (the GIL is released while it waits)
 /// and returns once this rank has a link to every other rank. Give exactly
@@ -68,7 +94,13 @@ const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 /// differentiated allreduce's classes travel, unless a bucket says
 /// otherwise (register_bucket): "f32" (exact), "bf16" (half the bytes, 8
 /// bits of precision), "f16", or for the lossy levels "log8" (a byte a
-/// value, within 4.9%).
+/// value, within 4.9%). sockets: UDP sockets this rank spreads its
+/// traffic over, each pair of ranks getting a share of them as paths
+/// that the exact collectives stripe large messages over (more cores
+/// seal and open packets); by default the environment variable
+/// GRADLANE_SOCKETS, else half the runtime's threads (GRADLANE_THREADS,
+/// by default this process's share of the cores), 1 to 4. Tune it on a
+/// fast path where a rank's cores sit idle; leave it on a slow link.
 ///
 /// Every rank must call the same collectives in the same order, as in any
 /// process group; a rank that calls something else, or dies, makes the
@@ -397,6 +429,7 @@ impl PyGroup {
         lossy_carrier = "adaptive",
         important_format = "f32",
         lossy_format = "f32",
+        sockets = None,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -417,7 +450,9 @@ impl PyGroup {
         lossy_carrier: &str,
         important_format: &str,
         lossy_format: &str,
+        sockets: Option<i64>,
     ) -> PyResult<Self> {
+        let sockets = group_sockets(sockets).map_err(|e| e.into_py(py))?;
         let world = usize::try_from(world)
             .ok()
             .filter(|&w| w > 0)
@@ -524,6 +559,7 @@ impl PyGroup {
             config.server_name = server_name;
             config.link = link;
             config.join_timeout = join_timeout;
+            config.sockets = sockets;
             Ok(runtime()?.block_on(Group::join(config))?)
         });
         let group = joined.map_err(|e| e.into_py(py))?;

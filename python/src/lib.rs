@@ -38,7 +38,7 @@ pub(crate) const THREADS_ENV: &str = "GRADLANE_THREADS";
 /// them), between 2 and 8. quinn's drivers, the links' tasks and the
 /// sealing and opening of packets run there, the collective itself on the
 /// calling thread.
-fn worker_threads() -> Result<usize, CallError> {
+pub(crate) fn worker_threads() -> Result<usize, CallError> {
     if let Ok(text) = std::env::var(THREADS_ENV) {
         return match text.trim().parse::<usize>() {
             Ok(n) if (1..=256).contains(&n) => Ok(n),

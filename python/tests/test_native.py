@@ -223,8 +223,23 @@ def scenario_formats(g):
     return out
 
 
+STRIPED = 300_001
+
+
+def scenario_striped(g):
+    """An allreduce and an allgather large enough to be striped over the
+    paths of a group whose ranks have several sockets."""
+    x = values(g.rank, STRIPED)
+    a = x.copy()
+    g.allreduce(a, op="sum")
+    gathered = np.empty(STRIPED * WORLD, np.float32)
+    g.allgather(x, gathered)
+    return {"sum": a.tobytes(), "gathered": gathered.tobytes()}
+
+
 SCENARIOS = {
     "exact": scenario_exact,
+    "striped": scenario_striped,
     "lossy": scenario_lossy,
     "dies": scenario_dies,
     "formats": scenario_formats,
@@ -514,6 +529,28 @@ def test_bad_group_arguments_are_value_errors(cert_dir):
         gradlane.Group(0, 1, root=root, cert_dir=os.path.join(cert_dir, "absent"))
     with pytest.raises(ValueError, match="names"):
         gradlane.generate_certs(os.path.join(cert_dir, "none"), [])
+
+
+def test_several_sockets_stripe_and_stay_bit_for_bit(cert_dir):
+    got = run_ranks("striped", cert_dir, {"sockets": 4})
+    inputs = [values(r, STRIPED) for r in range(WORLD)]
+    for r in range(WORLD):
+        total = np.frombuffer(got[r]["sum"], np.float32)
+        assert_same_bits(total, rank_sum(inputs), f"rank {r} sum")
+        gathered = np.frombuffer(got[r]["gathered"], np.float32)
+        assert_same_bits(gathered, np.concatenate(inputs), f"rank {r} allgather")
+
+
+def test_bad_socket_counts_are_value_errors(cert_dir, monkeypatch):
+    root = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ValueError, match="socket count"):
+        gradlane.Group(0, 1, root=root, cert_dir=cert_dir, sockets=0)
+    monkeypatch.setenv("GRADLANE_SOCKETS", "many")
+    with pytest.raises(ValueError, match="GRADLANE_SOCKETS"):
+        gradlane.Group(0, 1, root=root, cert_dir=cert_dir)
+    monkeypatch.setenv("GRADLANE_SOCKETS", "2")
+    with gradlane.Group(0, 1, root=root, cert_dir=cert_dir) as g:
+        g.barrier()
 
 
 def test_cert_dir_comes_from_the_environment(cert_dir, monkeypatch):

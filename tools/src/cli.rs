@@ -112,14 +112,37 @@ fn init_tracing() {
         .try_init();
 }
 
+/// The programs' runtime threads: `GRADLANE_THREADS`, else every core
+/// (at least 2: a program runs both ends of its links in one process).
+pub fn worker_threads() -> Result<usize, String> {
+    match std::env::var("GRADLANE_THREADS") {
+        Ok(text) => match text.trim().parse::<usize>() {
+            Ok(n) if (1..=256).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "GRADLANE_THREADS={text:?} is not a thread count in 1..=256"
+            )),
+        },
+        Err(_) => Ok(std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .max(2)),
+    }
+}
+
 /// [`main`] for arguments already parsed (subcommands).
 pub fn main_with<A, F>(name: &str, args: A, run: impl FnOnce(A) -> F) -> ExitCode
 where
     F: Future<Output = Result<(), BoxError>>,
 {
     init_tracing();
+    let threads = match worker_threads() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(threads)
         .enable_all()
         .build()
     {

@@ -390,10 +390,8 @@ impl Group {
             .iter_mut()
             .zip(self.receivers.iter_mut())
             .zip(self.stripes.iter_mut());
-        let work = halves
-            .enumerate()
-            .zip(out)
-            .filter_map(|((rank, ((sender, receiver), stripes)), body)| {
+        let work = halves.enumerate().zip(out).filter_map(
+            |((rank, ((sender, receiver), stripes)), body)| {
                 let (sender, receiver) = (sender.as_mut()?, receiver.as_mut()?);
                 let receive = from.get(rank).copied().unwrap_or(false);
                 Some(async move {
@@ -410,7 +408,8 @@ impl Group {
                     let body = paths::recv_striped(rank, receiver, &mut receivers, tag).await?;
                     Ok((rank, Some(body)))
                 })
-            });
+            },
+        );
         let mut got = vec![None; self.world];
         for (rank, body) in try_join_all(work).await? {
             got[rank] = body;

@@ -125,11 +125,7 @@ pub(super) async fn recv_striped(
         true => Ok(()),
         false => Err(GroupError::OutOfStep {
             rank,
-            what: format!(
-                "message {} where {} was due",
-                describe(got),
-                describe(tag)
-            ),
+            what: format!("message {} where {} was due", describe(got), describe(tag)),
         }),
     };
     let (got, mut body) = first.recv_message().await.map_err(failed)?;
@@ -276,7 +272,11 @@ impl Group {
         };
         let t = tag(0, Kind::Paths);
         let body = offer.encode();
-        let out = self.others().iter().map(|&o| o.then(|| body.clone())).collect();
+        let out = self
+            .others()
+            .iter()
+            .map(|&o| o.then(|| body.clone()))
+            .collect();
         let from = self.others();
         let got = self.exchange(t, out, &from).await?;
         // What each pair uses: the fewer paths of the two offers.
@@ -470,7 +470,12 @@ mod tests {
             assert_eq!(Offer::decode(bad), None, "{bad:?}");
         }
         assert_eq!(decode_path_hello(&path_hello(3, 2)), Some((3, 2)));
-        for bad in [&b""[..], b"gradlane-path/1 3", b"gradlane-path/1 3 2 1", b"x 1 2"] {
+        for bad in [
+            &b""[..],
+            b"gradlane-path/1 3",
+            b"gradlane-path/1 3 2 1",
+            b"x 1 2",
+        ] {
             assert_eq!(decode_path_hello(bad), None, "{bad:?}");
         }
     }

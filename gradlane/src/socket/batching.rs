@@ -117,7 +117,9 @@ impl BatchingSocket {
             None => 1,
         };
         self.counters.sends.fetch_add(1, Relaxed);
-        self.counters.packets_sent.fetch_add(packets as u64, Relaxed);
+        self.counters
+            .packets_sent
+            .fetch_add(packets as u64, Relaxed);
         Ok(())
     }
 }
@@ -185,9 +187,7 @@ impl AsyncUdpSocket for BatchingSocket {
                 .iter()
                 .map(|m| m.len.div_ceil(m.stride.max(1)).max(1))
                 .sum();
-            self.counters
-                .buffers_received
-                .fetch_add(*n as u64, Relaxed);
+            self.counters.buffers_received.fetch_add(*n as u64, Relaxed);
             self.counters
                 .packets_received
                 .fetch_add(packets as u64, Relaxed);

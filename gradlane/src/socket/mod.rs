@@ -16,15 +16,15 @@
 //! [`route_mtu`] asks the kernel what the interface towards a peer
 //! carries: the ceiling of that connection's MTU discovery.
 
-pub(crate) mod faults;
 pub(crate) mod batching;
+pub(crate) mod faults;
 pub(crate) mod marking;
 pub(crate) mod route_mtu;
 
 use crate::config::ConfigError;
 use crate::tuning::Tuning;
-use faults::{Faults, FaultySocket, FaultySocketError};
 use batching::BatchingSocket;
+use faults::{Faults, FaultySocket, FaultySocketError};
 use marking::MarkRegistry;
 #[cfg(target_os = "linux")]
 use marking::MarkingSocket;

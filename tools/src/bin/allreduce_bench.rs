@@ -58,7 +58,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::Parser;
 use common::BoxError;
-use gradlane_tools::cpu::CpuTime;
 use futures_util::future::join_all;
 use gradlane::{
     bf16, controller_state, f16, generate_certs, presets, BucketId, BucketOptions, ClassFormats,
@@ -67,6 +66,7 @@ use gradlane::{
 };
 use gradlane_core::format::{narrow, widen};
 use gradlane_core::rng::SplitMix64;
+use gradlane_tools::cpu::CpuTime;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

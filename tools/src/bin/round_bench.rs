@@ -51,12 +51,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use common::{grads, BoxError, Cc};
-use gradlane_tools::cpu::CpuTime;
 use gradlane::{generate_certs, presets, quic, CertFiles, Congestion, Layout, Packets};
 use gradlane::{
     Config, DatagramSize, Endpoint, FaultStats, Faults, Link, LossyCarrier, LossyRelease,
     RoundTiming,
 };
+use gradlane_tools::cpu::CpuTime;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
