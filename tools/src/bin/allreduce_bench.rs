@@ -441,7 +441,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     // what each rank measured; its port is the first.
     let mut control = match place.across {
         Some(_) => Some(
-            group(&place, 0, 0.0, 0, 0.0, 0, args.congestion, Some(1))
+            group(&place, 0, 0.0, 0.0, 0, control_transport(&args))
                 .await?
                 .remove(0),
         ),
@@ -496,16 +496,12 @@ async fn run(args: Args) -> Result<(), BoxError> {
             let mut join = |tolerance: f64, seed: u64| {
                 next_group += 1;
                 let cc = args.congestion;
-                group(
-                    &place,
-                    next_group - 1,
-                    loss,
-                    args.delay_ms,
-                    tolerance,
-                    seed,
-                    cc,
-                    args.sockets,
-                )
+                let transport = Transport {
+                    delay_ms: args.delay_ms,
+                    congestion: cc,
+                    sockets: args.sockets,
+                };
+                group(&place, next_group - 1, loss, tolerance, seed, transport)
             };
             let runner = match variant.kind {
                 Kind::Differentiated { tolerance, formats } => {
@@ -870,6 +866,24 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// How a group's ranks send: the delay each adds, the congestion
+/// controller, the sockets (the library's default if unset).
+#[derive(Debug, Clone, Copy)]
+struct Transport {
+    delay_ms: u64,
+    congestion: common::Cc,
+    sockets: Option<usize>,
+}
+
+/// The group across processes that times the rounds: no delay, one socket.
+fn control_transport(args: &Args) -> Transport {
+    Transport {
+        delay_ms: 0,
+        congestion: args.congestion,
+        sockets: Some(1),
+    }
+}
+
 /// This process's ranks of group number `index` (a fresh group per
 /// variant), each behind its fault injector: all `world` ranks on
 /// loopback, or this process's one rank meeting rank 0 at the master
@@ -878,12 +892,15 @@ async fn group(
     place: &Placement,
     index: u16,
     loss: f64,
-    delay_ms: u64,
     loss_tolerance: f64,
     seed: u64,
-    congestion: common::Cc,
-    sockets: Option<usize>,
+    transport: Transport,
 ) -> Result<Vec<Group>, BoxError> {
+    let Transport {
+        delay_ms,
+        congestion,
+        sockets,
+    } = transport;
     let (rendezvous, server_name) = match &place.across {
         None => {
             let root = std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
