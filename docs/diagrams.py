@@ -43,7 +43,7 @@ def layers():
     box(ax, 0.2, 1.45, 8.6, 1.3, "gradlane  (the QUIC shell; its root is the API)",
         ["Endpoint, Config, Link (send_round / recv_round / close), ps_net, quic",
          "link/: send, receive, close, timing   |   tls   |   framing   |   tuning",
-         "socket/: gso_cap, marking (DSCP), faults   |   congestion/: capped_bbr, queue_gated_cubic"],
+         "socket/: batching, marking (DSCP), faults, route_mtu   |   congestion/: capped_bbr, queue_gated_cubic"],
         "#e9f5e9")
     box(ax, 0.2, 0.05, 8.6, 1.15, "gradlane-core  (deterministic: no sockets, no clock, no async)",
         ["layout, score, classify, wire, encode, reassembly, control, bytes, rng, presets",

@@ -76,7 +76,9 @@
 //!
 //! # Map of the crate
 //!
-//! - `endpoint`: [`Endpoint`], [`Config`], the gradlane handshake.
+//! - `config`: [`Config`], the settings of a link end.
+//! - `endpoint`: [`Endpoint`], the gradlane handshake, each connection's
+//!   own transport settings (the MTU of its route).
 //! - `link/`: a link over one QUIC connection, driving the core's round
 //!   protocol machines (`gradlane_core::protocol`): `send` (framing
 //!   pipelined with the stream writers, the release of the lossy part),
@@ -88,6 +90,9 @@
 //! - `socket/`: wrappers of quinn's UDP socket: GSO/GRO batches, DSCP
 //!   marks, faults; the MTU of the route to a peer.
 //! - `congestion/`: gradlane's two congestion controllers.
+//! - `group/`: a [`Group`] of N ranks: the rendezvous, further paths over
+//!   several sockets, the exact and differentiated collectives, the
+//!   sparse allgather.
 //! - `ps_net/`: the parameter server over links.
 
 #![warn(unreachable_pub)]

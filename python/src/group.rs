@@ -6,8 +6,8 @@ use crate::errors::CallError;
 use crate::runtime;
 use gradlane::{
     bf16, f16, AllreduceReport, BucketId, BucketOptions, ClassFormats, Config, DscpMarks, Faults,
-    Group, GroupConfig, Layout, LossRecovery, LossyCarrier, ReduceOp, Rendezvous, SparseAllgather,
-    SparseRows, TensorSpec, ValueFormat,
+    Group, GroupConfig, Layout, LossRecovery, LossyCarrier, Packets, ReduceOp, Rendezvous,
+    SparseAllgather, SparseRows, TensorSpec, ValueFormat,
 };
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::PyTypeError;
@@ -81,7 +81,9 @@ fn group_sockets(asked: Option<i64>) -> Result<usize, CallError> {
 /// ranks that never came are a JoinTimeoutError. loss_tolerance: the share
 /// of each tensor's chunks (the least important) that the differentiated
 /// allreduce sends lossy, in [0, 1]. injected_loss and seed: drop that
-/// share of this rank's outgoing packets, seeded (for tests and demos).
+/// share of this rank's outgoing packets, seeded (for tests and demos; it
+/// stands for a lossy path between hosts, so packets then stay Ethernet-
+/// sized, as on such a path, rather than growing to what loopback carries).
 /// idle_timeout (seconds): a link silent this long fails, which is how a
 /// rank that died is noticed (default 30 s; None keeps the default).
 /// dscp: mark packets by class (the important class DSCP 56, the lossy
@@ -503,6 +505,10 @@ impl PyGroup {
             ..Config::default()
         };
         if injected_loss > 0.0 {
+            // Injected loss stands for a lossy path between hosts, whose
+            // packets are Ethernet-sized: a lost 64 KB loopback packet
+            // would stand for 45 lost there.
+            link.packets = Packets::Ethernet;
             link.faults = Some(Faults {
                 loss_out: injected_loss,
                 seed,

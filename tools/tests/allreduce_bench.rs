@@ -5,18 +5,33 @@ use std::process::{Command, Output};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_allreduce_bench");
 
-/// The table's data rows: (variant, loss, ranks that differed).
+/// The table's data rows: (variant, loss, ranks that differed), the
+/// columns found by their headings; every row's CPU seconds per GB sent
+/// must be a positive number.
 fn rows(out: &Output) -> Vec<(String, String, String)> {
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
+    let text = String::from_utf8_lossy(&out.stdout);
+    let cells = |l: &str| -> Vec<String> {
+        l.trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    let Some(head) = text.lines().find(|l| l.starts_with("| variant")).map(cells) else {
+        return Vec::new();
+    };
+    let column = |name: &str| {
+        head.iter()
+            .position(|h| h == name)
+            .unwrap_or_else(|| panic!("no column {name:?} in {head:?}"))
+    };
+    let (differ, cpu) = (column("ranks differ"), column("CPU s per GB sent"));
+    text.lines()
         .filter(|l| l.starts_with("| ") && !l.starts_with("| variant"))
         .map(|l| {
-            let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
-            (
-                cells[0].to_string(),
-                cells[1].to_string(),
-                cells[cells.len() - 1].to_string(),
-            )
+            let c = cells(l);
+            let per_gb: f64 = c[cpu].parse().unwrap_or(0.0);
+            assert!(per_gb > 0.0, "{}: CPU s per GB {:?}", c[0], c[cpu]);
+            (c[0].clone(), c[1].clone(), c[differ].clone())
         })
         .collect()
 }
