@@ -134,9 +134,9 @@ pub use gradlane_core::reassembly::{
 };
 pub use gradlane_core::score::GradientError;
 pub use group::{
-    default_sockets, paths_per_peer, AllreduceReport, BucketId, BucketOptions, Group, GroupConfig,
-    GroupError, LossRecovery, ReduceOp, Rendezvous, SparseAllgather, SparsePath, SparseReport,
-    SparseRows, MAX_SOCKETS,
+    core_share, default_sockets, paths_per_peer, AllreduceReport, BucketId, BucketOptions, Group,
+    GroupConfig, GroupError, LossRecovery, ReduceOp, Rendezvous, SparseAllgather, SparsePath,
+    SparseReport, SparseRows, MAX_SOCKETS,
 };
 pub use link::{
     DatagramSize, LayoutId, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,

@@ -29,8 +29,8 @@ const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 /// constructor is not told.
 const SOCKETS_ENV: &str = "GRADLANE_SOCKETS";
 
-/// A group's sockets: `asked`, else `GRADLANE_SOCKETS`, else half the
-/// runtime's worker threads, 1 to 4.
+/// A group's sockets: `asked`, else `GRADLANE_SOCKETS`, else the
+/// library's default ([`gradlane::default_sockets`]).
 fn group_sockets(asked: Option<i64>) -> Result<usize, CallError> {
     let valid = |n: i64, from: &str| match usize::try_from(n) {
         Ok(n) if (1..=gradlane::MAX_SOCKETS).contains(&n) => Ok(n),
@@ -48,7 +48,7 @@ fn group_sockets(asked: Option<i64>) -> Result<usize, CallError> {
         })?;
         return valid(n, SOCKETS_ENV);
     }
-    Ok((crate::worker_threads()? / 2).clamp(1, 4))
+    Ok(gradlane::default_sockets())
 }
 
 /// One rank of a gradlane group: a QUIC link to every other rank, and the
@@ -100,9 +100,10 @@ fn group_sockets(asked: Option<i64>) -> Result<usize, CallError> {
 /// traffic over, each pair of ranks getting a share of them as paths
 /// that the exact collectives stripe large messages over (more cores
 /// seal and open packets); by default the environment variable
-/// GRADLANE_SOCKETS, else half the runtime's threads (GRADLANE_THREADS,
-/// by default this process's share of the cores), 1 to 4. Tune it on a
-/// fast path where a rank's cores sit idle; leave it on a slow link.
+/// GRADLANE_SOCKETS, else one per core of this rank's share of the host
+/// (torchrun's LOCAL_WORLD_SIZE ranks share it) where it has at least 4,
+/// at most 4, and 1 where it has fewer. Tune it on a fast path where a
+/// rank's cores sit idle; leave it on a slow link.
 ///
 /// Every rank must call the same collectives in the same order, as in any
 /// process group; a rank that calls something else, or dies, makes the

@@ -33,11 +33,12 @@ static RUNTIME: OnceLock<Result<(u32, Runtime), String>> = OnceLock::new();
 /// The environment variable that sets the runtime's worker threads.
 pub(crate) const THREADS_ENV: &str = "GRADLANE_THREADS";
 
-/// The runtime's worker threads: `GRADLANE_THREADS`, else this process's
-/// share of the host's cores (torchrun's `LOCAL_WORLD_SIZE` ranks share
-/// them), between 2 and 8. quinn's drivers, the links' tasks and the
-/// sealing and opening of packets run there, the collective itself on the
-/// calling thread.
+/// The runtime's worker threads: `GRADLANE_THREADS`, else, for a rank
+/// with at least 4 cores to itself ([`gradlane::core_share`]: torchrun's
+/// `LOCAL_WORLD_SIZE` ranks share the host), twice its share, at most 8
+/// (its tasks wait on the network more than they compute); else 2. quinn's drivers, the links' tasks and the
+/// sealing and opening of packets run there, the collective itself on
+/// the calling thread.
 pub(crate) fn worker_threads() -> Result<usize, CallError> {
     if let Ok(text) = std::env::var(THREADS_ENV) {
         return match text.trim().parse::<usize>() {
@@ -47,13 +48,10 @@ pub(crate) fn worker_threads() -> Result<usize, CallError> {
             ))),
         };
     }
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let local_ranks = std::env::var("LOCAL_WORLD_SIZE")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(1);
-    Ok((cores / local_ranks).clamp(2, 8))
+    Ok(match gradlane::core_share() {
+        share if share >= 4 => (2 * share).min(8),
+        _ => 2,
+    })
 }
 
 /// The process's tokio runtime, made at the first call, with

@@ -25,7 +25,7 @@ mod rendezvous;
 mod sparse;
 
 pub use differentiated::{AllreduceReport, BucketId, BucketOptions, LossRecovery};
-pub use paths::{default_sockets, paths_per_peer, MAX_SOCKETS};
+pub use paths::{core_share, default_sockets, paths_per_peer, MAX_SOCKETS};
 pub use rendezvous::Rendezvous;
 pub use sparse::{SparseAllgather, SparsePath, SparseReport, SparseRows};
 
@@ -126,8 +126,8 @@ pub struct GroupConfig {
     /// up is an error naming it.
     pub join_timeout: Duration,
     /// UDP sockets (quinn endpoints) this rank spreads its traffic over,
-    /// at least 1 (default [`default_sockets`]: half the cores, at most
-    /// 4). quinn seals, opens and acknowledges a connection's packets in
+    /// at least 1 (default [`default_sockets`]: one per core of this
+    /// rank's share where it has at least 4, at most 4; else 1). quinn seals, opens and acknowledges a connection's packets in
     /// one task, about one core's worth at 10 Gbit/s; with more sockets
     /// each pair of ranks gets [`paths_per_peer`] connections and the
     /// exact collectives stripe their messages over them. Raise it where

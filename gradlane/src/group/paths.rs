@@ -44,11 +44,27 @@ pub(super) const STRIPE_PIECE: usize = 64 << 10;
 /// The most sockets a rank may ask for.
 pub const MAX_SOCKETS: usize = 64;
 
-/// Sockets per rank by default: half this host's cores (ranks usually
-/// share a host with others, and the training needs cores too), 1 to 4.
-pub fn default_sockets() -> usize {
+/// This process's share of the host's cores: the cores over the ranks
+/// that share the host (torchrun's `LOCAL_WORLD_SIZE`, else 1).
+pub fn core_share() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores / 2).clamp(1, 4)
+    let local_ranks = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1);
+    (cores / local_ranks).max(1)
+}
+
+/// Sockets per rank by default: a rank with at least 4 cores to itself
+/// ([`core_share`]) gets one per core, at most 4; with fewer, one: more
+/// sockets pay where idle cores can take their packets (docs/RESULTS.md,
+/// "Fast paths"), and only add work where the cores are busy already.
+pub fn default_sockets() -> usize {
+    match core_share() {
+        share if share >= 4 => share.min(4),
+        _ => 1,
+    }
 }
 
 /// Connections a rank with `sockets` sockets offers each peer in a group
