@@ -58,7 +58,7 @@ pub struct Endpoint {
     refusal: Option<Refusal>,
     /// Its TLS configurations, from which each connection's own is made
     /// (MTU discovery up to what the route to that peer carries).
-    tls: PerPeer,
+    per_peer: PerPeer,
 }
 
 /// An endpoint's TLS configurations and transport settings, from which
@@ -101,13 +101,13 @@ impl Endpoint {
     ) -> Result<Self, SetupError> {
         config.validate()?;
         let server = tls::server_config(cert.as_ref(), key.as_ref())?;
-        let tls = PerPeer {
+        let per_peer = PerPeer {
             tuning: config.tuning(),
             server: Some(server.clone()),
             client: None,
         };
-        let parts = socket::endpoint_parts(addr, Some(server), &tls.tuning, config.faults)?;
-        Ok(Self::from_parts(parts, config, tls))
+        let parts = socket::endpoint_parts(addr, Some(server), &per_peer.tuning, config.faults)?;
+        Ok(Self::from_parts(parts, config, per_peer))
     }
 
     /// An endpoint that both listens on `addr` and connects, for the ranks
@@ -135,7 +135,7 @@ impl Endpoint {
         let refusal = Refusal::default();
         let server = tls::mutual_server_config(cert, key, ca, job.as_deref())?;
         let client = tls::mutual_client_config(ca, cert, key, refusal.clone())?;
-        let tls = PerPeer {
+        let per_peer = PerPeer {
             tuning: tuning.clone(),
             server: Some(server.clone()),
             client: Some(client.clone()),
@@ -143,7 +143,7 @@ impl Endpoint {
         let client = socket::tuned_client(client, &tuning)?;
         let mut parts = socket::endpoint_parts(addr, Some(server), &tuning, config.faults)?;
         parts.endpoint.set_default_client_config(client);
-        let mut endpoint = Self::from_parts(parts, config, tls);
+        let mut endpoint = Self::from_parts(parts, config, per_peer);
         endpoint.job = job;
         endpoint.refusal = Some(refusal);
         Ok(endpoint)
@@ -176,7 +176,7 @@ impl Endpoint {
         config.validate()?;
         let tuning = config.tuning();
         let client = tls::client_config(ca.as_ref())?;
-        let tls = PerPeer {
+        let per_peer = PerPeer {
             tuning: tuning.clone(),
             server: None,
             client: Some(client.clone()),
@@ -184,10 +184,10 @@ impl Endpoint {
         let client = socket::tuned_client(client, &tuning)?;
         let mut parts = socket::endpoint_parts(local, None, &tuning, config.faults)?;
         parts.endpoint.set_default_client_config(client);
-        Ok(Self::from_parts(parts, config, tls))
+        Ok(Self::from_parts(parts, config, per_peer))
     }
 
-    fn from_parts(parts: EndpointParts, config: Config, tls: PerPeer) -> Self {
+    fn from_parts(parts: EndpointParts, config: Config, per_peer: PerPeer) -> Self {
         Self {
             inner: parts.endpoint,
             config,
@@ -198,7 +198,7 @@ impl Endpoint {
             marking: parts.marking,
             job: None,
             refusal: None,
-            tls,
+            per_peer,
         }
     }
 
@@ -232,7 +232,7 @@ impl Endpoint {
         layout: &Layout,
     ) -> Result<Link, LinkError> {
         let own = self
-            .tls
+            .per_peer
             .client_for(addr)
             .map_err(|e| LinkError::Protocol(format!("connect: {e}")))?;
         let connecting = match own {
@@ -286,7 +286,7 @@ impl Endpoint {
     /// the endpoint is closed.
     pub async fn incoming(&self) -> Option<Incoming> {
         let incoming = self.inner.accept().await?;
-        let server = self.tls.server_for(incoming.remote_address());
+        let server = self.per_peer.server_for(incoming.remote_address());
         Some(Incoming {
             incoming,
             server,

@@ -36,9 +36,9 @@ pub(crate) const THREADS_ENV: &str = "GRADLANE_THREADS";
 /// The runtime's worker threads: `GRADLANE_THREADS`, else, for a rank
 /// with at least 4 cores to itself ([`gradlane::core_share`]: torchrun's
 /// `LOCAL_WORLD_SIZE` ranks share the host), twice its share, at most 8
-/// (its tasks wait on the network more than they compute); else 2. quinn's drivers, the links' tasks and the
-/// sealing and opening of packets run there, the collective itself on
-/// the calling thread.
+/// (its tasks wait on the network more than they compute); else 2.
+/// quinn's drivers, the links' tasks and the sealing and opening of
+/// packets run there, the collective itself on the calling thread.
 pub(crate) fn worker_threads() -> Result<usize, CallError> {
     if let Ok(text) = std::env::var(THREADS_ENV) {
         return match text.trim().parse::<usize>() {
@@ -61,8 +61,8 @@ pub(crate) fn worker_threads() -> Result<usize, CallError> {
 /// child of a process that had already used gradlane the runtime is dead,
 /// and using it would hang. That is an error instead.
 pub(crate) fn runtime() -> Result<&'static Runtime, CallError> {
-    let threads = worker_threads()?;
     let made = RUNTIME.get_or_init(|| {
+        let threads = worker_threads().map_err(|e| e.to_string())?;
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("gradlane")

@@ -127,12 +127,12 @@ pub struct GroupConfig {
     pub join_timeout: Duration,
     /// UDP sockets (quinn endpoints) this rank spreads its traffic over,
     /// at least 1 (default [`default_sockets`]: one per core of this
-    /// rank's share where it has at least 4, at most 4; else 1). quinn seals, opens and acknowledges a connection's packets in
-    /// one task, about one core's worth at 10 Gbit/s; with more sockets
-    /// each pair of ranks gets [`paths_per_peer`] connections and the
-    /// exact collectives stripe their messages over them. Raise it where
-    /// a fast path leaves cores idle; leave it at 1 on a slow link, where
-    /// the link binds, not the CPU.
+    /// rank's share where it has at least 4, at most 4; else 1). quinn
+    /// seals, opens and acknowledges a connection's packets in one task;
+    /// with more sockets each pair of ranks gets [`paths_per_peer`]
+    /// connections and the exact collectives stripe their messages over
+    /// them. Raise it where a fast path leaves cores idle; leave it at 1
+    /// on a slow link, where the link binds, not the CPU.
     pub sockets: usize,
 }
 
