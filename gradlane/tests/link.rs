@@ -296,10 +296,17 @@ async fn rounds_under_queue_gated_cubic() {
 
 /// Rounds at 0%, 5% and 20% loss (seeds `seed`, `seed + 1`, `seed + 2`)
 /// under `congestion`, with every guarantee of [`rounds_under_loss_with`].
+///
+/// In Ethernet-sized packets: with loopback's 64 KB packets these two
+/// unbounded windows (quinn's BBR, Cubic gated on queueing) outrun the
+/// receiving socket's 4 MiB buffer now and then (1 run in 3 or 4 here),
+/// and the kernel's drops zero-fill lossy data of a lossless round. The
+/// default capped window does not; docs/RESULTS.md says so.
 async fn rounds_under_controller(congestion: Congestion, seed: u64) {
     for (i, loss) in [0.0, 0.05, 0.20].into_iter().enumerate() {
         let mut config = quick();
         config.congestion = congestion;
+        config.packets = Packets::Ethernet;
         rounds_under_loss_with(loss, seed + i as u64, config).await;
     }
 }
