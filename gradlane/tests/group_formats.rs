@@ -170,9 +170,11 @@ async fn max_and_min_carry_nan_and_infinities_like_torch() {
 }
 
 /// Each rank drops a share `p` of what it sends; the lossy part rides
-/// datagrams.
+/// datagrams. Packets stay Ethernet-sized: this bucket fills only a few
+/// 64 KB packets, and the seeded draws must meet many packets.
 fn lossy(p: f64) -> impl Fn(usize, Config) -> Config {
     move |rank, mut c| {
+        c.packets = gradlane::Packets::Ethernet;
         c.quic.max_idle_timeout = Some(std::time::Duration::from_secs(15));
         if p > 0.0 {
             c.timing.lossy_carrier = LossyCarrier::Datagrams;

@@ -189,6 +189,8 @@ async fn the_differentiated_allreduce_keeps_its_promises_over_several_paths() {
     let world = 2;
     let mut groups = group_configured("pathsdiff", world, |r, mut c| {
         c.sockets = 4;
+        // Ethernet-sized packets: the seeded draws must meet many packets.
+        c.link.packets = gradlane::Packets::Ethernet;
         c.link.quic.max_idle_timeout = Some(Duration::from_secs(15));
         c.link.timing.lossy_carrier = LossyCarrier::Datagrams;
         c.link.faults = Some(Faults {

@@ -66,11 +66,7 @@ impl Group {
         let t = tag(self.next_seq(), Kind::Broadcast);
         if self.rank == root {
             let body = to_bytes(buf);
-            let out = self
-                .others()
-                .iter()
-                .map(|&o| o.then(|| body.clone()))
-                .collect();
+            let out = self.to_others(&body);
             self.exchange(t, out, &[]).await?;
         } else {
             let mut from = vec![false; self.world];
@@ -95,11 +91,7 @@ impl Group {
         }
         let t = tag(self.next_seq(), Kind::Allgather);
         let body = to_bytes(input);
-        let out = self
-            .others()
-            .iter()
-            .map(|&o| o.then(|| body.clone()))
-            .collect();
+        let out = self.to_others(&body);
         let from = self.others();
         let got = self.exchange(t, out, &from).await?;
         for (r, part) in output.chunks_mut(n.max(1)).enumerate().take(self.world) {
@@ -129,11 +121,7 @@ impl Group {
         // The reduced shards back to everyone.
         let t = tag(self.next_seq(), Kind::ReducedShard);
         let body = to_bytes(&reduced);
-        let out = self
-            .others()
-            .iter()
-            .map(|&o| o.then(|| body.clone()))
-            .collect();
+        let out = self.to_others(&body);
         let from = self.others();
         let got = self.exchange(t, out, &from).await?;
         for (r, body) in got.iter().enumerate() {

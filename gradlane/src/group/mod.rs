@@ -417,6 +417,15 @@ impl Group {
         Ok(got)
     }
 
+    /// `body` for every other rank, nothing for this one: what
+    /// [`exchange`](Self::exchange) sends when every rank gets the same.
+    fn to_others(&self, body: &Bytes) -> Vec<Option<Bytes>> {
+        self.others()
+            .iter()
+            .map(|&o| o.then(|| body.clone()))
+            .collect()
+    }
+
     /// Whether each rank is another rank (all but this one).
     fn others(&self) -> Vec<bool> {
         (0..self.world).map(|r| r != self.rank).collect()

@@ -288,11 +288,7 @@ impl Group {
         };
         let t = tag(0, Kind::Paths);
         let body = offer.encode();
-        let out = self
-            .others()
-            .iter()
-            .map(|&o| o.then(|| body.clone()))
-            .collect();
+        let out = self.to_others(&body);
         let from = self.others();
         let got = self.exchange(t, out, &from).await?;
         // What each pair uses: the fewer paths of the two offers.

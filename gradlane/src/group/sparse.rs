@@ -134,11 +134,7 @@ impl Group {
         // Phase 1: the counts, with the shape so a mismatch is caught here.
         let t = tag(self.next_seq(), Kind::Counts);
         let head = shape_bytes(mine.rows.len() as u64, mine.height, w as u64);
-        let out = self
-            .others()
-            .iter()
-            .map(|&o| o.then(|| head.clone()))
-            .collect();
+        let out = self.to_others(&head);
         let from = self.others();
         let got = self.exchange(t, out, &from).await?;
         let mut counts = vec![mine.rows.len() as u64; world];
@@ -182,11 +178,7 @@ impl Group {
             SparsePath::EqualCounts => {
                 let t = tag(self.next_seq(), Kind::Rows);
                 let body: Bytes = Bytes::copy_from_slice(bytemuck::cast_slice(&mine.rows));
-                let out = self
-                    .others()
-                    .iter()
-                    .map(|&o| o.then(|| body.clone()))
-                    .collect();
+                let out = self.to_others(&body);
                 let got = self.exchange(t, out, &from).await?;
                 for (r, body) in got.iter().enumerate() {
                     if let Some(body) = body {
@@ -195,11 +187,7 @@ impl Group {
                 }
                 let t = tag(self.next_seq(), Kind::Values);
                 let body = to_bytes(&mine.values);
-                let out = self
-                    .others()
-                    .iter()
-                    .map(|&o| o.then(|| body.clone()))
-                    .collect();
+                let out = self.to_others(&body);
                 let got = self.exchange(t, out, &from).await?;
                 for (r, body) in got.iter().enumerate() {
                     if let Some(body) = body {
@@ -212,11 +200,7 @@ impl Group {
             SparsePath::Allgatherv => {
                 let t = tag(self.next_seq(), Kind::RowsAndValues);
                 let body = rows_and_values(mine);
-                let out = self
-                    .others()
-                    .iter()
-                    .map(|&o| o.then(|| body.clone()))
-                    .collect();
+                let out = self.to_others(&body);
                 let got = self.exchange(t, out, &from).await?;
                 for (r, body) in got.iter().enumerate() {
                     if let Some(body) = body {
@@ -240,11 +224,7 @@ impl Group {
                     let mut from_root = vec![false; world];
                     if root == me {
                         let body = rows_and_values(mine);
-                        let out = self
-                            .others()
-                            .iter()
-                            .map(|&o| o.then(|| body.clone()))
-                            .collect();
+                        let out = self.to_others(&body);
                         self.exchange(t, out, &[]).await?;
                         sent += peers;
                     } else {
