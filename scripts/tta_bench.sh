@@ -62,9 +62,17 @@
 # run), and the report. A cell whose line is in runs.csv already is
 # skipped, so an interrupted bench resumes.
 #
+# DEVICE (cpu or cuda, default cpu) is where each rank trains; on a GPU
+# host all ranks share its GPUs (train_tta.py --device). RACE_TAG names
+# the hardware in runs.csv (default: the CPU model, and the GPU's name
+# with DEVICE=cuda).
+#
 # Needs root (the testbed) and the venv of README's test command (VENV,
-# default .venv-test, made by `bash scripts/test.sh`); installs matplotlib
-# into it for the plots.
+# default .venv-test, made by `bash scripts/test.sh`), or an interpreter
+# with torch, scikit-learn and the gradlane wheel (PY); installs
+# matplotlib for the plots where missing. cargo builds the certs and
+# delay_stage binaries where it is installed; without it (a GPU host with
+# the tree carried, docs/GPU.md) they must be in target/release already.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,20 +88,31 @@ OUT=${OUT:-docs/tta}
 VENV=${VENV:-.venv-test}
 PLAN=${PLAN:-full}
 VARIANTS=${VARIANTS:-gloo-cubic gloo-bbr gloo-cubic+fp16 gloo-bbr+fp16 gloo-cubic+powersgd gloo-bbr+powersgd gradlane gradlane+fp16 gradlane+powersgd hook-bf16log8-t0.4 hook-bf16log8-t0.7}
-PY=$(realpath -ms "$VENV/bin/python")
+DEVICE=${DEVICE:-cpu}
+PY=${PY:-$(realpath -ms "$VENV/bin/python")}
 OUT=$(realpath -m "$OUT")
 
 die() { echo "tta_bench: $*" >&2; exit 2; }
 [[ $(id -u) = 0 ]] || die "needs root (network namespaces); run it with sudo -E"
 "$PY" -c 'import gradlane.torch, sklearn' 2>/dev/null ||
-    die "$VENV has no torch, scikit-learn or gradlane; run 'bash scripts/test.sh' first or set VENV"
-"$PY" -c 'import matplotlib' 2>/dev/null || "$PY" -m pip install --quiet matplotlib
+    die "$PY has no torch, scikit-learn or gradlane; run 'bash scripts/test.sh' first or set VENV or PY"
+"$PY" -c 'import matplotlib' 2>/dev/null || "$PY" -m pip install --quiet matplotlib ||
+    echo "tta_bench: no matplotlib and none to install: the report comes without plots" >&2
+case $DEVICE in
+    cpu) tag="cpu: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)" ;;
+    cuda) tag="cuda: $("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))')" ;;
+    *) die "DEVICE is cpu or cuda, not $DEVICE" ;;
+esac
+RACE_TAG=${RACE_TAG:-$tag}
 case $PLAN in
     full | prune) ;;
     *) die "PLAN is full or prune, not $PLAN" ;;
 esac
 
-cargo build --quiet --release --bin certs
+if command -v cargo >/dev/null; then
+    cargo build --quiet --release --bin certs
+fi
+[[ -x target/release/certs ]] || die "no target/release/certs (cargo build --release --bin certs, or carry it)"
 CERTS=$(mktemp -d)
 WORK=$(mktemp -d)
 trap 'rm -rf "$CERTS" "$WORK"' EXIT
@@ -103,13 +122,18 @@ for r in $(seq 1 "$RANKS"); do sans+=(--san "10.77.0.$r"); done
 
 mkdir -p "$OUT/runs"
 RUNS=$OUT/runs.csv
-[[ -f $RUNS ]] || echo "variant,loss,seed,condition,rate,ranks,width,steps_run,train_s,time_to_target_s,final_acc,step_p50_s,step_p99_s,sent_bytes_per_step,measured_loss,params_equal,build,date" >"$RUNS"
-build=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- examples python gradlane scripts || echo +changes)
+[[ -f $RUNS ]] || echo "variant,loss,seed,condition,rate,ranks,width,steps_run,train_s,time_to_target_s,final_acc,step_p50_s,step_p99_s,sent_bytes_per_step,measured_loss,params_equal,build,date,hardware" >"$RUNS"
+if git rev-parse --short HEAD >/dev/null 2>&1; then
+    build=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- examples python gradlane scripts || echo +changes)
+else
+    # A tree carried without .git: scripts/gpu_pack.sh wrote its build.
+    build=$(cat target/gpu/BUILD 2>/dev/null || echo unknown)
+fi
 # Runs the cells given (one "variant loss seed condition" a line) under
 # the stage name $1.
 run_cells() {
     local stage=$1 cells=$2 n i=0 variant loss seed condition name args cc base torch_hook
-    local compete dscp delay logs t0 status took summary sums equal measured row
+    local compete dscp delay logs t0 status took summary sums equal measured row async hardware
     cells=$(echo "$cells" | sed '/^ *$/d')
     [[ -n $cells ]] || return 0
     n=$(echo "$cells" | wc -l)
@@ -123,7 +147,8 @@ run_cells() {
         fi
         args=(--width "$WIDTH" --steps "$STEPS" --eval-every "$EVAL_EVERY" --target-acc "$TARGET"
             --time-limit "$TIME_LIMIT" --seed "$seed" --csv "$OUT/runs/$name.csv")
-        cc=cubic
+        args+=(--device "$DEVICE")
+        cc=cubic async=1
         base=${variant%%+*} torch_hook=none
         [[ $variant == *+* ]] && torch_hook=${variant#*+}
         # +powersgd-rR, +powersgd-fp16-rR: PowerSGD of rank R (default 4).
@@ -142,6 +167,9 @@ run_cells() {
             gloo-cubic) args+=(--transport gloo) ;;
             gloo-bbr) args+=(--transport gloo); cc=bbr ;;
             gradlane) args+=(--transport gradlane) ;;
+            # The backend with each collective done inside the call (no
+            # overlap with backward): what overlapping gains.
+            gradlane-sync) args+=(--transport gradlane); async=0 ;;
             hook-zero_fill | hook-rescale | hook-error_feedback) args+=(--transport hook --recovery "${base#hook-}") ;;
             hook-datagrams) args+=(--transport hook --lossy-carrier datagrams) ;;
             hook-bf16log8-t*)
@@ -149,7 +177,7 @@ run_cells() {
                     --loss-tolerance "${base#hook-bf16log8-t}") ;;
             *) die "unknown variant $variant" ;;
         esac
-        [[ $torch_hook == none || $base == gloo-* || $base == gradlane || $torch_hook == powersgd ]] ||
+        [[ $torch_hook == none || $base == gloo-* || $base == gradlane* || $torch_hook == powersgd ]] ||
             die "$variant: torch's hooks go over a backend (gloo-*, gradlane); gradlane's hook takes +powersgd only"
         compete=0 dscp=0 delay=0
         case $condition in
@@ -166,7 +194,7 @@ run_cells() {
         status=0
         # A hard bound far above any healthy run, so that a wedged one cannot
         # eat the bench; the testbed tears down on TERM.
-        GRADLANE_CERT_DIR=$CERTS PY=$PY COMPETE=$compete RANKS=$RANKS RATE=$RATE \
+        GRADLANE_ASYNC=$async GRADLANE_CERT_DIR=$CERTS PY=$PY COMPETE=$compete RANKS=$RANKS RATE=$RATE \
             QUEUE_BYTES=$QUEUE_BYTES LOSS=$loss DELAY_MS=$delay TCP_CC=$cc DSCP_PRIORITY=$dscp PRIORITY_DSCP=56 \
             LOG_DIR=$logs GRACE=60 timeout $((TIME_LIMIT * 3 + 600)) \
             bash scripts/testbed.sh -- bash scripts/tta_rank.sh "${args[@]}" 2>"$logs/testbed.err" || status=$?
@@ -194,7 +222,10 @@ per_step = round(int(last["sent_bytes"]) / int(last["step"])) if last["sent_byte
 print(f"{steps},{train_s},{hit},{last['test_acc']},{p50},{p99},{per_step}")
 EOF
         row=$(cat "$WORK/row")
-        echo "$variant,$loss,$seed,$condition,$RATE,$RANKS,$WIDTH,$row,$measured,$equal,$build,$(date -u +%FT%H:%MZ)" >>"$RUNS"
+        hardware=""
+        # runs.csv files begun before the hardware column keep their columns.
+        [[ $(head -1 "$RUNS") == *,hardware ]] && hardware=",\"${RACE_TAG//\"/}\""
+        echo "$variant,$loss,$seed,$condition,$RATE,$RANKS,$WIDTH,$row,$measured,$equal,$build,$(date -u +%FT%H:%MZ)$hardware" >>"$RUNS"
         echo "${took}s: $summary; loss measured $measured; parameters equal: $equal"
         cp "$logs/rank0.log" "$OUT/runs/$name.log"
     done <<<"$cells"

@@ -387,8 +387,18 @@ def main() -> int:
         "that meet the goal's accuracy bar):\n\n" + best_against_best(runs, args.target)
         + "\nEvery variant:\n\n" + table(runs, args.target)
     )
+    hardware = sorted({r["hardware"] for r in runs if r.get("hardware")})
+    if hardware:
+        md += "\nHardware: " + "; ".join(hardware) + "\n"
     (out / "table.md").write_text(md)
     print(md)
+    try:
+        import matplotlib  # noqa: F401 - only whether it is there
+    except ImportError:
+        # A GPU host without network has none: the plots are made where the
+        # runs are brought back (this script again, on the same OUT).
+        print(f"tta_report: wrote {out / 'table.md'}; no matplotlib here, so no plots")
+        return 0
     plots(out, runs, args.target)
     print(f"tta_report: wrote {out / 'table.md'}, {out / 'accuracy.png'}, {out / 'time_to_target.png'}")
     return 0

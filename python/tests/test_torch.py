@@ -257,6 +257,10 @@ def scenario_hook(
     out["totals"] = dict(state.totals)
     out["buckets"] = len(state._buckets)
     out["own_group"] = state._own_group
+    # Sharing the backend's Group, the hook shares its issue order too, so
+    # the two never interleave their collectives on the wire.
+    pg_order = getattr(dist.distributed_c10d._get_default_group(), "_order", None)
+    out["shares_order"] = pg_order is not None and state._order is pg_order
     out["staged_buffers"] = staged_buffers(state._stager)
     state.close()
     dist.destroy_process_group()
@@ -734,6 +738,7 @@ def test_hook_without_loss_equals_the_exact_allreduce(cert_dir, backend, dscp, o
         # Over gloo the hook joins its own Group; over gradlane it uses
         # the backend's, unless its settings (DSCP marks) differ.
         assert o["own_group"] == (backend == "gloo" or dscp)
+        assert o["shares_order"] == (not o["own_group"])
         assert o["steps"] == steps
         assert o["buckets"] >= 1
         for step in range(steps):
@@ -747,7 +752,7 @@ def test_hook_without_loss_equals_the_exact_allreduce(cert_dir, backend, dscp, o
             assert s["hook_ns"] >= s["network_ns"] > 0, s
             assert s["reduce_ns"] > 0 and s["return_ns"] > 0, s
             assert s["reduce_ns"] + s["return_ns"] <= s["network_ns"], s
-            assert ("wait_ns" in s) == overlap, s
+            assert s["wait_ns"] >= 0, s  # every bucket says how long it queued
 
 
 @pytest.mark.parametrize("lossy_carrier", ["adaptive", "datagrams"])
@@ -957,6 +962,7 @@ def test_rank_listen_address_takes_ip_or_ip_and_port(monkeypatch):
 
 def test_a_bad_gradlane_variable_is_a_clear_error_naming_it(monkeypatch, tmp_path):
     from gradlane.torch._backend import (
+        asynchronous_from_env,
         cert_dir_from_env,
         idle_timeout_from_env,
         port_from_env,
@@ -981,6 +987,14 @@ def test_a_bad_gradlane_variable_is_a_clear_error_naming_it(monkeypatch, tmp_pat
             port_from_env("GRADLANE_PORT")
     monkeypatch.setenv("GRADLANE_PORT", "4433")
     assert port_from_env("GRADLANE_PORT") == 4433
+    for bad in ("yes", "2", ""):
+        monkeypatch.setenv("GRADLANE_ASYNC", bad)
+        with pytest.raises(ValueError, match=r"GRADLANE_ASYNC .* is not 0 or 1"):
+            asynchronous_from_env()
+    monkeypatch.setenv("GRADLANE_ASYNC", "0")
+    assert asynchronous_from_env() is False
+    monkeypatch.delenv("GRADLANE_ASYNC")
+    assert asynchronous_from_env() is True
     # A directory without the files says which are missing and how to make them.
     (tmp_path / "ca.pem").write_text("")
     monkeypatch.setenv("GRADLANE_CERT_DIR", str(tmp_path))

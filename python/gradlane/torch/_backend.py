@@ -1,13 +1,23 @@
 """The torch.distributed backend "gradlane": a Python ProcessGroup over
 :class:`gradlane.Group`.
 
-Every collective runs its network part inside the call (the GIL released
-while the network works) and returns a :class:`GradlaneWork`. On CPU
-tensors it is done: its ``wait()`` returns True at once and its
-``get_future()`` is a completed :class:`torch.futures.Future`. CUDA
-tensors are staged through reusable pinned host buffers
-(gradlane.torch._staging): copied to the host on a side stream, reduced
-there, copied back on the side stream; ``wait()`` and the future make
+Every collective returns a :class:`GradlaneWork` at once, as gloo's and
+NCCL's do, and runs on the process group's own thread
+(gradlane.torch._issue_order): one at a time, in the order they were
+issued, with the GIL released while the network works. So DDP overlaps
+each bucket's allreduce with the rest of backward. ``wait()`` blocks until
+the collective is done and raises its error (a
+:class:`gradlane.GroupError` such as ``RankFailedError`` naming the rank
+that went away); ``get_future()`` completes then, on that thread, which
+runs its callbacks: a collective a callback issues runs there at once
+(torch's PowerSGD hook issues and waits for two inside its callbacks).
+Input checks run in the call itself: bad input raises there, before
+anything is sent, and the ranks stay in step.
+
+CUDA tensors are staged through reusable pinned host buffers
+(gradlane.torch._staging): the call queues their copies to the host on a
+side stream, the thread waits for them, reduces on the host, and queues
+the copies back on the side stream; ``wait()`` and the future then make
 the caller's stream wait for the copies back, as NCCL's do.
 
 Tensors: CPU or CUDA, contiguous. Reductions (allreduce, reduce_scatter; SUM,
@@ -35,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 import gradlane
+from gradlane.torch._issue_order import IssueOrder
 from gradlane.torch._staging import StagedCall, Stager, future_for
 
 BACKEND_NAME = "gradlane"
@@ -43,37 +54,49 @@ ROOT_KEY = "gradlane/root"
 
 
 class GradlaneWork(dist._Work):
-    """A collective's result: ``get_future()`` holds ``result`` (what torch
-    expects of the op: the tensors it wrote).
+    """A collective in flight: ``get_future()`` completes with ``result``
+    (what torch expects of the op: the tensors it wrote) once the
+    collective is done, or with its error.
 
-    On CPU tensors the collective is done when the Work is made: ``wait()``
-    returns True at once. On CUDA tensors the results are being copied back
-    to the device on gradlane's side stream: ``wait()`` (and the future's)
-    makes the caller's current stream wait for those copies, without
-    blocking the CPU, as NCCL's Work does; ``is_completed()`` says whether
-    they have finished."""
+    ``wait()`` blocks until then and raises the collective's error; on CUDA
+    tensors it also makes the caller's current stream wait for the copies
+    back to the device, without blocking the CPU for them, as NCCL's Work
+    does. ``is_completed()`` says whether all of that has finished. The
+    ``timeout`` of ``wait()`` is not used: a rank that goes silent fails
+    the collective after the Group's idle timeout (GRADLANE_IDLE_TIMEOUT)."""
 
-    def __init__(self, result, staged: StagedCall | None = None):
+    def __init__(self, future: torch.futures.Future, result):
         super().__init__()
+        self._future = future
         self._result = result
         self._event = None
-        if staged is None:
-            self._future = torch.futures.Future()
-            self._future.set_result(result)
-        else:
-            self._future = future_for(staged.device)
-            staged.complete(self._future, result)
-            self._event = staged.event
+        self._error: BaseException | None = None
 
-    def wait(self, timeout=None):  # noqa: ARG002 - the network part is done already
+    def _succeed(self, staged: StagedCall | None = None) -> None:
+        if staged is None:
+            self._future.set_result(self._result)
+        else:
+            self._event = staged.event
+            staged.complete(self._future, self._result)
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._future.set_exception(error)
+
+    def wait(self, timeout=None):  # noqa: ARG002 - see the class docs
         self._future.wait()
         return True
 
     def is_completed(self):
+        if not self._future.done():
+            return False
         return self._event is None or self._event.query()
 
     def is_success(self):
-        return True
+        return self._future.done() and self._error is None
+
+    def exception(self):
+        return self._error
 
     def result(self):
         return self._result
@@ -185,14 +208,18 @@ class GradlaneProcessGroup(dist.ProcessGroup):
     ``group`` is the joined :class:`gradlane.Group` it owns and closes.
     """
 
-    def __init__(self, group: gradlane.Group, rank: int, size: int):
+    def __init__(self, group: gradlane.Group, rank: int, size: int, asynchronous: bool = True):
         super().__init__(rank, size)
         self.group = group
+        #: False: each call returns once its collective is done (and raises
+        #: its error), as gradlane's backend did before it was asynchronous.
+        self.asynchronous = asynchronous
         self._rank = rank
         self._size = size
         self._group_name = ""
         self._group_desc = ""
         self._stager = Stager()
+        self._order = IssueOrder(f"gradlane-pg{rank}")
         _GROUPS.add(self)
 
     # --- identity
@@ -220,23 +247,42 @@ class GradlaneProcessGroup(dist.ProcessGroup):
     def __repr__(self):
         return f"GradlaneProcessGroup(rank={self._rank}, size={self._size})"
 
-    # --- staging
+    # --- issuing
     def _run(self, tensors, reads, writes, body, result) -> GradlaneWork:
-        """Runs ``body`` (the collective on CPU tensors) on ``tensors``,
-        staged through host buffers when they are CUDA tensors: ``reads``
-        and ``writes`` say which the collective reads and writes. The Work
-        holds ``result``."""
-        if not self._stager.needs_staging(tensors):
-            body(tensors)
-            return GradlaneWork(result)
-        call = self._stager.call(tensors, reads, writes)
+        """Issues ``body`` (the collective on CPU tensors) on ``tensors``:
+        queued behind the collectives issued before it, staged through host
+        buffers when they are CUDA tensors (``reads`` and ``writes`` say
+        which the collective reads and writes). The Work holds ``result``."""
+        staged = None
+        if self._stager.needs_staging(tensors):
+            staged = self._stager.call(tensors, reads, writes)
+        device = staged.device if staged is not None else torch.device("cpu")
+        work = GradlaneWork(future_for(device), result)
+
+        def job():
+            try:
+                if staged is None:
+                    body(tensors)
+                else:
+                    staged.wait_copied_in()
+                    body(staged.host)
+                    staged.finish()
+            except BaseException as e:  # noqa: BLE001 - handed over through the Work
+                if staged is not None:
+                    staged.abandon()
+                work._fail(e)
+                return
+            work._succeed(staged)
+
         try:
-            body(call.host)
+            self._order.submit(job)
         except BaseException:
-            call.abandon()
+            if staged is not None:
+                staged.abandon()
             raise
-        call.finish()
-        return GradlaneWork(result, call)
+        if not self.asynchronous:
+            work.wait()
+        return work
 
     # --- reductions (float32, bfloat16, float16)
     def allreduce(self, tensors, opts=None):
@@ -447,16 +493,21 @@ class GradlaneProcessGroup(dist.ProcessGroup):
 
     # --- synchronization
     def barrier(self, opts=None):
-        """Returns once every rank has called barrier."""
-        self.group.barrier()
-        return GradlaneWork([])
+        """Completes once every rank has called barrier (and every
+        collective issued before it has run)."""
+        return self._run([], [], [], lambda _: self.group.barrier(), [])
 
     def shutdown(self):
-        """Closes the gradlane Group (the links to the other ranks)."""
+        """Runs the collectives issued so far, then closes the gradlane
+        Group (the links to the other ranks)."""
+        self._order.close()
         self.group.close()
 
     def abort(self):
+        """Closes the gradlane Group as soon as the collective in flight
+        (if any) ends: the queued ones fail with GroupClosedError."""
         self.group.close()
+        self._order.close()
 
 
 #: Live process groups, for the hook to find the Group of one.
@@ -551,7 +602,8 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     (an "ip:port" or an IP; default 0.0.0.0:0). Certificates from
     GRADLANE_CERT_DIR. Forming the group may take ``timeout``. GRADLANE_IDLE_TIMEOUT (seconds, default
     30) is how long a silent link lasts before the ranks raise a
-    GroupError naming the rank that went away.
+    GroupError naming the rank that went away. GRADLANE_ASYNC=0 makes
+    each call wait for its collective.
     """
     cert_dir = cert_dir_from_env()
     if isinstance(timeout, datetime.timedelta):
@@ -579,7 +631,19 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
         join_timeout=join_timeout,
         idle_timeout=idle_timeout_from_env(),
     )
-    return GradlaneProcessGroup(group, rank, size)
+    return GradlaneProcessGroup(group, rank, size, asynchronous=asynchronous_from_env())
+
+
+def asynchronous_from_env() -> bool:
+    """GRADLANE_ASYNC: 1 (default) returns each collective's Work at once,
+    0 returns it done (for comparing the two; DDP cannot overlap then)."""
+    value = os.environ.get("GRADLANE_ASYNC", "1")
+    if value not in ("0", "1"):
+        raise ValueError(
+            f"gradlane: GRADLANE_ASYNC {value!r} is not 0 or 1 (1 returns each "
+            "collective's Work at once, 0 once it is done; unset, 1)"
+        )
+    return value == "1"
 
 
 def idle_timeout_from_env() -> float | None:
@@ -605,6 +669,15 @@ def _register():
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu", "cuda"])
+
+
+def issue_order_of(group: gradlane.Group) -> IssueOrder | None:
+    """The thread that runs the collectives of the torch process group
+    whose :class:`gradlane.Group` is ``group``, if one has it."""
+    for g in list(_GROUPS):
+        if g.group is group:
+            return g._order
+    return None
 
 
 def gradlane_group_of(pg) -> gradlane.Group | None:

@@ -2,7 +2,6 @@
 
 
 import os
-import queue
 import threading
 import time
 
@@ -15,10 +14,12 @@ from gradlane.torch._backend import (
     cert_dir_from_env,
     gradlane_group_of,
     idle_timeout_from_env,
+    issue_order_of,
     port_from_env,
     rank_listen_from_env,
     values_view,
 )
+from gradlane.torch._issue_order import IssueOrder
 from gradlane.torch._staging import Stager, future_for
 
 RECOVERIES = ("zero_fill", "rescale", "error_feedback")
@@ -63,14 +64,14 @@ class HookState:
       the summed gradient (``loss_tolerance`` of each tensor's) come back
       in the lossy format too: fewer bytes on the way back, at the lossy
       format's error on those sums. Worth it where the network binds.
-    - ``overlap`` (default False): run each bucket's allreduce on a
-      thread of the state's while backward computes the next buckets (as
-      gloo does), instead of inside the hook. Worth it where the host has
-      cores to spare for the network; where every core is busy computing,
-      the two compete and steps take longer (docs/RESULTS.md: 4 ranks
-      sharing 2 cores). With it, do not call collectives of the same Group
-      from another thread while backward runs (the backend's, when the
-      hook shares it).
+    - ``overlap`` (default False): return from the hook at once and let
+      each bucket's allreduce run while backward computes the next buckets
+      (as gloo does), instead of waiting for it inside the hook. Worth it
+      where the host has cores to spare for the network; where every core
+      is busy computing, the two compete and steps take longer
+      (docs/RESULTS.md: 4 ranks sharing 2 cores). Either way the
+      allreduces run on the thread that runs the Group's collectives in
+      issue order: the backend's, when the hook shares its Group.
     - ``lossy_carrier``: what carries the lossy chunks. ``"adaptive"``
       (default) sends them on low-priority streams while the path loses
       nothing and as datagrams after a loss; cheapest in CPU.
@@ -111,8 +112,8 @@ class HookState:
     buckets' allreduces took, Python side included; ``network_ns``, the
     part of that spent in the Rust allreduce (the difference is what the
     Python side costs), itself split into ``reduce_ns`` and
-    ``return_ns``, its two halves; with overlap, ``wait_ns``, how long
-    buckets waited on the thread for the ones before them.
+    ``return_ns``, its two halves; ``wait_ns``, how long buckets waited
+    on the thread for the collectives issued before them.
     """
 
     def __init__(
@@ -178,17 +179,28 @@ class HookState:
         self.last_stats: dict[str, int] = {}
         self.totals: dict[str, int] = {}
         self.steps = 0
-        # With overlap, the thread that runs the Group's calls, started by
-        # the first bucket. The first failure, which every later bucket
-        # gets too.
-        self._jobs: queue.SimpleQueue | None = None
-        self._thread: threading.Thread | None = None
+        # The thread that runs the Group's collectives in issue order (the
+        # backend's when the Group is its), chosen when the Group is
+        # joined. The first failure, which every later bucket gets too.
+        self._order: IssueOrder | None = None
+        self._own_order = False
         self._failed: BaseException | None = None
         # CUDA buckets go through pinned host buffers (see _staging).
         self._stager = Stager()
 
     # ------------------------------------------------------------ group
     def _join(self) -> gradlane.Group:
+        """The Group, joined at the first call, and the issue order its
+        collectives run in (the backend's when the Group is its)."""
+        g = self._join_group()
+        if self._order is None:
+            self._order = issue_order_of(g)
+            if self._order is None:
+                self._order = IssueOrder("gradlane-hook")
+                self._own_order = True
+        return g
+
+    def _join_group(self) -> gradlane.Group:
         if self.group is not None:
             return self.group
         defaults = self.injected_loss == 0.0 and self.loss_tolerance == 0.2 and not self.dscp
@@ -230,40 +242,29 @@ class HookState:
         return self.group
 
     def close(self) -> None:
-        """Stops the state's thread and closes the Group the state joined
-        itself (not one it was given)."""
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join()
-            self._thread = None
+        """Stops the state's thread (not the backend's, when the Group is
+        the backend's) and closes the Group the state joined itself (not
+        one it was given)."""
+        if self._own_order and self._order is not None:
+            self._order.close()
         if self._own_group and self.group is not None:
             self.group.close()
-
-    # ----------------------------------------------------------- thread
-    def _submit(self, job) -> None:
-        if self._thread is None:
-            self._jobs = queue.SimpleQueue()
-            self._thread = threading.Thread(target=self._run, name="gradlane-hook", daemon=True)
-            self._thread.start()
-        self._jobs.put(job)
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            job()
 
     def _reduce(
         self, key, shapes, flat, buf, fut, last: bool, queued_ns: int, staged=None
     ) -> None:
-        """One bucket's allreduce in place, then its future (inside the
-        hook, or on the state's thread with overlap). With ``staged`` (a
-        CUDA bucket), ``flat`` is its host copy, copied back to ``buf``
-        before the future completes."""
+        """One bucket's allreduce in place, then its future (on the thread
+        of the Group's issue order). With ``staged`` (a CUDA bucket),
+        ``flat`` is its host copy, copied back to ``buf`` before the future
+        completes."""
         started = time.perf_counter_ns()
         try:
             if self._failed is not None:
                 raise self._failed
-            g = self._join()
+            g = self.group
             bid = self._bucket_id(g, key, shapes)
+            if staged is not None:
+                staged.wait_copied_in()
             stats = g.allreduce_differentiated(bid, flat, op="mean")
         except BaseException as e:  # noqa: BLE001 - handed to DDP through the future
             if self._failed is None:
@@ -273,8 +274,7 @@ class HookState:
             fut.set_exception(e)
             return
         stats["hook_ns"] = time.perf_counter_ns() - started
-        if self.overlap:
-            stats["wait_ns"] = started - queued_ns
+        stats["wait_ns"] = started - queued_ns
         self._record(stats, last)
         if staged is None:
             fut.set_result(buf)
@@ -318,14 +318,14 @@ def ddp_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: averages the bucket's gradients over the
     ranks with gradlane's differentiated allreduce (per conv kernel and
     per 1 KiB block of other tensors, the important chunks exact and the
-    rest lossy), in place. Returns a future of the buffer: completed,
-    or with ``overlap`` one that the state's thread completes (see
-    :class:`HookState`).
+    rest lossy), in place. Returns a future of the buffer that the thread
+    of the Group's collectives completes: already complete, or with
+    ``overlap`` at once (see :class:`HookState`).
 
     Register with ``ddp.register_comm_hook(HookState(...), ddp_hook)``.
     Takes CPU or CUDA gradients of float32, bfloat16 or float16. A CUDA
     bucket is copied to a pinned host buffer (on a side stream, waited
-    for here), reduced there and copied back on the side stream; the
+    for on that thread), reduced there and copied back on the side stream; the
     future completes with those copies enqueued, and DDP's wait on it
     makes its stream wait for them.
     """
@@ -336,18 +336,31 @@ def ddp_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
             f"gradlane: ddp_hook takes CPU or CUDA float32, bfloat16 or float16 gradients, "
             f"the bucket is {buf.dtype} on {buf.device}"
         )
+    fut: torch.futures.Future[torch.Tensor] = future_for(buf.device)
+    try:
+        state._join()
+    except BaseException as e:  # noqa: BLE001 - handed to DDP through the future
+        state._failed = state._failed or e
+        fut.set_exception(e)
+        return fut.then(lambda f: f.value())
     shapes = tuple(tuple(p.shape) for p in bucket.parameters())
     staged = state._stager.call([buf], [True], [True]) if state._stager.needs_staging([buf]) else None
     flat, dtype = values_view(staged.host[0] if staged is not None else buf)
     # DDP rebuilds its buckets after the first step, so the shapes are
     # part of the key.
     key = (bucket.index(), shapes, dtype)
-    fut: torch.futures.Future[torch.Tensor] = future_for(buf.device)
     last = bucket.is_last()
-    if state.overlap:
-        state._submit(lambda: state._reduce(key, shapes, flat, buf, fut, last, queued, staged))
-    else:
-        state._reduce(key, shapes, flat, buf, fut, last, queued, staged)
+    done = threading.Event()
+
+    def job():
+        try:
+            state._reduce(key, shapes, flat, buf, fut, last, queued, staged)
+        finally:
+            done.set()
+
+    state._order.submit(job)
+    if not state.overlap:
+        done.wait()
     # DDP reads a future's value in C++, where an exception set from Python
     # is only a value that is not a tensor ("Unable to cast ... to Tensor");
     # reading it in a callback makes it the chained future's error.

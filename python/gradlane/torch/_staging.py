@@ -3,8 +3,9 @@ whose Group reads and writes host memory.
 
 A :class:`StagedCall` copies the tensors a collective reads into host
 buffers, on a side stream of the tensors' device that first waits for
-the stream they were computed on, and waits for those copies (the
-collective needs the values on the host). The collective runs on the
+the stream they were computed on; the thread that runs the collective
+waits for those copies (it needs the values on the host), the caller
+does not. The collective runs on the
 host buffers. Then the buffers it wrote are copied back to the device
 on the side stream, without waiting: the Work's ``wait()`` and its
 future make the caller's current stream wait for them, as NCCL's do,
@@ -180,6 +181,7 @@ class StagedCall:
         self.host = []
         self.stream = None
         self.event = None
+        self._copied_in = None
         try:
             for t in tensors:
                 nbytes = t.numel() * t.element_size()
@@ -195,7 +197,8 @@ class StagedCall:
                     for t, h, r in zip(tensors, self.host, reads, strict=True):
                         if r:
                             h.copy_(t, non_blocking=True)
-                self.stream.synchronize()
+                    self._copied_in = torch.cuda.Event()
+                    self._copied_in.record(self.stream)
             else:
                 for t, h, r in zip(tensors, self.host, reads, strict=True):
                     if r:
@@ -209,6 +212,13 @@ class StagedCall:
             finally:
                 self.abandon()
             raise
+
+    def wait_copied_in(self) -> None:
+        """Blocks until the host buffers hold what the collective reads
+        (the copies to the host are queued when the call is made, so that
+        the caller need not wait for them)."""
+        if self._copied_in is not None:
+            self._copied_in.synchronize()
 
     def finish(self) -> None:
         """Copies what the collective wrote back to the device tensors (on
