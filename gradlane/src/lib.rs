@@ -85,6 +85,8 @@
 //!   `receive` (the reliable and unreliable engines feeding the core's
 //!   reassembler), `close` (closing in order).
 //! - `tls`: certificates in, rustls configurations out, and a small CA.
+//! - `handshake_failure`: why an accepted connection's handshake failed,
+//!   from the TLS alert its refusal sent.
 //! - `tuning`: socket buffers, flow-control windows, MTU, the congestion
 //!   controller, and the endpoint built from them.
 //! - `socket/`: wrappers of quinn's UDP socket: GSO/GRO batches, DSCP
@@ -103,6 +105,7 @@ mod congestion;
 mod endpoint;
 mod framing;
 mod group;
+mod handshake_failure;
 mod link;
 pub mod ps_net;
 pub mod quic;
@@ -138,6 +141,7 @@ pub use group::{
     GroupConfig, GroupError, LossRecovery, ReduceOp, Rendezvous, SparseAllgather, SparsePath,
     SparseReport, SparseRows, MAX_SOCKETS,
 };
+pub use handshake_failure::{HandshakeFailure, Refuser};
 pub use link::{
     DatagramSize, LayoutId, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,
     RoundArrival, RoundTiming, SendReport, CLOSE_WAIT, MAX_MESSAGE_BYTES,

@@ -103,10 +103,18 @@ fn job_refusal(cert: &CertificateDer<'_>, expected: &str) -> PeerCertError {
     }
 }
 
-/// A refusal as rustls carries it (its text ends up in quinn's error on
-/// this side and in the close reason the peer gets).
+/// A refusal as rustls carries it. The peer learns only the TLS alert
+/// rustls sends for it, so each kind has its own: unknown_ca for a
+/// certificate of another CA, access_denied for another job's
+/// ([`HandshakeFailure`](crate::HandshakeFailure) reads them back). The
+/// words stay on this side: in the connecting rank's refusal slot.
 fn refused(why: PeerCertError) -> rustls::Error {
-    rustls::Error::Other(rustls::OtherError(Arc::new(why)))
+    rustls::Error::InvalidCertificate(match why {
+        PeerCertError::UnknownCa => CertificateError::UnknownIssuer,
+        PeerCertError::WrongJob { .. } | PeerCertError::NoJob { .. } => {
+            CertificateError::ApplicationVerificationFailure
+        }
+    })
 }
 
 /// The server check a rank's client makes: webpki's (the chain to the CA,

@@ -7,7 +7,8 @@ mod common;
 
 use common::{at_root, free_port, group_config};
 use gradlane::{
-    cert_job_name, generate_job_certs, job_server_name, Group, GroupError, PeerCertError, ReduceOp,
+    cert_job_name, generate_job_certs, job_server_name, Group, GroupError, HandshakeFailure,
+    PeerCertError, ReduceOp, Refuser,
 };
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -62,17 +63,34 @@ async fn a_job_certificate_forms_a_group_on_addresses_it_does_not_name() {
 
 /// Rank 0 listens with `bad`'s certificate; rank 1, with `good`'s,
 /// connects to it and refuses it: rank 1's error names rank 0, its
-/// address and why, and rank 0 never gets a link to rank 1.
-async fn refused_by_the_connecting_rank(good: &Path, bad: &Path) -> PeerCertError {
+/// address and why, and rank 0 never gets a link to rank 1, and its join
+/// error says why rank 1 parted (the handshake failure it saw).
+async fn refused_by_the_connecting_rank(
+    good: &Path,
+    bad: &Path,
+) -> (PeerCertError, HandshakeFailure) {
     let root = free_port();
     let (g0, g1) = tokio::join!(
         Group::join(rank(bad, 0, root)),
         Group::join(rank(good, 1, root))
     );
-    match g0 {
-        Err(GroupError::Missing { missing, .. }) => assert_eq!(missing, vec![1]),
+    let seen_by_root = match g0 {
+        Err(e @ GroupError::Missing { .. }) => {
+            let text = e.to_string();
+            let GroupError::Missing {
+                missing, failed, ..
+            } = e
+            else {
+                unreachable!()
+            };
+            assert_eq!(missing, vec![1]);
+            let (addr, why) = failed.first().cloned().unwrap_or_else(|| panic!("{text}"));
+            assert!(addr.ip().is_loopback(), "{text}");
+            assert!(text.contains(&why.to_string()), "{text}");
+            why
+        }
         other => panic!("rank 0 formed a link with the refused rank: {other:?}"),
-    }
+    };
     match g1 {
         Err(e @ GroupError::Refused { rank: 0, addr, .. }) if addr == root => {
             let text = e.to_string();
@@ -83,7 +101,7 @@ async fn refused_by_the_connecting_rank(good: &Path, bad: &Path) -> PeerCertErro
             let GroupError::Refused { reason, .. } = e else {
                 unreachable!()
             };
-            reason
+            (reason, seen_by_root)
         }
         other => panic!("{other:?}"),
     }
@@ -94,9 +112,13 @@ async fn a_rank_of_another_ca_is_refused_naming_it() {
     let good = job_certs("ca-good", "train-7", None);
     // The same job name, another CA.
     let bad = job_certs("ca-bad", "train-7", None);
-    let reason = refused_by_the_connecting_rank(&good, &bad).await;
+    let (reason, seen_by_root) = refused_by_the_connecting_rank(&good, &bad).await;
     assert_eq!(reason, PeerCertError::UnknownCa);
     assert!(reason.to_string().contains("unknown CA"), "{reason}");
+    assert_eq!(
+        seen_by_root,
+        HandshakeFailure::WrongCa { by: Refuser::Peer }
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,7 +126,11 @@ async fn a_rank_of_another_job_is_refused_naming_it() {
     let good = job_certs("job-good", "train-7", None);
     // The same CA, another job.
     let bad = job_certs("job-bad", "train-8", Some(&good));
-    let reason = refused_by_the_connecting_rank(&good, &bad).await;
+    let (reason, seen_by_root) = refused_by_the_connecting_rank(&good, &bad).await;
+    assert_eq!(
+        seen_by_root,
+        HandshakeFailure::WrongJob { by: Refuser::Peer }
+    );
     assert_eq!(
         reason,
         PeerCertError::WrongJob {
@@ -146,10 +172,14 @@ async fn the_accepting_rank_refuses_another_jobs_certificate() {
                 failed[0].0.ip().is_loopback() && failed[0].0.port() != root.port(),
                 "{text}"
             );
-            assert!(
-                text.contains(r#"wrong job name "train-8", expected "train-7""#),
+            assert_eq!(
+                failed[0].1,
+                HandshakeFailure::WrongJob {
+                    by: Refuser::ThisRank
+                },
                 "{text}"
             );
+            assert!(text.contains("wrong job name: "), "{text}");
         }
         other => panic!("{other:?}"),
     }

@@ -151,9 +151,28 @@ fn paths_dict(py: Python<'_>, files: gradlane::CertFiles) -> PyResult<Bound<'_, 
     Ok(out)
 }
 
+/// The environment variable that filters what gradlane logs to stderr
+/// (tracing's `EnvFilter` syntax: `info`, `gradlane=debug`, `off`).
+const LOG_ENV: &str = "GRADLANE_LOG";
+
+/// gradlane's warnings to stderr (by default warnings and errors only), so
+/// that a user sees at once what a rank refused, say, and not only when a
+/// timeout ends. Leaves alone a subscriber the process already has.
+fn log_to_stderr() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
+}
+
 /// The native module of the `gradlane` package.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    log_to_stderr();
     m.add_function(wrap_pyfunction!(generate_certs, m)?)?;
     m.add_function(wrap_pyfunction!(generate_job_certs, m)?)?;
     m.add_class::<group::PyGroup>()?;

@@ -31,6 +31,7 @@ pub use sparse::{SparseAllgather, SparsePath, SparseReport, SparseRows};
 
 use crate::config::Config;
 use crate::endpoint::{Endpoint, SetupError};
+use crate::handshake_failure::HandshakeFailure;
 use crate::link::{LinkError, LinkReceiver, LinkSender};
 use crate::tls::PeerCertError;
 use bytes::Bytes;
@@ -184,7 +185,7 @@ pub enum GroupError {
         /// The connections to this rank that failed their handshake
         /// meanwhile, by address, and why (a certificate of another CA or
         /// job refused): the likely reason a rank is missing.
-        failed: Vec<(SocketAddr, String)>,
+        failed: Vec<(SocketAddr, HandshakeFailure)>,
     },
     /// A rank presented a certificate this rank refuses: nothing was
     /// exchanged with it.
@@ -438,7 +439,7 @@ fn describe(tag: u64) -> String {
 }
 
 /// The failed handshakes of a [`GroupError::Missing`], for its message.
-fn failed_note(failed: &[(SocketAddr, String)]) -> String {
+fn failed_note(failed: &[(SocketAddr, HandshakeFailure)]) -> String {
     let each: Vec<String> = failed
         .iter()
         .map(|(a, why)| format!("{a}: {why}"))

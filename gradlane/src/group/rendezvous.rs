@@ -4,6 +4,7 @@
 
 use super::{server_name, tag, Group, GroupConfig, GroupError, Kind};
 use crate::endpoint::{Endpoint, IncomingError};
+use crate::handshake_failure::HandshakeFailure;
 use crate::link::{Link, LinkError};
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -169,7 +170,7 @@ async fn form(
     config: &GroupConfig,
     endpoint: &Endpoint,
     links: &mut [Option<Link>],
-    failed: &mut Vec<(SocketAddr, String)>,
+    failed: &mut Vec<(SocketAddr, HandshakeFailure)>,
 ) -> Result<(), GroupError> {
     let (rank, world) = (config.rank, config.world);
     let table = match &config.rendezvous {
@@ -332,7 +333,7 @@ async fn accept_into(
     links: &mut [Option<Link>],
     offset: usize,
     on_hello: &mut dyn FnMut(&Hello),
-    failed: &mut Vec<(SocketAddr, String)>,
+    failed: &mut Vec<(SocketAddr, HandshakeFailure)>,
 ) -> Result<(), GroupError> {
     let mut found = 0;
     let mut greeting = FuturesUnordered::new();
@@ -354,10 +355,21 @@ async fn accept_into(
             Some(greeted) = greeting.next(), if !greeting.is_empty() => match greeted {
                 Ok(greeted) => greeted,
                 Err((remote, e)) => {
-                    tracing::info!(%e, %remote, "a connection to the group failed its handshake");
-                    // A few say why; a scan of the port must not grow it.
+                    let why = match &e {
+                        IncomingError::Quic(e) => HandshakeFailure::of(e),
+                        IncomingError::Link(e) => HandshakeFailure::Other(e.to_string()),
+                    };
+                    // A few say why; a scan of the port must not grow it,
+                    // nor fill the log.
                     if failed.len() < 16 {
-                        failed.push((remote, e.to_string()));
+                        if why.is_refusal() {
+                            // At once: the rank it refused will not come,
+                            // and the join would otherwise wait in silence.
+                            tracing::warn!(%remote, reason = %why, "rank {}: a connection to the group was refused", config.rank);
+                        } else {
+                            tracing::info!(%remote, reason = %why, "a connection to the group failed its handshake");
+                        }
+                        failed.push((remote, why));
                     }
                     continue;
                 }
