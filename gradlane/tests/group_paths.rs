@@ -272,3 +272,59 @@ async fn thirty_two_ranks_form_a_group_and_allreduce_bit_for_bit() {
     collectives_are_exact(&mut groups, 4096, 5).await;
     join_all(groups.into_iter().map(Group::close)).await;
 }
+
+/// A group under a port range: every socket of every rank (the root's
+/// given port, the others' any-port listen addresses, the further
+/// sockets) is bound inside it, and a range with no free port is a clear
+/// error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_socket_comes_from_the_port_range_and_an_exhausted_range_says_so() {
+    use gradlane::PortRange;
+    let world = 3;
+    // Three ranks of four sockets (two paths a peer): twelve ports. The range starts at the root's
+    // port (free a moment ago) and leaves room for ports other programs hold.
+    let root = common::free_port();
+    let range = PortRange::new(root.port(), root.port().saturating_add(63)).unwrap();
+    let dir = cert_dir("port-range");
+    let joins = (0..world).map(|r| {
+        let mut c = common::group_config(&dir, r, world, common::at_root(root));
+        c.sockets = 4;
+        c.port_range = Some(range);
+        Group::join(c)
+    });
+    let groups: Vec<Group> = join_all(joins)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap())
+        .collect();
+    let mut ports = Vec::new();
+    for g in &groups {
+        for e in g.endpoints() {
+            ports.push(e.local_addr().unwrap().port());
+        }
+    }
+    assert_eq!(ports.len(), world * 4, "{ports:?}");
+    assert!(
+        ports.iter().all(|&p| range.contains(p)),
+        "{ports:?} outside {range}"
+    );
+    join_all(groups.into_iter().map(|g| g.close())).await;
+
+    // A range of one port that another socket holds.
+    let held = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let mut c = common::group_config(&dir, 1, 2, common::at_root(common::free_port()));
+    c.port_range = Some(PortRange::new(port, port).unwrap());
+    match Group::join(c).await {
+        Err(e @ GroupError::Setup(_)) => {
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!(
+                    "no free UDP port on 127.0.0.1 in the port range {port}-{port}"
+                )),
+                "{text}"
+            );
+        }
+        other => panic!("joined without a free port: {other:?}"),
+    }
+}

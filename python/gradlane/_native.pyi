@@ -43,7 +43,9 @@ class Group:
         important_format: Literal["f32", "bf16", "f16"] = "f32",
         lossy_format: Literal["f32", "bf16", "f16", "log8"] = "f32",
         sockets: int | None = None,
+        port_range: str | None = None,
     ) -> None: ...
+    def local_ports(self) -> list[int]: ...
     @property
     def rank(self) -> int: ...
     @property

@@ -29,6 +29,24 @@ const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
 /// constructor is not told.
 const SOCKETS_ENV: &str = "GRADLANE_SOCKETS";
 
+/// The environment variable that confines a group's ports to a range.
+const PORT_RANGE_ENV: &str = "GRADLANE_PORT_RANGE";
+
+/// A group's port range: `asked`, else `GRADLANE_PORT_RANGE`, else none
+/// (any free port).
+fn group_port_range(asked: Option<&str>) -> Result<Option<gradlane::PortRange>, CallError> {
+    let (text, from) = match asked {
+        Some(text) => (text.to_string(), "port_range"),
+        None => match std::env::var(PORT_RANGE_ENV) {
+            Ok(text) if !text.trim().is_empty() => (text, PORT_RANGE_ENV),
+            _ => return Ok(None),
+        },
+    };
+    text.parse()
+        .map(Some)
+        .map_err(|e: gradlane::PortRangeError| CallError::Value(format!("{from}: {e}")))
+}
+
 /// A group's sockets: `asked`, else `GRADLANE_SOCKETS`, else the
 /// library's default ([`gradlane::default_sockets`]).
 fn group_sockets(asked: Option<i64>) -> Result<usize, CallError> {
@@ -58,7 +76,7 @@ fn group_sockets(asked: Option<i64>) -> Result<usize, CallError> {
 ///       cert_dir=None, server_name=None, join_timeout=60.0,
 ///       loss_tolerance=0.2, injected_loss=0.0, seed=0, idle_timeout=None,
 ///       dscp=False, lossy_carrier="adaptive", important_format="f32",
-///       lossy_format="f32", sockets=None)
+///       lossy_format="f32", sockets=None, port_range=None)
 ///
 /// The constructor joins the group (the GIL is released while it waits)
 /// and returns once this rank has a link to every other rank. Give exactly
@@ -103,7 +121,11 @@ fn group_sockets(asked: Option<i64>) -> Result<usize, CallError> {
 /// GRADLANE_SOCKETS, else one per core of this rank's share of the host
 /// (torchrun's LOCAL_WORLD_SIZE ranks share it) where it has at least 4,
 /// at most 4, and 1 where it has fewer. Tune it on a fast path where a
-/// rank's cores sit idle; leave it on a slow link.
+/// rank's cores sit idle; leave it on a slow link. port_range: "lo-hi",
+/// the UDP ports this rank's sockets take (by default the environment
+/// variable GRADLANE_PORT_RANGE, else any free port), so that a firewall
+/// can pass exactly them; a given listen port must lie in it, and a range
+/// with no free port left is a GroupSetupError naming it.
 ///
 /// Every rank must call the same collectives in the same order, as in any
 /// process group; a rank that calls something else, or dies, makes the
@@ -433,6 +455,7 @@ impl PyGroup {
         important_format = "f32",
         lossy_format = "f32",
         sockets = None,
+        port_range = None,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -454,8 +477,10 @@ impl PyGroup {
         important_format: &str,
         lossy_format: &str,
         sockets: Option<i64>,
+        port_range: Option<&str>,
     ) -> PyResult<Self> {
         let sockets = group_sockets(sockets).map_err(|e| e.into_py(py))?;
+        let port_range = group_port_range(port_range).map_err(|e| e.into_py(py))?;
         let world = usize::try_from(world)
             .ok()
             .filter(|&w| w > 0)
@@ -567,6 +592,7 @@ impl PyGroup {
             config.link = link;
             config.join_timeout = join_timeout;
             config.sockets = sockets;
+            config.port_range = port_range;
             Ok(runtime()?.block_on(Group::join(config))?)
         });
         let group = joined.map_err(|e| e.into_py(py))?;
@@ -579,6 +605,24 @@ impl PyGroup {
                 formats,
             })),
             bytes_at_close: AtomicU64::new(0),
+        })
+    }
+
+    /// The UDP ports this rank's sockets are bound to (the first is the
+    /// one the others reached it at), for a firewall's rules; empty once
+    /// closed.
+    fn local_ports(&self, py: Python<'_>) -> Vec<u16> {
+        py.detach(|| {
+            let state = match self.state.lock() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            state.as_ref().map_or_else(Vec::new, |s| {
+                s.group
+                    .endpoints()
+                    .filter_map(|e| e.local_addr().ok().map(|a| a.port()))
+                    .collect()
+            })
         })
     }
 

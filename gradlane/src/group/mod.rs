@@ -21,11 +21,13 @@
 mod differentiated;
 mod exact;
 mod paths;
+mod port_range;
 mod rendezvous;
 mod sparse;
 
 pub use differentiated::{AllreduceReport, BucketId, BucketOptions, LossRecovery};
 pub use paths::{core_share, default_sockets, paths_per_peer, MAX_SOCKETS};
+pub use port_range::{PortRange, PortRangeError};
 pub use rendezvous::Rendezvous;
 pub use sparse::{SparseAllgather, SparsePath, SparseReport, SparseRows};
 
@@ -135,6 +137,11 @@ pub struct GroupConfig {
     /// them. Raise it where a fast path leaves cores idle; leave it at 1
     /// on a slow link, where the link binds, not the CPU.
     pub sockets: usize,
+    /// Where this rank's sockets that ask for any port (a listen address
+    /// with port 0, the further sockets) take theirs: the first free one of
+    /// the range, so that a firewall can pass exactly it. `None` (the
+    /// default): any free port.
+    pub port_range: Option<PortRange>,
 }
 
 impl GroupConfig {
@@ -159,6 +166,7 @@ impl GroupConfig {
             link: Config::default(),
             join_timeout: Duration::from_secs(60),
             sockets: default_sockets(),
+            port_range: None,
         }
     }
 }

@@ -28,6 +28,7 @@
 //! promises (important part exact, zero fill, late merge) are a round's
 //! on one link.
 
+use super::port_range::open_in;
 use super::{describe, server_name, tag, Group, GroupConfig, GroupError, Kind};
 use crate::endpoint::Endpoint;
 use crate::link::{LinkError, LinkReceiver, LinkSender};
@@ -267,13 +268,15 @@ impl Group {
         let mut extra = Vec::new();
         if offered > 1 {
             for _ in 1..sockets {
-                let endpoint = Endpoint::peer(
-                    SocketAddr::new(local.ip(), 0),
-                    &config.cert,
-                    &config.key,
-                    &config.ca,
-                    config.link.clone(),
-                )?;
+                let endpoint = open_in(config.port_range, SocketAddr::new(local.ip(), 0), |a| {
+                    Endpoint::peer(
+                        a,
+                        &config.cert,
+                        &config.key,
+                        &config.ca,
+                        config.link.clone(),
+                    )
+                })?;
                 extra.push(endpoint);
             }
         }

@@ -2,6 +2,7 @@
 //! connecting to the lower; each connecting rank says who it is in its
 //! first message.
 
+use super::port_range::open_in;
 use super::{server_name, tag, Group, GroupConfig, GroupError, Kind};
 use crate::endpoint::{Endpoint, IncomingError};
 use crate::handshake_failure::HandshakeFailure;
@@ -117,13 +118,15 @@ pub(super) async fn join(config: GroupConfig) -> Result<Group, GroupError> {
         Rendezvous::Root { root, .. } if rank == 0 => *root,
         Rendezvous::Root { listen, .. } => *listen,
     };
-    let endpoint = Endpoint::peer(
-        listen,
-        &config.cert,
-        &config.key,
-        &config.ca,
-        config.link.clone(),
-    )?;
+    let endpoint = open_in(config.port_range, listen, |addr| {
+        Endpoint::peer(
+            addr,
+            &config.cert,
+            &config.key,
+            &config.ca,
+            config.link.clone(),
+        )
+    })?;
     let deadline = Instant::now() + config.join_timeout;
     let mut links: Vec<Option<Link>> = (0..world).map(|_| None).collect();
     let mut failed = Vec::new();

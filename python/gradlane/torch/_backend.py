@@ -519,10 +519,44 @@ _GROUPS: weakref.WeakSet[GradlaneProcessGroup] = weakref.WeakSet()
 
 def _free_udp_port(host: str) -> int:
     """A UDP port on `host` that was free a moment ago (rank 0 listens
-    there right after, and publishes it through the store)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    there right after, and publishes it through the store): where
+    GRADLANE_PORT_RANGE is set, the last free one of the range, so that a
+    firewall can pass exactly the range, else any. From the top: every
+    other socket takes the first free one from the bottom, and one of
+    them could take this port between this probe and rank 0's bind."""
+    lo, hi = port_range_from_env() or (0, 0)
+    for port in range(hi, lo - 1, -1):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise ValueError(
+        f"gradlane: no free UDP port on {host} in GRADLANE_PORT_RANGE {lo}-{hi}: "
+        "every port of it is in use; widen it (a rank takes one port per socket)"
+    )
+
+
+def port_range_from_env() -> tuple[int, int] | None:
+    """GRADLANE_PORT_RANGE as (lo, hi), or None where unset; anything but
+    "lo-hi" with 1 <= lo <= hi <= 65535 is a ValueError naming it (the
+    Group reads the same variable for its own sockets)."""
+    value = os.environ.get("GRADLANE_PORT_RANGE", "").strip()
+    if not value:
+        return None
+    lo, sep, hi = value.partition("-")
+    try:
+        lo_port, hi_port = int(lo), int(hi)
+    except ValueError:
+        lo_port = hi_port = -1
+    if not sep or not 1 <= lo_port <= hi_port <= 65535:
+        raise ValueError(
+            f"gradlane: GRADLANE_PORT_RANGE {value!r} is not a port range lo-hi with "
+            "1 <= lo <= hi <= 65535 (such as 50000-50100): the UDP ports every socket "
+            "of a rank takes, for a firewall; unset, any free port"
+        )
+    return lo_port, hi_port
 
 
 CERT_FILES = ("ca.pem", "server.pem", "server.key")
