@@ -92,6 +92,9 @@ pub(crate) fn bind_udp(
             tracing::debug!("cannot make {addr} dual-stack: {e}");
         }
     }
+    // Bound first: a port in use (one tried of a port range) is then
+    // refused before any buffer is asked for or warned about.
+    socket.bind(&addr.into()).map_err(err)?;
     // Buffer requests failing is not fatal: the socket still works, slower.
     if let Err(e) = socket.set_send_buffer_size(buffer_bytes) {
         tracing::warn!("cannot set udp send buffer to {buffer_bytes}: {e}");
@@ -109,13 +112,17 @@ pub(crate) fn bind_udp(
         recv = granted.recv,
         "udp socket buffers"
     );
+    // Once a process: every socket of a rank meets the same limit, and a
+    // rank may open several.
+    static CAPPED: std::sync::Once = std::sync::Once::new();
     if granted.recv < buffer_bytes {
-        tracing::warn!(
-            "udp receive buffer is {} < {buffer_bytes} requested; raise net.core.rmem_max",
-            granted.recv
-        );
+        CAPPED.call_once(|| {
+            tracing::warn!(
+                "udp receive buffer is {} < {buffer_bytes} requested; raise net.core.rmem_max",
+                granted.recv
+            )
+        });
     }
-    socket.bind(&addr.into()).map_err(err)?;
     Ok((socket.into(), granted))
 }
 
