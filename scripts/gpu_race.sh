@@ -18,7 +18,8 @@
 # Results go to OUT (default $OUT/tta-gpu when the device tool's $OUT is
 # set, else docs/tta-gpu): runs.csv, per-run CSVs and logs, table.md.
 # A stage skips the cells runs.csv has already, so carrying docs/tta-gpu
-# back and forth makes the stages add up.
+# back and forth makes the stages add up. LIMIT=N runs only a stage's
+# first N cells (a dry run of the script, say on CPU with DEVICE=cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,6 +51,9 @@ case $STAGE in
     *) echo "gpu_race: unknown stage $STAGE (1g, 100m, 1g-rtt, seeds, prune)" >&2; exit 2 ;;
 esac
 
+if [[ -n ${LIMIT:-} ]]; then
+    CELLS=$(echo "$CELLS" | head -n "$LIMIT")
+fi
 if ! command -v tc >/dev/null; then
     # shellcheck source=scripts/gpu_env.sh
     source scripts/gpu_env.sh
