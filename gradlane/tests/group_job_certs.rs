@@ -61,6 +61,20 @@ async fn a_job_certificate_forms_a_group_on_addresses_it_does_not_name() {
     futures_util::future::join_all(groups.into_iter().map(|g| g.close())).await;
 }
 
+/// The message and the failed handshakes of a join error that must
+/// name rank 1, and only it, as missing.
+fn missing_rank_1(e: GroupError) -> (String, Vec<(SocketAddr, HandshakeFailure)>) {
+    let text = e.to_string();
+    let GroupError::Missing {
+        missing, failed, ..
+    } = e
+    else {
+        panic!("not a missing rank: {text}")
+    };
+    assert_eq!(missing, vec![1], "{text}");
+    (text, failed)
+}
+
 /// Rank 0 listens with `bad`'s certificate; rank 1, with `good`'s,
 /// connects to it and refuses it: rank 1's error names rank 0, its
 /// address and why, and rank 0 never gets a link to rank 1, and its join
@@ -76,14 +90,7 @@ async fn refused_by_the_connecting_rank(
     );
     let seen_by_root = match g0 {
         Err(e @ GroupError::Missing { .. }) => {
-            let text = e.to_string();
-            let GroupError::Missing {
-                missing, failed, ..
-            } = e
-            else {
-                unreachable!()
-            };
-            assert_eq!(missing, vec![1]);
+            let (text, failed) = missing_rank_1(e);
             let (addr, why) = failed.first().cloned().unwrap_or_else(|| panic!("{text}"));
             assert!(addr.ip().is_loopback(), "{text}");
             assert!(text.contains(&why.to_string()), "{text}");
@@ -159,14 +166,7 @@ async fn the_accepting_rank_refuses_another_jobs_certificate() {
     assert!(g1.is_err(), "the refused rank joined: {g1:?}");
     match g0 {
         Err(e @ GroupError::Missing { .. }) => {
-            let text = e.to_string();
-            let GroupError::Missing {
-                missing, failed, ..
-            } = e
-            else {
-                unreachable!()
-            };
-            assert_eq!(missing, vec![1]);
+            let (text, failed) = missing_rank_1(e);
             assert!(!failed.is_empty(), "{text}");
             assert!(
                 failed[0].0.ip().is_loopback() && failed[0].0.port() != root.port(),

@@ -204,3 +204,64 @@ pub(crate) fn disjoint<T: Element, U: Element>(
     }
     Ok(())
 }
+
+/// Runs `$body` with `$v` bound to `$obj`'s values as a mutable slice of
+/// the element type `$dtype` names (the buffer held until it returns).
+macro_rules! with_values_mut {
+    ($obj:expr, $what:expr, $dtype:expr, |$v:ident| $body:expr) => {
+        match $dtype {
+            ValueFormat::F32 => {
+                let mut held = OutBuf::<f32>::get($obj, $what, "float32")?;
+                let $v = held.as_mut_slice();
+                $body
+            }
+            ValueFormat::Bf16 => {
+                let mut held = OutBuf::<Bits16>::get($obj, $what, "bfloat16 (as 16-bit integers)")?;
+                let $v = bits_as::<bf16>(held.as_mut_slice());
+                $body
+            }
+            ValueFormat::F16 | ValueFormat::Log8 => {
+                let mut held = OutBuf::<Bits16>::get($obj, $what, "float16")?;
+                let $v = bits_as::<f16>(held.as_mut_slice());
+                $body
+            }
+        }
+    };
+}
+
+/// Runs `$body` with `$i` and `$o` bound to an input and an output buffer
+/// of the element type `$dtype` names, checked not to share memory.
+macro_rules! with_in_out {
+    ($input:expr, $output:expr, $dtype:expr, |$i:ident, $o:ident| $body:expr) => {
+        match $dtype {
+            ValueFormat::F32 => {
+                let input = InBuf::<f32>::get($input, "input", "float32")?;
+                let mut output = OutBuf::<f32>::get($output, "output", "float32")?;
+                disjoint(&input, &output)?;
+                let ($i, $o) = (input.as_slice(), output.as_mut_slice());
+                $body
+            }
+            ValueFormat::Bf16 => {
+                let input = InBuf::<Bits16>::get($input, "input", "bfloat16 (as 16-bit integers)")?;
+                let mut output =
+                    OutBuf::<Bits16>::get($output, "output", "bfloat16 (as 16-bit integers)")?;
+                disjoint(&input, &output)?;
+                let ($i, $o) = (
+                    bits_as_ref::<bf16>(input.as_slice()),
+                    bits_as::<bf16>(output.as_mut_slice()),
+                );
+                $body
+            }
+            ValueFormat::F16 | ValueFormat::Log8 => {
+                let input = InBuf::<Bits16>::get($input, "input", "float16")?;
+                let mut output = OutBuf::<Bits16>::get($output, "output", "float16")?;
+                disjoint(&input, &output)?;
+                let ($i, $o) = (
+                    bits_as_ref::<f16>(input.as_slice()),
+                    bits_as::<f16>(output.as_mut_slice()),
+                );
+                $body
+            }
+        }
+    };
+}

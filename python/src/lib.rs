@@ -13,9 +13,13 @@
 //! threads run meanwhile. Nothing here panics on bad input from Python:
 //! every check is an exception.
 
+// Its macros are the Group's: declared first, so `group` sees them.
+#[macro_use]
 mod buffer;
 mod errors;
 mod group;
+mod group_arguments;
+mod group_report;
 
 use errors::CallError;
 use pyo3::prelude::*;
