@@ -37,6 +37,14 @@ pub mod codes {
 /// Largest control message accepted (a layout of ~100k tensors fits).
 pub const MAX_MESSAGE: usize = 16 << 20;
 
+/// The largest layout a peer may announce, in `f32` bytes: its receiver
+/// holds each open round of it in memory, so a hello that claims more is
+/// refused before any buffer is sized for it.
+pub const MAX_LAYOUT_BYTES: u64 = 1 << 36;
+
+/// The longest tensor name a hello may carry.
+pub const MAX_NAME_BYTES: usize = 4096;
+
 /// "GLH" and the protocol version: 2 since segments carry a value format.
 const HELLO_MAGIC: &[u8; 4] = b"GLH2";
 
@@ -91,6 +99,12 @@ pub enum HandshakeError {
     /// The message is longer than [`MAX_MESSAGE`].
     #[error("control message of {0} bytes is too large")]
     TooLarge(usize),
+    /// A tensor name longer than [`MAX_NAME_BYTES`].
+    #[error("a tensor name of {0} bytes (at most {MAX_NAME_BYTES})")]
+    NameTooLong(usize),
+    /// A layout larger than [`MAX_LAYOUT_BYTES`] in all.
+    #[error("a layout of {0} bytes in all (at most {MAX_LAYOUT_BYTES})")]
+    LayoutTooLarge(u64),
 }
 
 /// What the client announces: the layout and how it is chunked.
@@ -197,6 +211,9 @@ impl Hello {
                 x => return Err(HandshakeError::BadEnum(x)),
             };
             let len = r.u32()? as usize;
+            if len > MAX_NAME_BYTES {
+                return Err(HandshakeError::NameTooLong(len));
+            }
             let name = std::str::from_utf8(r.take(len)?).map_err(|_| HandshakeError::BadName)?;
             let dims = r.u8()? as usize;
             let mut shape = Vec::with_capacity(dims);
@@ -210,6 +227,13 @@ impl Hello {
             });
         }
         r.finish()?;
+        let bytes = tensors.iter().fold(0u64, |sum, t| {
+            let len = t.checked_len().map_or(u64::MAX, |n| n as u64);
+            sum.saturating_add(len.saturating_mul(4))
+        });
+        if bytes > MAX_LAYOUT_BYTES {
+            return Err(HandshakeError::LayoutTooLarge(bytes));
+        }
         let layout = Layout::new(tensors)?;
         let chunking = ChunkOptions { block_values, conv };
         // Refuse options the plan cannot be made with before anyone relies on them.
@@ -436,5 +460,41 @@ mod tests {
         let mut long = h;
         long.push(0);
         assert_eq!(Hello::decode(&long), Err(HandshakeError::Trailing));
+    }
+
+    /// A hello of `count` dense tensors of `shape`, named `name` and then
+    /// `t1`, `t2`, ...
+    fn hello_of(count: usize, name: &str, shape: &[usize]) -> Vec<u8> {
+        let tensors = (0..count)
+            .map(|i| match i {
+                0 => TensorSpec::dense(name, shape.to_vec()),
+                i => TensorSpec::dense(format!("t{i}"), shape.to_vec()),
+            })
+            .collect();
+        Hello {
+            layout: Layout::new(tensors).unwrap(),
+            chunking: ChunkOptions::default(),
+        }
+        .encode()
+    }
+
+    #[test]
+    fn oversized_hellos_are_refused_before_their_layout_is_made() {
+        // 33 tensors of 2 GiB each: every one valid, 66 GiB in all.
+        let big = [1usize << 29];
+        assert_eq!(
+            Hello::decode(&hello_of(33, "a", &big)),
+            Err(HandshakeError::LayoutTooLarge(33 << 31))
+        );
+        let name = "n".repeat(MAX_NAME_BYTES + 1);
+        assert_eq!(
+            Hello::decode(&hello_of(1, &name, &[1])),
+            Err(HandshakeError::NameTooLong(MAX_NAME_BYTES + 1))
+        );
+        // A count of tensors the message cannot hold: refused by its
+        // length, before a tensor is allocated.
+        let mut many = hello_of(1, "a", &[1]);
+        many[9..13].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(Hello::decode(&many), Err(HandshakeError::Truncated));
     }
 }

@@ -43,6 +43,9 @@
 //! - [`encode`]: a round scored, classed and framed for sending.
 //! - [`reassembly`]: the receiver: placement, zero fill, late merge.
 //! - [`control`]: the messages of a link's control stream.
+//! - [`group`]: the messages of a group's ranks outside the rounds: the
+//!   rendezvous, the further paths, a sparse allgather's shapes, an
+//!   owner's summed shard.
 //! - [`protocol`]: the round protocol as state machines: release, report,
 //!   confirmation, delivery, close.
 //! - [`bytes`]: the one byte reader and length-prefixed framing they use.
@@ -62,6 +65,7 @@ pub mod codec;
 pub mod control;
 pub mod encode;
 pub mod format;
+pub mod group;
 pub mod layout;
 pub mod payload;
 pub mod presets;

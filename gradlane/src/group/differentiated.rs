@@ -23,10 +23,8 @@ use crate::link::{LayoutId, SendReport};
 use bytes::Bytes;
 use futures_util::future::try_join_all;
 use gradlane_core::classify::IMPORTANT;
-use gradlane_core::format::{
-    self, log8_decode, log8_encode, log8_scale, log8_scale_ok, ClassFormats, Element, ValueFormat,
-    LOG8_SCALE_BYTES,
-};
+use gradlane_core::format::{self, log8_scale, ClassFormats, Element, ValueFormat};
+use gradlane_core::group::{encode_reduced_shard, GroupMessageError, ReducedShard};
 use gradlane_core::layout::{ChunkOptions, ConvChunking, Layout, TensorKind, TensorSpec};
 use gradlane_core::reassembly::RoundStats;
 use std::ops::Range;
@@ -554,7 +552,7 @@ impl Group {
             .iter()
             .map(|p| p.as_ref().map_or(&[][..], |p| p.missing_chunks.as_slice()))
             .collect();
-        let message = Bytes::from(encode_reduced(
+        let message = Bytes::from(encode_reduced_shard(
             &missing,
             &sum,
             &own_chunks,
@@ -569,13 +567,9 @@ impl Group {
             }
         }
         let t = tag(self.next_seq(), Kind::ReducedShard);
-        let out: Vec<Option<Bytes>> = (0..world)
-            .map(|r| (r != me).then(|| message.clone()))
-            .collect();
         report.return_bytes = message.len() as u64 * (world as u64 - 1);
         let summed = started.elapsed();
-        let from = self.others();
-        let got = self.exchange(t, out, &from).await?;
+        let got = self.exchange_with_all(t, &message).await?;
         report.reduce_time = summed;
         report.return_time = started.elapsed() - summed;
         tracing::debug!(
@@ -592,14 +586,13 @@ impl Group {
                 None if r == me => &message,
                 None => continue,
             };
-            let shard = parse_reduced(r, (me, world), message, &b.chunks[r], formats)?;
-            for &c in &shard.missing {
-                let Some(local) = b.chunks[r].get(c as usize) else {
-                    return Err(GroupError::OutOfStep {
-                        rank: r,
-                        what: format!("lost chunk {c} is not in its shard"),
-                    });
-                };
+            let out_of_step = |e: GroupMessageError| GroupError::OutOfStep {
+                rank: r,
+                what: e.to_string(),
+            };
+            let shard = ReducedShard::parse((me, world), message, &b.chunks[r], formats)
+                .map_err(out_of_step)?;
+            for local in shard.lost_ranges() {
                 let at = range.start + local.start..range.start + local.end;
                 if recovery == LossRecovery::ErrorFeedback {
                     // Kept whole for this rank's next gradient: the values
@@ -608,7 +601,7 @@ impl Group {
                 }
                 report.lost.push(at);
             }
-            shard.decode(&b.chunks[r], formats, &mut buf[range]);
+            shard.decode_into(&mut buf[range]).map_err(out_of_step)?;
         }
         Ok(report)
     }
@@ -741,225 +734,5 @@ fn zero_flat(tensors: &mut [Vec<f32>], range: Range<usize>) {
             t[from - start..to - start].fill(0.0);
         }
         start = end;
-    }
-}
-
-/// The owner's message with its summed shard, the same for every rank:
-/// `[u32 world]`, then for each rank `[u32 count][u32 id; count]`, the
-/// local ids of its chunks that did not arrive; `[u8 important format][u8
-/// lossy format or 0xFF][u16 0]`, the count and the local ids of the
-/// chunks in the lossy format, then each chunk's values in order in its
-/// format (a `log8` chunk as its scale and codes). `lossy[c]` says chunk
-/// `c` may travel in the lossy format; one whose sum is not finite cannot
-/// in `log8` and travels in the important format.
-fn encode_reduced(
-    missing: &[&[u32]],
-    sum: &[f32],
-    chunks: &[Range<usize>],
-    formats: ClassFormats,
-    lossy: Option<&[bool]>,
-) -> Vec<u8> {
-    let in_lossy = |c: usize| -> bool {
-        let Some(lossy) = lossy else { return false };
-        lossy.get(c).copied().unwrap_or(false)
-            && (formats.lossy != ValueFormat::Log8 || log8_scale(&sum[chunks[c].clone()]).is_ok())
-    };
-    let ids: Vec<u32> = (0..chunks.len())
-        .filter(|&c| in_lossy(c))
-        .map(|c| c as u32)
-        .collect();
-    let lists: usize = missing.iter().map(|m| 4 + 4 * m.len()).sum();
-    let mut out = Vec::with_capacity(4 + lists + 8 + ids.len() * 4 + sum.len() * 4);
-    out.extend_from_slice(&(missing.len() as u32).to_le_bytes());
-    for m in missing {
-        out.extend_from_slice(&(m.len() as u32).to_le_bytes());
-        for id in *m {
-            out.extend_from_slice(&id.to_le_bytes());
-        }
-    }
-    out.push(formats.important.code());
-    out.push(match lossy {
-        Some(_) => formats.lossy.code(),
-        None => NO_LOSSY_RETURN,
-    });
-    out.extend_from_slice(&[0, 0]);
-    out.extend_from_slice(&(ids.len() as u32).to_le_bytes());
-    for id in &ids {
-        out.extend_from_slice(&id.to_le_bytes());
-    }
-    let mut next = ids.iter().peekable();
-    let mut c = 0;
-    while c < chunks.len() {
-        if next.peek() == Some(&&(c as u32)) {
-            next.next();
-            let values = &sum[chunks[c].clone()];
-            match formats.lossy {
-                ValueFormat::Log8 => {
-                    let scale = log8_scale(values).unwrap_or(0.0);
-                    out.extend_from_slice(&scale.to_le_bytes());
-                    let at = out.len();
-                    out.resize(at + values.len(), 0);
-                    log8_encode(values, scale, &mut out[at..]);
-                }
-                f => format::put_elements(f, values, &mut out),
-            }
-            c += 1;
-            continue;
-        }
-        // A run of chunks in the important format, up to the next lossy one.
-        let upto = next.peek().map_or(chunks.len(), |&&id| id as usize);
-        let run = chunks[c].start..chunks[upto - 1].end;
-        format::put_elements(formats.important, &sum[run], &mut out);
-        c = upto;
-    }
-    out
-}
-
-/// The lossy-format byte of a summed shard without lossy-format chunks.
-const NO_LOSSY_RETURN: u8 = 0xFF;
-
-/// An owner's message, checked: this rank's lost chunks, the chunks in
-/// the lossy format, and the values' bytes.
-struct ReducedShard<'a> {
-    missing: Vec<u32>,
-    lossy_ids: Vec<usize>,
-    values: &'a [u8],
-}
-
-/// Reads and checks owner `rank`'s message for this rank (`me` of
-/// `world`; `chunks` gives the shard's chunks as value ranges): anything
-/// but what [`encode_reduced`] writes for a bucket of these formats is an
-/// error naming the owner, found before a value is written.
-fn parse_reduced<'a>(
-    rank: usize,
-    (me, world): (usize, usize),
-    message: &'a [u8],
-    chunks: &[Range<usize>],
-    formats: ClassFormats,
-) -> Result<ReducedShard<'a>, GroupError> {
-    let bad = |what: String| GroupError::OutOfStep { rank, what };
-    let short = |_| {
-        bad(format!(
-            "a reduced shard cut short at {} bytes",
-            message.len()
-        ))
-    };
-    let mut r = gradlane_core::bytes::Reader::new(message);
-    let ranks = r.u32().map_err(short)? as usize;
-    if ranks != world {
-        return Err(bad(format!(
-            "a reduced shard for {ranks} ranks, the group has {world}"
-        )));
-    }
-    let mut missing = Vec::new();
-    for q in 0..world {
-        let count = r.u32().map_err(short)? as usize;
-        let ids = r.take(count.saturating_mul(4)).map_err(short)?;
-        if q == me {
-            missing = ids
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-        }
-    }
-    let [important, lossy, _, _] = r.array::<4>().map_err(short)?;
-    if important != formats.important.code()
-        || (lossy != NO_LOSSY_RETURN && lossy != formats.lossy.code())
-    {
-        return Err(bad(format!(
-            "a reduced shard in formats ({important}, {lossy}), this bucket's are {formats:?}: \
-             register buckets with the same options on every rank"
-        )));
-    }
-    let count = r.u32().map_err(short)? as usize;
-    if count > chunks.len() {
-        return Err(bad(format!(
-            "{count} lossy chunks in a shard of {}",
-            chunks.len()
-        )));
-    }
-    let ids = r.take(count * 4).map_err(short)?;
-    let mut lossy_ids: Vec<usize> = Vec::with_capacity(count);
-    for c in ids.chunks_exact(4) {
-        let id = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
-        if id >= chunks.len() || lossy_ids.last().is_some_and(|&last| id <= last) {
-            return Err(bad(format!(
-                "lossy chunk {id} out of order or not in the shard"
-            )));
-        }
-        lossy_ids.push(id);
-    }
-    let values = r.rest();
-    // Every chunk's bytes, and every log8 scale, before any is decoded.
-    let mut at = 0usize;
-    let mut next = lossy_ids.iter().peekable();
-    for (c, range) in chunks.iter().enumerate() {
-        let format = match next.peek() {
-            Some(&&id) if id == c => {
-                next.next();
-                formats.lossy
-            }
-            _ => formats.important,
-        };
-        match format.element_bytes() {
-            Some(e) => at += range.len() * e,
-            None => {
-                let scale = values
-                    .get(at..at + LOG8_SCALE_BYTES)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .ok_or_else(|| short(gradlane_core::bytes::Short::Truncated))?;
-                if !log8_scale_ok(scale) {
-                    return Err(bad(format!("a log8 scale of {scale} in chunk {c}")));
-                }
-                at += LOG8_SCALE_BYTES + range.len();
-            }
-        }
-    }
-    if at != values.len() {
-        return Err(bad(format!(
-            "a reduced shard of {} value bytes, its chunks need {at}",
-            values.len()
-        )));
-    }
-    Ok(ReducedShard {
-        missing,
-        lossy_ids,
-        values,
-    })
-}
-
-impl ReducedShard<'_> {
-    /// Decodes the (checked) values into `out`, the shard.
-    fn decode(&self, chunks: &[Range<usize>], formats: ClassFormats, out: &mut [f32]) {
-        let mut bytes = self.values;
-        let mut next = self.lossy_ids.iter().peekable();
-        let mut c = 0;
-        while c < chunks.len() {
-            let (format, upto) = match next.peek() {
-                Some(&&id) if id == c => {
-                    next.next();
-                    (formats.lossy, c + 1)
-                }
-                Some(&&id) => (formats.important, id),
-                None => (formats.important, chunks.len()),
-            };
-            let range = chunks[c].start..chunks[upto - 1].end;
-            let out = &mut out[range.clone()];
-            match format.element_bytes() {
-                Some(e) => {
-                    let (these, rest) = bytes.split_at(range.len() * e);
-                    format::read_elements(format, these, out);
-                    bytes = rest;
-                }
-                None => {
-                    let (scale, rest) = bytes.split_at(LOG8_SCALE_BYTES);
-                    let scale = f32::from_le_bytes([scale[0], scale[1], scale[2], scale[3]]);
-                    let (codes, rest) = rest.split_at(range.len());
-                    log8_decode(codes, scale, out);
-                    bytes = rest;
-                }
-            }
-            c = upto;
-        }
     }
 }

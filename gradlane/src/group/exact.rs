@@ -91,9 +91,7 @@ impl Group {
         }
         let t = tag(self.next_seq(), Kind::Allgather);
         let body = to_bytes(input);
-        let out = self.to_others(&body);
-        let from = self.others();
-        let got = self.exchange(t, out, &from).await?;
+        let got = self.exchange_with_all(t, &body).await?;
         for (r, part) in output.chunks_mut(n.max(1)).enumerate().take(self.world) {
             match &got[r] {
                 Some(body) => copy_into(r, body, &mut part[..n], "allgather")?,
@@ -121,9 +119,7 @@ impl Group {
         // The reduced shards back to everyone.
         let t = tag(self.next_seq(), Kind::ReducedShard);
         let body = to_bytes(&reduced);
-        let out = self.to_others(&body);
-        let from = self.others();
-        let got = self.exchange(t, out, &from).await?;
+        let got = self.exchange_with_all(t, &body).await?;
         for (r, body) in got.iter().enumerate() {
             let range = shard(n, self.world, r);
             match body {

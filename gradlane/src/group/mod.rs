@@ -426,6 +426,19 @@ impl Group {
         Ok(got)
     }
 
+    /// Sends `body` to every other rank and receives one message from
+    /// each: the collectives' all-to-all step when every rank sends the
+    /// same bytes.
+    async fn exchange_with_all(
+        &mut self,
+        tag: u64,
+        body: &Bytes,
+    ) -> Result<Vec<Option<Bytes>>, GroupError> {
+        let out = self.to_others(body);
+        let from = self.others();
+        self.exchange(tag, out, &from).await
+    }
+
     /// `body` for every other rank, nothing for this one: what
     /// [`exchange`](Self::exchange) sends when every rank gets the same.
     fn to_others(&self, body: &Bytes) -> Vec<Option<Bytes>> {

@@ -34,6 +34,7 @@ use crate::endpoint::Endpoint;
 use crate::link::{LinkError, LinkReceiver, LinkSender};
 use bytes::{Bytes, BytesMut};
 use futures_util::future::try_join_all;
+use gradlane_core::group::{PathHello, PathOffer};
 use gradlane_core::layout::{Layout, TensorSpec};
 use std::net::SocketAddr;
 use tokio::time::Instant;
@@ -42,8 +43,7 @@ use tokio::time::Instant;
 /// costs more than it carries.
 pub(super) const STRIPE_PIECE: usize = 64 << 10;
 
-/// The most sockets a rank may ask for.
-pub const MAX_SOCKETS: usize = 64;
+pub use gradlane_core::group::MAX_SOCKETS;
 
 /// This process's share of the host's cores: the cores over the ranks
 /// that share the host (torchrun's `LOCAL_WORLD_SIZE`, else 1).
@@ -181,59 +181,6 @@ pub(super) async fn recv_striped(
     Ok(whole.freeze())
 }
 
-/// What a rank tells each peer on the first path once the mesh is formed:
-/// how many paths it offers, and the ports of its further sockets.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Offer {
-    paths: usize,
-    ports: Vec<u16>,
-}
-
-const OFFER: &str = "gradlane-paths/1";
-
-impl Offer {
-    fn encode(&self) -> Bytes {
-        let ports: Vec<String> = self.ports.iter().map(u16::to_string).collect();
-        format!("{OFFER} {} {}", self.paths, ports.join(" "))
-            .trim_end()
-            .to_owned()
-            .into()
-    }
-
-    /// The offer, if `body` is one whose paths fit its ports.
-    fn decode(body: &[u8]) -> Option<Self> {
-        let text = std::str::from_utf8(body).ok()?;
-        let mut words = text.split(' ');
-        if words.next()? != OFFER {
-            return None;
-        }
-        let paths: usize = words.next()?.parse().ok()?;
-        let ports: Vec<u16> = words.map(|w| w.parse().ok()).collect::<Option<_>>()?;
-        let fits = (1..=MAX_SOCKETS).contains(&paths)
-            && ports.len() < MAX_SOCKETS
-            && (paths == 1 || !ports.is_empty());
-        fits.then_some(Self { paths, ports })
-    }
-}
-
-/// The first message on a further path: who connects, and which path.
-const PATH_HELLO: &str = "gradlane-path/1";
-
-fn path_hello(rank: usize, path: usize) -> Bytes {
-    format!("{PATH_HELLO} {rank} {path}").into()
-}
-
-fn decode_path_hello(body: &[u8]) -> Option<(usize, usize)> {
-    let text = std::str::from_utf8(body).ok()?;
-    let mut words = text.split(' ');
-    if words.next()? != PATH_HELLO {
-        return None;
-    }
-    let rank = words.next()?.parse().ok()?;
-    let path = words.next()?.parse().ok()?;
-    words.next().is_none().then_some((rank, path))
-}
-
 /// One further connection to make or take: with `peer`, path `path`, on
 /// this rank's endpoint `local` (index among its sockets); the peer's
 /// socket is at `remote` when this rank connects.
@@ -285,22 +232,20 @@ impl Group {
             .map(|e| e.local_addr().map(|a| a.port()))
             .collect::<Result<Vec<u16>, _>>()
             .map_err(|e| GroupError::Setup(e.to_string()))?;
-        let offer = Offer {
+        let offer = PathOffer {
             paths: offered,
             ports,
         };
         let t = tag(0, Kind::Paths);
-        let body = offer.encode();
-        let out = self.to_others(&body);
-        let from = self.others();
-        let got = self.exchange(t, out, &from).await?;
+        let body = Bytes::from(offer.encode());
+        let got = self.exchange_with_all(t, &body).await?;
         // What each pair uses: the fewer paths of the two offers.
         let mut planned = Vec::new();
         for (peer, body) in got.iter().enumerate() {
             let Some(body) = body else { continue };
-            let theirs = Offer::decode(body).ok_or_else(|| GroupError::OutOfStep {
+            let theirs = PathOffer::decode(body).map_err(|e| GroupError::OutOfStep {
                 rank: peer,
-                what: "no valid offer of paths".into(),
+                what: format!("no valid offer of paths: {e}"),
             })?;
             let paths = offered.min(theirs.paths);
             for path in 1..paths {
@@ -371,7 +316,11 @@ async fn connect_paths(
                 .connect(remote, &name, layout)
                 .await
                 .map_err(failed)?;
-            link.send_message(tag(0, Kind::Paths), path_hello(config.rank, p.path))
+            let hello = PathHello {
+                rank: config.rank,
+                path: p.path,
+            };
+            link.send_message(tag(0, Kind::Paths), hello.encode().into())
                 .await
                 .map_err(failed)?;
             Ok::<_, GroupError>((p.peer, p.path, link))
@@ -413,7 +362,9 @@ async fn accept_paths(
             }
         };
         let said = match link.recv_message().await {
-            Ok((t, body)) if t == tag(0, Kind::Paths) => decode_path_hello(&body),
+            Ok((t, body)) if t == tag(0, Kind::Paths) => {
+                PathHello::decode(&body).map(|h| (h.rank, h.path)).ok()
+            }
             _ => None,
         };
         match said.and_then(|s| expected.iter().position(|&e| e == s)) {
@@ -457,41 +408,6 @@ mod tests {
             for path in 1..4 {
                 assert!((1..4).contains(&endpoint_of(4, peer, path)));
             }
-        }
-    }
-
-    #[test]
-    fn offers_and_path_hellos_round_trip_and_garbage_is_none() {
-        let offer = Offer {
-            paths: 3,
-            ports: vec![4000, 4001, 4002],
-        };
-        assert_eq!(Offer::decode(&offer.encode()), Some(offer));
-        let single = Offer {
-            paths: 1,
-            ports: vec![],
-        };
-        assert_eq!(Offer::decode(&single.encode()), Some(single));
-        for bad in [
-            &b""[..],
-            b"gradlane-paths/1",
-            b"gradlane-paths/1 0",
-            b"gradlane-paths/1 2",
-            b"gradlane-paths/1 2 x",
-            b"gradlane-paths/1 2 70000",
-            b"gradlane-paths/2 1",
-            b"\xff",
-        ] {
-            assert_eq!(Offer::decode(bad), None, "{bad:?}");
-        }
-        assert_eq!(decode_path_hello(&path_hello(3, 2)), Some((3, 2)));
-        for bad in [
-            &b""[..],
-            b"gradlane-path/1 3",
-            b"gradlane-path/1 3 2 1",
-            b"x 1 2",
-        ] {
-            assert_eq!(decode_path_hello(bad), None, "{bad:?}");
         }
     }
 }

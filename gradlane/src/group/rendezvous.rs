@@ -9,6 +9,7 @@ use crate::handshake_failure::HandshakeFailure;
 use crate::link::{Link, LinkError};
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use gradlane_core::group::{AddressTable, MeshHello};
 use gradlane_core::layout::{Layout, TensorSpec};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -29,60 +30,6 @@ pub enum Rendezvous {
         /// Where this rank listens (ignored on rank 0).
         listen: SocketAddr,
     },
-}
-
-/// The first message on every link of a group: who is speaking.
-struct Hello {
-    rank: usize,
-    world: usize,
-    listen: Option<SocketAddr>,
-}
-
-const HELLO: &str = "gradlane-group/1";
-
-impl Hello {
-    fn encode(&self) -> Bytes {
-        let listen = self
-            .listen
-            .map(|a| a.to_string())
-            .unwrap_or_else(|| "-".into());
-        format!("{HELLO} {} {} {listen}", self.rank, self.world).into()
-    }
-
-    fn decode(body: &[u8]) -> Option<Self> {
-        let text = std::str::from_utf8(body).ok()?;
-        let mut words = text.split(' ');
-        if words.next()? != HELLO {
-            return None;
-        }
-        let rank = words.next()?.parse().ok()?;
-        let world = words.next()?.parse().ok()?;
-        let listen = match words.next()? {
-            "-" => None,
-            a => Some(a.parse().ok()?),
-        };
-        words.next().is_none().then_some(Self {
-            rank,
-            world,
-            listen,
-        })
-    }
-}
-
-/// The address table rank 0 hands out.
-fn encode_table(table: &[SocketAddr]) -> Bytes {
-    let addrs: Vec<String> = table.iter().map(|a| a.to_string()).collect();
-    format!("{HELLO} table {}", addrs.join(" ")).into()
-}
-
-fn decode_table(body: &[u8], world: usize) -> Option<Vec<SocketAddr>> {
-    let text = std::str::from_utf8(body).ok()?;
-    let rest = text.strip_prefix(&format!("{HELLO} table "))?;
-    let table: Vec<SocketAddr> = rest
-        .split(' ')
-        .map(|a| a.parse().ok())
-        .collect::<Option<_>>()?;
-    (table.len() == world).then_some(table)
 }
 
 /// How long the first attempt to reach a rank may take: a rank that is
@@ -183,13 +130,13 @@ async fn form(
             // listens; the table goes back to each once all are in.
             let mut table = vec![*root; world];
             let expected: Vec<usize> = (1..world).collect();
-            let mut learn = |hello: &Hello| {
+            let mut learn = |hello: &MeshHello| {
                 if let Some(addr) = hello.listen {
                     table[hello.rank] = addr;
                 }
             };
             accept_into(config, endpoint, &expected, links, 0, &mut learn, failed).await?;
-            let body = encode_table(&table);
+            let body = Bytes::from(AddressTable(table.clone()).encode());
             for (r, link) in links.iter_mut().enumerate() {
                 if let Some(link) = link {
                     link.send_message(tag(0, Kind::Hello), body.clone())
@@ -204,12 +151,18 @@ async fn form(
             let link = links[0].insert(link);
             let failed = |source| GroupError::Rank { rank: 0, source };
             let (got, body) = link.recv_message().await.map_err(failed)?;
-            match decode_table(&body, world) {
-                Some(table) if got == tag(0, Kind::Hello) => table,
-                _ => {
+            match AddressTable::decode(&body, world) {
+                Ok(table) if got == tag(0, Kind::Hello) => table.0,
+                Ok(_) => {
                     return Err(GroupError::OutOfStep {
                         rank: 0,
                         what: "no address table from rank 0".into(),
+                    })
+                }
+                Err(e) => {
+                    return Err(GroupError::OutOfStep {
+                        rank: 0,
+                        what: format!("no address table from rank 0: {e}"),
                     })
                 }
             }
@@ -231,7 +184,7 @@ async fn form(
         let expected: Vec<usize> = (rank + 1..world)
             .filter(|&r| higher[r - rank - 1].is_none())
             .collect();
-        let hello = &mut |_: &Hello| {};
+        let hello = &mut |_: &MeshHello| {};
         accept_into(config, endpoint, &expected, higher, rank + 1, hello, failed).await
     };
     let (c, a) = tokio::join!(connect, accept);
@@ -293,12 +246,12 @@ async fn connect_to(
         }
         false => None,
     };
-    let hello = Hello {
+    let hello = MeshHello {
         rank: config.rank,
         world: config.world,
         listen,
     };
-    link.send_message(tag(0, Kind::Hello), hello.encode())
+    link.send_message(tag(0, Kind::Hello), hello.encode().into())
         .await
         .map_err(failed)?;
     Ok(link)
@@ -335,7 +288,7 @@ async fn accept_into(
     expected: &[usize],
     links: &mut [Option<Link>],
     offset: usize,
-    on_hello: &mut dyn FnMut(&Hello),
+    on_hello: &mut dyn FnMut(&MeshHello),
     failed: &mut Vec<(SocketAddr, HandshakeFailure)>,
 ) -> Result<(), GroupError> {
     let mut found = 0;
@@ -387,10 +340,14 @@ async fn accept_into(
                 continue;
             }
         };
-        let hello = match Hello::decode(&body) {
-            Some(h) if got == tag(0, Kind::Hello) => h,
-            _ => {
+        let hello = match MeshHello::decode(&body) {
+            Ok(h) if got == tag(0, Kind::Hello) => h,
+            Ok(_) => {
                 tracing::info!(%remote, "a connection to the group sent no hello");
+                continue;
+            }
+            Err(e) => {
+                tracing::info!(%remote, %e, "a connection to the group sent no valid hello");
                 continue;
             }
         };
@@ -420,37 +377,4 @@ async fn accept_into(
         found += 1;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hellos_and_tables_round_trip_and_garbage_is_none() {
-        let h = Hello {
-            rank: 3,
-            world: 4,
-            listen: Some("10.0.0.4:4433".parse().unwrap()),
-        };
-        let back = Hello::decode(&h.encode()).unwrap();
-        assert_eq!((back.rank, back.world, back.listen), (3, 4, h.listen));
-        let none = Hello { listen: None, ..h };
-        assert_eq!(Hello::decode(&none.encode()).unwrap().listen, None);
-        for bad in [
-            &b""[..],
-            b"gradlane-group/1 3",
-            b"gradlane-group/1 x 4 -",
-            b"gradlane-group/1 3 4 - extra",
-            b"gradlane-group/2 3 4 -",
-            b"\xff",
-        ] {
-            assert!(Hello::decode(bad).is_none(), "{bad:?}");
-        }
-        let table: Vec<SocketAddr> =
-            vec!["127.0.0.1:1".parse().unwrap(), "[::1]:2".parse().unwrap()];
-        assert_eq!(decode_table(&encode_table(&table), 2), Some(table.clone()));
-        assert_eq!(decode_table(&encode_table(&table), 3), None);
-        assert_eq!(decode_table(b"gradlane-group/1 table x", 1), None);
-    }
 }

@@ -17,6 +17,7 @@
 use super::exact::{copy_into, to_bytes};
 use super::{tag, Group, GroupError, Kind};
 use bytes::Bytes;
+use gradlane_core::group::SparseShape;
 
 /// Rows of a `height × width` matrix: row `rows[i]` holds
 /// `values[i * width..(i + 1) * width]`.
@@ -133,14 +134,24 @@ impl Group {
         let peers = (world - 1) as u64;
         // Phase 1: the counts, with the shape so a mismatch is caught here.
         let t = tag(self.next_seq(), Kind::Counts);
-        let head = shape_bytes(mine.rows.len() as u64, mine.height, w as u64);
-        let out = self.to_others(&head);
-        let from = self.others();
-        let got = self.exchange(t, out, &from).await?;
+        let head = SparseShape {
+            count: mine.rows.len() as u64,
+            height: mine.height,
+            width: w as u64,
+        };
+        let head = Bytes::from(head.encode());
+        let got = self.exchange_with_all(t, &head).await?;
         let mut counts = vec![mine.rows.len() as u64; world];
         for (r, body) in got.iter().enumerate() {
             let Some(body) = body else { continue };
-            let (count, height, width) = parse_shape(r, body)?;
+            let SparseShape {
+                count,
+                height,
+                width,
+            } = SparseShape::decode(body).map_err(|e| GroupError::OutOfStep {
+                rank: r,
+                what: e.to_string(),
+            })?;
             if (height, width) != (mine.height, w as u64) {
                 return Err(GroupError::OutOfStep {
                     rank: r,
@@ -178,8 +189,7 @@ impl Group {
             SparsePath::EqualCounts => {
                 let t = tag(self.next_seq(), Kind::Rows);
                 let body: Bytes = Bytes::copy_from_slice(bytemuck::cast_slice(&mine.rows));
-                let out = self.to_others(&body);
-                let got = self.exchange(t, out, &from).await?;
+                let got = self.exchange_with_all(t, &body).await?;
                 for (r, body) in got.iter().enumerate() {
                     if let Some(body) = body {
                         copy_into(r, body, &mut rows[place(r)], "rows")?;
@@ -187,8 +197,7 @@ impl Group {
                 }
                 let t = tag(self.next_seq(), Kind::Values);
                 let body = to_bytes(&mine.values);
-                let out = self.to_others(&body);
-                let got = self.exchange(t, out, &from).await?;
+                let got = self.exchange_with_all(t, &body).await?;
                 for (r, body) in got.iter().enumerate() {
                     if let Some(body) = body {
                         let p = place(r);
@@ -200,8 +209,7 @@ impl Group {
             SparsePath::Allgatherv => {
                 let t = tag(self.next_seq(), Kind::RowsAndValues);
                 let body = rows_and_values(mine);
-                let out = self.to_others(&body);
-                let got = self.exchange(t, out, &from).await?;
+                let got = self.exchange_with_all(t, &body).await?;
                 for (r, body) in got.iter().enumerate() {
                     if let Some(body) = body {
                         let p = place(r);
@@ -263,26 +271,6 @@ impl Group {
             messages_sent: sent,
         };
         Ok((gathered, report))
-    }
-}
-
-fn shape_bytes(count: u64, height: u64, width: u64) -> Bytes {
-    let mut b = Vec::with_capacity(24);
-    for v in [count, height, width] {
-        b.extend_from_slice(&v.to_le_bytes());
-    }
-    b.into()
-}
-
-fn parse_shape(rank: usize, body: &[u8]) -> Result<(u64, u64, u64), GroupError> {
-    let mut r = gradlane_core::bytes::Reader::new(body);
-    let shape = (|| Some((r.u64().ok()?, r.u64().ok()?, r.u64().ok()?)))();
-    match (shape, r.finish()) {
-        (Some(s), Ok(())) => Ok(s),
-        _ => Err(GroupError::OutOfStep {
-            rank,
-            what: format!("a count message of {} bytes", body.len()),
-        }),
     }
 }
 

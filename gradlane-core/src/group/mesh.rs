@@ -1,0 +1,232 @@
+//! The rendezvous: the first message on every link of a group says which
+//! rank speaks (and, to rank 0, where it listens); rank 0 answers with
+//! every rank's address.
+//!
+//! Both are text: they are read once per link, and a person reading a
+//! packet capture should see who is who.
+
+use super::{end, field, words, GroupMessageError};
+use std::net::SocketAddr;
+
+/// The largest group a rank will join: a hello or table claiming more is
+/// refused before its table is read.
+pub const MAX_WORLD: usize = 1 << 16;
+
+/// The kind and version word both messages start with.
+const KIND: &str = "gradlane-group/1";
+
+/// The longest hello: the kind, two numbers and an IPv6 address with port.
+const MAX_HELLO_BYTES: usize = 128;
+
+/// The longest text of one address in a table (`[v6%scope]:port`).
+const MAX_ADDRESS_BYTES: usize = 64;
+
+/// The first message on every link of a group: who is speaking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeshHello {
+    /// The speaker's rank.
+    pub rank: usize,
+    /// The size of the group it joins.
+    pub world: usize,
+    /// Where it listens, when it tells rank 0.
+    pub listen: Option<SocketAddr>,
+}
+
+impl MeshHello {
+    /// The message's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let listen = self
+            .listen
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "-".into());
+        format!("{KIND} {} {} {listen}", self.rank, self.world).into_bytes()
+    }
+
+    /// The hello in `body`: a rank inside a group of 1 to [`MAX_WORLD`].
+    pub fn decode(body: &[u8]) -> Result<Self, GroupMessageError> {
+        const MESSAGE: &str = "group hello";
+        let mut words = words(body, MESSAGE, KIND, MAX_HELLO_BYTES)?;
+        let rank = field(&mut words, MESSAGE, "rank")?;
+        let world = field(&mut words, MESSAGE, "world")?;
+        let listen = match words.next() {
+            Some("-") => None,
+            Some(a) => Some(a.parse().map_err(|_| GroupMessageError::BadField {
+                message: MESSAGE,
+                field: "listening address",
+            })?),
+            None => {
+                return Err(GroupMessageError::BadField {
+                    message: MESSAGE,
+                    field: "listening address",
+                })
+            }
+        };
+        end(&mut words, MESSAGE)?;
+        check_world(world)?;
+        if rank >= world {
+            return Err(GroupMessageError::Rank { rank, world });
+        }
+        Ok(Self {
+            rank,
+            world,
+            listen,
+        })
+    }
+}
+
+/// The address table rank 0 hands every other rank: rank `r` listens at
+/// entry `r`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddressTable(pub Vec<SocketAddr>);
+
+impl AddressTable {
+    /// The message's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let addrs: Vec<String> = self.0.iter().map(|a| a.to_string()).collect();
+        format!("{KIND} table {}", addrs.join(" ")).into_bytes()
+    }
+
+    /// The table in `body`, which must hold `world` addresses (the group's
+    /// size, at most [`MAX_WORLD`]); its length is checked before any
+    /// address is read.
+    pub fn decode(body: &[u8], world: usize) -> Result<Self, GroupMessageError> {
+        const MESSAGE: &str = "address table";
+        check_world(world)?;
+        let max = KIND.len() + " table".len() + world * (1 + MAX_ADDRESS_BYTES);
+        let mut words = words(body, MESSAGE, KIND, max)?;
+        if words.next() != Some("table") {
+            return Err(GroupMessageError::WrongKind {
+                message: MESSAGE,
+                expected: "gradlane-group/1 table",
+            });
+        }
+        let got = words.clone().count();
+        if got != world {
+            return Err(GroupMessageError::WorldMismatch {
+                message: MESSAGE,
+                got,
+                world,
+            });
+        }
+        let mut table = Vec::with_capacity(world);
+        for _ in 0..world {
+            table.push(field(&mut words, MESSAGE, "address")?);
+        }
+        Ok(Self(table))
+    }
+}
+
+fn check_world(world: usize) -> Result<(), GroupMessageError> {
+    match world {
+        1..=MAX_WORLD => Ok(()),
+        _ => Err(GroupMessageError::World {
+            world,
+            max: MAX_WORLD,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hellos_and_tables_round_trip() {
+        let h = MeshHello {
+            rank: 3,
+            world: 4,
+            listen: Some("10.0.0.4:4433".parse().unwrap()),
+        };
+        assert_eq!(MeshHello::decode(&h.encode()), Ok(h));
+        let none = MeshHello { listen: None, ..h };
+        assert_eq!(MeshHello::decode(&none.encode()), Ok(none));
+        let table = AddressTable(vec![
+            "127.0.0.1:1".parse().unwrap(),
+            "[::1]:2".parse().unwrap(),
+        ]);
+        assert_eq!(AddressTable::decode(&table.encode(), 2), Ok(table.clone()));
+    }
+
+    #[test]
+    fn bad_hellos_are_typed_errors() {
+        let bad = |body: &[u8]| MeshHello::decode(body).unwrap_err();
+        assert!(matches!(bad(b""), GroupMessageError::WrongKind { .. }));
+        assert!(matches!(
+            bad(b"gradlane-group/2 1 2 -"),
+            GroupMessageError::WrongKind { .. }
+        ));
+        assert!(matches!(
+            bad(b"\xff\xfe"),
+            GroupMessageError::NotText { .. }
+        ));
+        assert!(matches!(
+            bad(b"gradlane-group/1 x 2 -"),
+            GroupMessageError::BadField { field: "rank", .. }
+        ));
+        assert!(matches!(
+            bad(b"gradlane-group/1 1 2"),
+            GroupMessageError::BadField { .. }
+        ));
+        assert!(matches!(
+            bad(b"gradlane-group/1 1 2 - extra"),
+            GroupMessageError::Trailing { .. }
+        ));
+        assert_eq!(
+            bad(b"gradlane-group/1 2 2 -"),
+            GroupMessageError::Rank { rank: 2, world: 2 }
+        );
+        assert_eq!(
+            bad(b"gradlane-group/1 0 0 -"),
+            GroupMessageError::World {
+                world: 0,
+                max: MAX_WORLD
+            }
+        );
+        // A world that would make the table's reader allocate without bound.
+        assert_eq!(
+            bad(format!("gradlane-group/1 1 {} -", usize::MAX).as_bytes()),
+            GroupMessageError::World {
+                world: usize::MAX,
+                max: MAX_WORLD
+            }
+        );
+        let long = vec![b'a'; MAX_HELLO_BYTES + 1];
+        assert!(matches!(bad(&long), GroupMessageError::TooLong { .. }));
+    }
+
+    #[test]
+    fn tables_of_another_size_or_too_long_are_refused_before_reading() {
+        let table = AddressTable(vec!["127.0.0.1:1".parse().unwrap()]);
+        assert_eq!(
+            AddressTable::decode(&table.encode(), 3),
+            Err(GroupMessageError::WorldMismatch {
+                message: "address table",
+                got: 1,
+                world: 3
+            })
+        );
+        assert!(matches!(
+            AddressTable::decode(b"gradlane-group/1 table x", 1),
+            Err(GroupMessageError::BadField { .. })
+        ));
+        assert!(matches!(
+            AddressTable::decode(b"gradlane-group/1 tables 127.0.0.1:1", 1),
+            Err(GroupMessageError::WrongKind { .. })
+        ));
+        assert!(matches!(
+            AddressTable::decode(b"gradlane-group/1 table", 1),
+            Err(GroupMessageError::WorldMismatch { got: 0, .. })
+        ));
+        // Two ranks' worth of addresses, and then a megabyte.
+        let mut long = table.encode();
+        long.extend(std::iter::repeat_n(b' ', 1 << 20));
+        assert!(matches!(
+            AddressTable::decode(&long, 2),
+            Err(GroupMessageError::TooLong { .. })
+        ));
+        assert!(matches!(
+            AddressTable::decode(&table.encode(), MAX_WORLD + 1),
+            Err(GroupMessageError::World { .. })
+        ));
+    }
+}

@@ -1,0 +1,73 @@
+//! The messages ranks of a group send each other outside the rounds:
+//! who they are while the mesh forms, which further paths they offer, the
+//! shapes of a sparse allgather and an owner's summed shard.
+//!
+//! They live here, beside the link's own messages, so that every decoder
+//! of a peer's bytes is in the core, bounded before it allocates and
+//! fuzzed (`fuzz/fuzz_targets/group_messages.rs` and `reduced_shard.rs`).
+//! The shell (`gradlane::Group`) only sends and receives them.
+//!
+//! - [`MeshHello`] and [`AddressTable`]: the rendezvous.
+//! - [`PathOffer`] and [`PathHello`]: the further paths between two ranks.
+//! - [`SparseShape`]: what each rank gathers in a sparse allgather.
+//! - [`ReducedShard`]: an owner's sum in a differentiated allreduce.
+
+mod error;
+mod mesh;
+mod paths;
+mod reduced_shard;
+mod sparse_shape;
+
+pub use error::GroupMessageError;
+pub use mesh::{AddressTable, MeshHello, MAX_WORLD};
+pub use paths::{PathHello, PathOffer, MAX_SOCKETS};
+pub use reduced_shard::{encode_reduced_shard, ReducedShard, NO_LOSSY_RETURN};
+pub use sparse_shape::SparseShape;
+
+/// The words of a text message: the first names its kind and version.
+fn words<'a>(
+    body: &'a [u8],
+    message: &'static str,
+    kind: &'static str,
+    max_bytes: usize,
+) -> Result<std::str::Split<'a, char>, GroupMessageError> {
+    if body.len() > max_bytes {
+        return Err(GroupMessageError::TooLong {
+            message,
+            len: body.len(),
+            max: max_bytes,
+        });
+    }
+    let text = std::str::from_utf8(body).map_err(|_| GroupMessageError::NotText { message })?;
+    let mut words = text.split(' ');
+    match words.next() {
+        Some(k) if k == kind => Ok(words),
+        _ => Err(GroupMessageError::WrongKind {
+            message,
+            expected: kind,
+        }),
+    }
+}
+
+/// The next word as a number or an address.
+fn field<T: std::str::FromStr>(
+    words: &mut std::str::Split<'_, char>,
+    message: &'static str,
+    field: &'static str,
+) -> Result<T, GroupMessageError> {
+    words
+        .next()
+        .and_then(|w| w.parse().ok())
+        .ok_or(GroupMessageError::BadField { message, field })
+}
+
+/// Nothing after the last field.
+fn end(
+    words: &mut std::str::Split<'_, char>,
+    message: &'static str,
+) -> Result<(), GroupMessageError> {
+    match words.next() {
+        None => Ok(()),
+        Some(_) => Err(GroupMessageError::Trailing { message }),
+    }
+}
