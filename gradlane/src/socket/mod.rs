@@ -18,6 +18,7 @@
 
 pub(crate) mod batching;
 pub(crate) mod faults;
+pub(crate) mod layer;
 pub(crate) mod marking;
 pub(crate) mod route_mtu;
 
