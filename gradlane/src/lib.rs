@@ -110,6 +110,7 @@ mod link;
 pub mod ps_net;
 pub mod quic;
 mod socket;
+mod stack;
 mod tls;
 mod tuning;
 
@@ -151,7 +152,7 @@ pub use socket::faults::{FaultStats, Faults};
 pub use socket::marking::DscpMarks;
 #[cfg(target_os = "linux")]
 pub use socket::marking::MarkedCounts;
-pub use socket::EndpointError;
+pub use stack::EndpointError;
 pub use tls::{
     cert_job_name, generate_certs, generate_job_certs, job_server_name, CertFiles,
     ClientConfigError, GenerateCertsError, PeerCertError, PemError, ServerConfigError,
