@@ -29,10 +29,13 @@
 //! ([`gradlane_core::protocol`]); this module is their driver: it feeds
 //! them what quinn tells and carries out what they ask.
 //!
-//! This file holds the link, its errors and its shared state; `send` the
-//! sending half, `receive` the receiving half and the background tasks,
-//! `close` closing in order. docs/DESIGN.md §2.7-2.8 tells the same story
-//! with a picture.
+//! This file holds the link, its errors and its shared state. The sending
+//! half: `send` (a round from classing to confirmation), `lanes` (the
+//! important part's framing and stream writers), `lossy` (the lossy part),
+//! `in_flight` (abandoning a round). The receiving half and the background
+//! tasks: `receive`. Both: `layouts` (more layouts on one link),
+//! `messages` (exact messages), `close` (closing in order).
+//! docs/DESIGN.md §2.7-2.8 tells the same story with a picture.
 
 use crate::config::Config;
 use crate::framing::{self, FrameError};
@@ -55,7 +58,10 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 mod close;
+mod in_flight;
+mod lanes;
 mod layouts;
+mod lossy;
 mod messages;
 mod receive;
 mod send;
