@@ -175,7 +175,7 @@ pub struct Scoring {
     /// reliable share.
     pub ranking: Ranking,
     /// Grow the reliable share as the training loss falls (report it with
-    /// [`Link::report_loss`](crate::Link::report_loss)); default off.
+    /// [`LinkSender::report_loss`](crate::LinkSender::report_loss)); default off.
     pub adaptive: Option<AdaptiveRatio>,
     /// Send the first round entirely reliably (the authors' warm-up, while
     /// no contribution is known yet); default off.

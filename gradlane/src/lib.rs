@@ -62,7 +62,10 @@
 //! let grads: Vec<Vec<f32>> = (0..layout.len())
 //!     .map(|t| (0..layout.tensor_len(t)).map(|i| (i as f32).sin()).collect())
 //!     .collect();
-//! let (report, round) = tokio::join!(tx.send_round(0, &grads), rx.recv_round());
+//! let (report, round) = tokio::join!(
+//!     tx.sender().send_round(0, &grads),
+//!     rx.receiver().recv_round()
+//! );
 //! let (report, round) = (report?, round?);
 //!
 //! // 80% of each tensor's chunks travelled reliably and are exact.

@@ -76,6 +76,15 @@ impl LinkSender {
             .await
     }
 
+    /// Reports the training loss to the classifier (adaptive ratio), for
+    /// every layout of this end's.
+    pub fn report_loss(&mut self, loss: f64) -> Result<(), LinkError> {
+        for encoder in &mut self.encoders {
+            encoder.report_loss(loss)?;
+        }
+        Ok(())
+    }
+
     /// `shared`, if given, holds `grads` as little-endian bytes to take
     /// views of.
     async fn send_round_inner<G: AsRef<[f32]>>(
