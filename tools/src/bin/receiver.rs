@@ -78,7 +78,8 @@ async fn run(args: Args) -> Result<(), BoxError> {
     let mut received = 0u32;
     for _ in 0..args.rounds {
         let round = link
-            .receiver().recv_round()
+            .receiver()
+            .recv_round()
             .await
             .map_err(|e| format!("after {received} rounds: {}", chain(&e)))?;
         let now = Instant::now();
