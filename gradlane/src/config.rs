@@ -6,6 +6,7 @@ use crate::congestion::Congestion;
 use crate::socket::faults::Faults;
 use crate::socket::marking::DscpMarks;
 use crate::tuning::Tuning;
+pub use crate::tuning::{ETHERNET_UDP_PAYLOAD, JUMBO_UDP_PAYLOAD};
 use gradlane_core::classify::{AdaptiveRatio, ClassifyConfig, Ranking, MAX_LEVELS};
 use gradlane_core::encode::EncoderConfig;
 use gradlane_core::format::ClassFormats;
@@ -16,13 +17,6 @@ use gradlane_core::score::DEFAULT_ALPHA;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
-
-/// The UDP payload of a 1500-byte Ethernet frame under IPv6.
-pub const ETHERNET_UDP_PAYLOAD: u16 = 1452;
-
-/// The UDP payload of a 9000-byte jumbo frame under IPv6 (the tighter of
-/// the two families): 9000 - 40 - 8.
-pub const JUMBO_UDP_PAYLOAD: u16 = 8952;
 
 /// Everything a link end can be configured with.
 ///
@@ -181,7 +175,7 @@ pub struct Scoring {
     /// reliable share.
     pub ranking: Ranking,
     /// Grow the reliable share as the training loss falls (report it with
-    /// [`Link::report_loss`](crate::Link::report_loss)); default off.
+    /// [`LinkSender::report_loss`](crate::LinkSender::report_loss)); default off.
     pub adaptive: Option<AdaptiveRatio>,
     /// Send the first round entirely reliably (the authors' warm-up, while
     /// no contribution is known yet); default off.

@@ -1,20 +1,20 @@
-//! Endpoints: where links come from.
+//! gradlane's [`Endpoint`]: where links come from.
 //!
 //! A server endpoint listens with a certificate and key read from files; a
-//! client endpoint trusts the CA in a file. Both are tuned (socket buffers,
-//! windows, congestion controller) and may carry a fault-injecting socket.
-//! The client's `connect` runs the gradlane handshake: the layout and chunk
-//! options travel to the server, which accepts them, or refuses them when it
-//! was told which layout to expect.
+//! client endpoint trusts the CA in a file; a peer endpoint does both. Each
+//! sits on a QUIC stack ([`Stack`]) and gives each connection the transport
+//! settings of its route. The client's `connect` runs the gradlane
+//! handshake: the layout and chunk options travel to the server, which
+//! accepts them, or refuses them when it was told which layout to expect.
 
 use crate::config::{Config, ConfigError};
 use crate::link::{read_control, write_control, Carrier, Link, LinkError};
-use crate::socket::batching::{BatchCounts, BatchingSocket};
-use crate::socket::faults::{FaultStats, FaultySocket};
-use crate::socket::marking::{ConnectionMark, MarkRegistry};
+use crate::socket::batching::BatchCounts;
+use crate::socket::faults::FaultStats;
 #[cfg(target_os = "linux")]
-use crate::socket::marking::{MarkedCounts, MarkingSocket};
-use crate::socket::{self, EndpointError, EndpointParts};
+use crate::socket::marking::MarkedCounts;
+use crate::socket::marking::{ConnectionMark, MarkRegistry};
+use crate::stack::{EndpointError, Stack};
 use crate::tls::{self, ClientConfigError, PeerCertError, Refusal, ServerConfigError};
 use crate::tuning::Tuning;
 use gradlane_core::control::{codes, framed, Control, HandshakeError, Hello};
@@ -34,7 +34,7 @@ pub enum SetupError {
     /// The CA file.
     #[error(transparent)]
     Client(#[from] ClientConfigError),
-    /// The socket or quinn endpoint.
+    /// The socket or the QUIC stack on it.
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
     /// A setting is out of its range.
@@ -45,13 +45,9 @@ pub enum SetupError {
 /// A QUIC endpoint that makes gradlane links.
 #[derive(Debug)]
 pub struct Endpoint {
-    inner: quinn::Endpoint,
+    /// quinn's endpoint and the socket layers under it.
+    stack: Stack,
     config: Config,
-    faults: Option<Arc<FaultySocket>>,
-    batching: Arc<BatchingSocket>,
-    marks: Option<Arc<MarkRegistry>>,
-    #[cfg(target_os = "linux")]
-    marking: Option<Arc<MarkingSocket>>,
     /// The job its certificate names (peer endpoints).
     job: Option<String>,
     /// The server certificate its client refused last (peer endpoints).
@@ -106,8 +102,8 @@ impl Endpoint {
             server: Some(server.clone()),
             client: None,
         };
-        let parts = socket::endpoint_parts(addr, Some(server), &per_peer.tuning, config.faults)?;
-        Ok(Self::from_parts(parts, config, per_peer))
+        let stack = Stack::bind(addr, Some(server), &per_peer.tuning, config.faults)?;
+        Ok(Self::on_stack(stack, config, per_peer))
     }
 
     /// An endpoint that both listens on `addr` and connects, for the ranks
@@ -140,10 +136,10 @@ impl Endpoint {
             server: Some(server.clone()),
             client: Some(client.clone()),
         };
-        let client = socket::tuned_client(client, &tuning)?;
-        let mut parts = socket::endpoint_parts(addr, Some(server), &tuning, config.faults)?;
-        parts.endpoint.set_default_client_config(client);
-        let mut endpoint = Self::from_parts(parts, config, per_peer);
+        let client = tuning.client_config(client)?;
+        let mut stack = Stack::bind(addr, Some(server), &tuning, config.faults)?;
+        stack.quinn.set_default_client_config(client);
+        let mut endpoint = Self::on_stack(stack, config, per_peer);
         endpoint.job = job;
         endpoint.refusal = Some(refusal);
         Ok(endpoint)
@@ -181,21 +177,16 @@ impl Endpoint {
             server: None,
             client: Some(client.clone()),
         };
-        let client = socket::tuned_client(client, &tuning)?;
-        let mut parts = socket::endpoint_parts(local, None, &tuning, config.faults)?;
-        parts.endpoint.set_default_client_config(client);
-        Ok(Self::from_parts(parts, config, per_peer))
+        let client = tuning.client_config(client)?;
+        let mut stack = Stack::bind(local, None, &tuning, config.faults)?;
+        stack.quinn.set_default_client_config(client);
+        Ok(Self::on_stack(stack, config, per_peer))
     }
 
-    fn from_parts(parts: EndpointParts, config: Config, per_peer: PerPeer) -> Self {
+    fn on_stack(stack: Stack, config: Config, per_peer: PerPeer) -> Self {
         Self {
-            inner: parts.endpoint,
+            stack,
             config,
-            faults: parts.faults,
-            batching: parts.batching,
-            marks: parts.marks,
-            #[cfg(target_os = "linux")]
-            marking: parts.marking,
             job: None,
             refusal: None,
             per_peer,
@@ -204,24 +195,24 @@ impl Endpoint {
 
     /// The local address (useful after binding port 0).
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.inner.local_addr()
+        self.stack.quinn.local_addr()
     }
 
     /// Packets per send and per receive so far: whether GSO and GRO batch
     /// on this host, and how often a batch had to be split.
     pub fn batch_counts(&self) -> BatchCounts {
-        self.batching.counts()
+        self.stack.batching.counts()
     }
 
     /// What the fault injector did so far, if one is attached.
     pub fn fault_stats(&self) -> Option<FaultStats> {
-        self.faults.as_ref().map(|f| f.stats())
+        self.stack.faults.as_ref().map(|f| f.stats())
     }
 
     /// Packets sent so far by DSCP, if [`Config::dscp`] is set.
     #[cfg(target_os = "linux")]
     pub fn marked_counts(&self) -> Option<MarkedCounts> {
-        self.marking.as_ref().map(|m| m.counts())
+        self.stack.marking.as_ref().map(|m| m.counts())
     }
 
     /// Connects to a server and runs the handshake with `layout`.
@@ -236,8 +227,8 @@ impl Endpoint {
             .client_for(addr)
             .map_err(|e| LinkError::Protocol(format!("connect: {e}")))?;
         let connecting = match own {
-            Some(client) => self.inner.connect_with(client, addr, server_name),
-            None => self.inner.connect(addr, server_name),
+            Some(client) => self.stack.quinn.connect_with(client, addr, server_name),
+            None => self.stack.quinn.connect(addr, server_name),
         }
         .map_err(|e| LinkError::Protocol(format!("connect: {e}")))?;
         let conn = connecting.await.map_err(LinkError::from_conn)?;
@@ -253,7 +244,7 @@ impl Endpoint {
             _ => return Err(LinkError::from_conn(conn.closed().await)),
         }
         tracing::info!(remote = %addr, tensors = layout.len(), "link up");
-        let mark = connection_mark(&self.marks, &self.config, &conn);
+        let mark = connection_mark(&self.stack.marks, &self.config, &conn);
         let carrier = Carrier {
             conn,
             control: (send, recv),
@@ -285,25 +276,26 @@ impl Endpoint {
     /// The next client knocking, before any handshake. Returns `None` once
     /// the endpoint is closed.
     pub async fn incoming(&self) -> Option<Incoming> {
-        let incoming = self.inner.accept().await?;
+        let incoming = self.stack.quinn.accept().await?;
         let server = self.per_peer.server_for(incoming.remote_address());
         Some(Incoming {
             incoming,
             server,
             config: self.config.clone(),
-            marks: self.marks.clone(),
+            marks: self.stack.marks.clone(),
         })
     }
 
     /// Closes every connection and stops listening.
     pub fn close(&self) {
-        self.inner
+        self.stack
+            .quinn
             .close(VarInt::from_u32(codes::CLOSED), b"endpoint closed");
     }
 
     /// Waits until every connection of this endpoint is closed.
     pub async fn wait_idle(&self) {
-        self.inner.wait_idle().await;
+        self.stack.quinn.wait_idle().await;
     }
 }
 

@@ -13,6 +13,8 @@
 //! - Links: [`Endpoint`] (from certificate files), [`Link`] and its halves
 //!   [`LinkSender`] and [`LinkReceiver`], [`Round`] and [`SendReport`],
 //!   [`LinkError`].
+//! - Groups: [`Group`] of N ranks, formed by a [`Rendezvous`] with a
+//!   [`GroupConfig`]; its collectives (exact, differentiated, sparse).
 //! - The model: [`Layout`], [`TensorSpec`], [`presets`].
 //! - Settings: [`Config`]; [`Faults`] to inject loss and delay.
 //! - Certificates: [`generate_certs`] (per address or host name),
@@ -21,8 +23,8 @@
 //! - [`ps`]: the parameter-server algorithms (ordered momentum, the
 //!   straggler filter); [`ps_net`]: a server and workers that run them
 //!   over links.
-//! - [`quic`]: plain quinn endpoints built the way gradlane builds its
-//!   own, for measuring against.
+//! - [`quic`]: baselines, plain quinn set up the way gradlane sets up its
+//!   own connections, for measuring against.
 //!
 //! The deterministic core (chunking, scoring, framing, reassembly) is the
 //! crate `gradlane-core`, for those who bring their own transport.
@@ -62,7 +64,10 @@
 //! let grads: Vec<Vec<f32>> = (0..layout.len())
 //!     .map(|t| (0..layout.tensor_len(t)).map(|i| (i as f32).sin()).collect())
 //!     .collect();
-//! let (report, round) = tokio::join!(tx.send_round(0, &grads), rx.recv_round());
+//! let (report, round) = tokio::join!(
+//!     tx.sender().send_round(0, &grads),
+//!     rx.receiver().recv_round()
+//! );
 //! let (report, round) = (report?, round?);
 //!
 //! // 80% of each tensor's chunks travelled reliably and are exact.
@@ -76,26 +81,39 @@
 //!
 //! # Map of the crate
 //!
-//! - `config`: [`Config`], the settings of a link end.
-//! - `endpoint`: [`Endpoint`], the gradlane handshake, each connection's
-//!   own transport settings (the MTU of its route).
-//! - `link/`: a link over one QUIC connection, driving the core's round
-//!   protocol machines (`gradlane_core::protocol`): `send` (framing
-//!   pipelined with the stream writers, the release of the lossy part),
-//!   `receive` (the reliable and unreliable engines feeding the core's
-//!   reassembler), `close` (closing in order).
+//! - `config`: [`Config`], the settings of a link end; `config_error`:
+//!   [`ConfigError`], what makes a setting invalid, and QUIC's bounds on
+//!   the UDP payload.
+//! - `endpoint`: [`Endpoint`], where links come from: the gradlane
+//!   handshake, each connection's own transport settings (the MTU of its
+//!   route), and [`Incoming`], a client before its handshakes.
+//! - `link/`: a [`Link`] over one QUIC connection, driving the core's round
+//!   protocol machines (`gradlane_core::protocol`): `send` (a round from
+//!   classing to the peer's confirmation), `lanes` (framing pipelined with
+//!   the stream writers), `lossy` (the release of the lossy part),
+//!   `in_flight` (abandoning a round), `receive` (the reliable and
+//!   unreliable engines feeding the core's reassembler), `layouts` (more
+//!   layouts on one link), `messages` (exact messages), `close` (closing in
+//!   order).
+//! - `framing`: one length-prefixed message at a time over a QUIC stream.
 //! - `tls`: certificates in, rustls configurations out, and a small CA.
 //! - `handshake_failure`: why an accepted connection's handshake failed,
 //!   from the TLS alert its refusal sent.
-//! - `tuning`: socket buffers, flow-control windows, MTU, the congestion
-//!   controller, and the endpoint built from them.
-//! - `socket/`: wrappers of quinn's UDP socket: GSO/GRO batches, DSCP
-//!   marks, faults; the MTU of the route to a peer.
-//! - `congestion/`: gradlane's two congestion controllers.
-//! - `group/`: a [`Group`] of N ranks: the rendezvous, further paths over
-//!   several sockets, the exact and differentiated collectives, the
-//!   sparse allgather.
-//! - `ps_net/`: the parameter server over links.
+//! - `tuning`: socket buffers, flow-control windows, MTU and the congestion
+//!   controller, as quinn's transport configuration.
+//! - `stack`: the QUIC stack under an endpoint: quinn's endpoint on the
+//!   socket layers.
+//! - `socket/`: the UDP socket under quinn and the layers over it (`layer`):
+//!   GSO/GRO batches, DSCP marks, faults; the MTU of the route to a peer.
+//! - `congestion/`: gradlane's two congestion controllers, quinn's own with
+//!   one decision changed by a gate (`gate`).
+//! - `group/`: a [`Group`] of N ranks over a mesh of links: forming it
+//!   (`rendezvous`), ports from a firewall's range (`port_range`), further
+//!   paths over several sockets (`paths`), the exact (`exact`) and
+//!   differentiated (`differentiated`) collectives, the sparse allgather
+//!   (`sparse`).
+//! - [`ps_net`]: the parameter server over links.
+//! - [`quic`]: baselines, plain quinn set up like gradlane.
 
 #![warn(unreachable_pub)]
 
@@ -110,6 +128,7 @@ mod link;
 pub mod ps_net;
 pub mod quic;
 mod socket;
+mod stack;
 mod tls;
 mod tuning;
 
@@ -151,7 +170,7 @@ pub use socket::faults::{FaultStats, Faults};
 pub use socket::marking::DscpMarks;
 #[cfg(target_os = "linux")]
 pub use socket::marking::MarkedCounts;
-pub use socket::EndpointError;
+pub use stack::EndpointError;
 pub use tls::{
     cert_job_name, generate_certs, generate_job_certs, job_server_name, CertFiles,
     ClientConfigError, GenerateCertsError, PeerCertError, PemError, ServerConfigError,

@@ -1,13 +1,14 @@
-//! Plain quinn endpoints built the way gradlane builds its own: the same
-//! TLS (certificate files, gradlane's ALPN, no way to skip verification),
-//! the same socket stack (large kernel buffers, GSO batches split to fit, the faults
-//! and marks of the [`Config`]) and the same transport settings. For
-//! measuring gradlane against raw quinn on equal terms, and for carrying
-//! other traffic beside it.
+//! Baselines: plain quinn, set up the way gradlane sets up its own
+//! connections, for measuring gradlane against raw quinn on equal terms
+//! and for carrying other traffic beside it. Each function returns a
+//! [`quinn::Endpoint`] with gradlane's TLS (certificate files, gradlane's
+//! ALPN, no way to skip verification), its QUIC stack (large kernel
+//! buffers, GSO batches split to fit, the faults and marks of the
+//! [`Config`]) and its transport settings.
 
 use crate::config::Config;
 use crate::endpoint::SetupError;
-use crate::socket;
+use crate::stack::Stack;
 use crate::tls;
 use crate::tuning::Tuning;
 use std::net::SocketAddr;
@@ -25,12 +26,12 @@ pub fn client_config(ca: &Path) -> Result<quinn::ClientConfig, SetupError> {
     Ok(tls::client_config(ca)?)
 }
 
-/// `config`'s transport settings for an endpoint bound to `addr`. A plain
-/// quinn endpoint has one transport configuration for every peer, so with
+/// `config`'s transport settings for a baseline bound to `addr`. Plain
+/// quinn has one transport configuration for every peer, so with
 /// [`Packets::Route`](crate::Packets::Route) its MTU discovery stops at
-/// what the route to its own address carries (loopback's MTU for an
-/// endpoint on loopback, where the benchmarks run), or at an Ethernet
-/// frame when bound to an unspecified address.
+/// what the route to its own address carries (loopback's MTU on loopback,
+/// where the benchmarks run), or at an Ethernet frame when bound to an
+/// unspecified address.
 fn baseline_tuning(config: &Config, addr: SocketAddr) -> Tuning {
     let mut tuning = config.tuning();
     if !addr.ip().is_unspecified() {
@@ -40,7 +41,7 @@ fn baseline_tuning(config: &Config, addr: SocketAddr) -> Tuning {
     tuning
 }
 
-/// A quinn server endpoint on gradlane's socket stack with `config`'s
+/// A baseline server: quinn on gradlane's QUIC stack with `config`'s
 /// transport settings. Must run inside a tokio runtime.
 pub fn server(
     addr: SocketAddr,
@@ -51,18 +52,17 @@ pub fn server(
     config.validate()?;
     let tls = tls::server_config(cert, key)?;
     let tuning = baseline_tuning(config, addr);
-    let (endpoint, _) = socket::endpoint(addr, Some(tls), &tuning, config.faults)?;
-    Ok(endpoint)
+    Ok(Stack::bind(addr, Some(tls), &tuning, config.faults)?.quinn)
 }
 
-/// A quinn client endpoint on gradlane's socket stack, trusting only the CA
-/// in `ca`, with `config`'s transport settings in its default client
+/// A baseline client: quinn on gradlane's QUIC stack, trusting only the
+/// CA in `ca`, with `config`'s transport settings in its default client
 /// configuration. Must run inside a tokio runtime.
 pub fn client(addr: SocketAddr, ca: &Path, config: &Config) -> Result<quinn::Endpoint, SetupError> {
     config.validate()?;
     let tuning = baseline_tuning(config, addr);
-    let tls = socket::tuned_client(tls::client_config(ca)?, &tuning)?;
-    let (mut endpoint, _) = socket::endpoint(addr, None, &tuning, config.faults)?;
-    endpoint.set_default_client_config(tls);
-    Ok(endpoint)
+    let tls = tuning.client_config(tls::client_config(ca)?)?;
+    let mut quinn = Stack::bind(addr, None, &tuning, config.faults)?.quinn;
+    quinn.set_default_client_config(tls);
+    Ok(quinn)
 }

@@ -1,5 +1,5 @@
 //! The quinn transport configuration of an endpoint, from a [`Config`]'s
-//! transport settings.
+//! transport settings, and the packet sizes those settings name.
 //!
 //! quinn's default flow-control windows cap throughput as soon as bandwidth
 //! x RTT exceeds about 1.25 MB, and its default congestion controller
@@ -7,14 +7,21 @@
 //!
 //! [`Config`]: crate::Config
 
-use crate::config::ETHERNET_UDP_PAYLOAD;
 use crate::config_error::{ConfigError, MAX_UDP_PAYLOAD, MIN_UDP_PAYLOAD};
 use crate::congestion::Congestion;
 use crate::socket::marking::DscpMarks;
 use crate::socket::route_mtu::route_udp_payload;
 use quinn::{IdleTimeout, VarInt};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// The UDP payload of a 1500-byte Ethernet frame under IPv6.
+pub const ETHERNET_UDP_PAYLOAD: u16 = 1452;
+
+/// The UDP payload of a 9000-byte jumbo frame under IPv6 (the tighter of
+/// the two families): 9000 - 40 - 8.
+pub const JUMBO_UDP_PAYLOAD: u16 = 8952;
 
 /// Everything an endpoint's socket and QUIC stack are made with
 /// (`Config::tuning` gathers it).
@@ -81,6 +88,16 @@ impl Tuning {
         peer: SocketAddr,
     ) -> Result<quinn::TransportConfig, ConfigError> {
         self.transport_config_with(self.mtu_ceiling(Some(peer)))
+    }
+
+    /// `tls` with these transport settings: a client's default
+    /// configuration, for a peer not known yet.
+    pub(crate) fn client_config(
+        &self,
+        mut tls: quinn::ClientConfig,
+    ) -> Result<quinn::ClientConfig, ConfigError> {
+        tls.transport_config(Arc::new(self.transport_config()?));
+        Ok(tls)
     }
 
     /// The quinn transport configuration for these settings, for a peer

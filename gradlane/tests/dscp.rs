@@ -156,7 +156,8 @@ async fn every_class_leaves_with_its_own_mark() {
     let mut datagrams = [0u64; 3];
     for r in 0..3u32 {
         let grads = gradlane::presets::gradients(&layout, 7 + u64::from(r));
-        let (report, round) = tokio::join!(c.send_round(r, &grads), s.recv_round());
+        let (report, round) =
+            tokio::join!(c.sender().send_round(r, &grads), s.receiver().recv_round());
         let (report, round) = (report.unwrap(), round.unwrap());
         // Marks class packets by time: the lossy part goes as datagrams,
         // even on this lossless path.

@@ -52,12 +52,12 @@ async fn rounds_sent_with(loss: f64, seed: u64, mut config: Config, shared: bool
         };
         let send = async {
             if shared {
-                client.send_round_shared(r, &arcs).await
+                client.sender().send_round_shared(r, &arcs).await
             } else {
-                client.send_round(r, &grads).await
+                client.sender().send_round(r, &grads).await
             }
         };
-        let (report, round) = tokio::join!(send, server.recv_round());
+        let (report, round) = tokio::join!(send, server.receiver().recv_round());
         let (report, round) = (report.unwrap(), round.unwrap());
         assert_eq!(round.index, r);
         lanes.push(report.lanes);
@@ -115,7 +115,7 @@ async fn rounds_sent_with(loss: f64, seed: u64, mut config: Config, shared: bool
     if loss == 0.0 {
         assert_eq!(delivered_bytes, sent_lossy_bytes);
         // Every datagram quinn received was read by the link.
-        assert_eq!(server.datagrams_dropped_by_quinn(), 0);
+        assert_eq!(server.receiver().datagrams_dropped_by_quinn(), 0);
     } else {
         let stats = client_ep.fault_stats().unwrap();
         assert!(stats.segments_dropped_out > 0, "{stats:?}");
@@ -125,7 +125,10 @@ async fn rounds_sent_with(loss: f64, seed: u64, mut config: Config, shared: bool
         // acknowledged them: well within the deadline on loopback.
         let grads = gradlane::presets::gradients(&layout, 102);
         let arcs: Vec<Arc<Vec<f32>>> = grads.into_iter().map(Arc::new).collect();
-        let (report, round) = tokio::join!(client.send_round_shared(3, &arcs), server.recv_round());
+        let (report, round) = tokio::join!(
+            client.sender().send_round_shared(3, &arcs),
+            server.receiver().recv_round()
+        );
         report.unwrap();
         assert_eq!(round.unwrap().index, 3);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -216,8 +219,10 @@ async fn floor_datagrams_survive_random_loss_that_reads_as_a_black_hole_at_the_p
             let mut discarded = 0;
             for r in 0..4u32 {
                 let grads = gradlane::presets::gradients(&layout, 300 + r as u64);
-                let (report, round) =
-                    tokio::join!(client.send_round(r, &grads), server.recv_round());
+                let (report, round) = tokio::join!(
+                    client.sender().send_round(r, &grads),
+                    server.receiver().recv_round()
+                );
                 discarded += report.unwrap().lossy_dropped_by_quinn;
                 round.unwrap();
             }
@@ -256,7 +261,10 @@ async fn rounds_in_jumbo_packets_at_5_percent_loss() {
     let (mut packets, mut bytes) = (0u64, 0u64);
     for r in 0..3u32 {
         let grads = gradlane::presets::gradients(&layout, 400 + r as u64);
-        let (report, round) = tokio::join!(client.send_round(r, &grads), server.recv_round());
+        let (report, round) = tokio::join!(
+            client.sender().send_round(r, &grads),
+            server.receiver().recv_round()
+        );
         let report = report.unwrap();
         round.unwrap();
         if !report.lossy_on_stream {
@@ -360,7 +368,7 @@ async fn a_vanished_peer_is_an_error_not_a_hang() {
             let ep = Endpoint::client(dir.join("ca.pem"), quick()).unwrap();
             let mut link = ep.connect(addr, "localhost", &client_layout).await.unwrap();
             let grads = gradlane::presets::gradients(&client_layout, 1);
-            link.send_round(0, &grads).await.unwrap();
+            link.sender().send_round(0, &grads).await.unwrap();
             (ep, link)
         });
         let _ = up_tx.send(());
@@ -369,15 +377,19 @@ async fn a_vanished_peer_is_an_error_not_a_hang() {
         std::mem::forget(link);
     });
     let mut server = server_ep.accept().await.unwrap().unwrap();
-    server.recv_round().await.unwrap();
+    server.receiver().recv_round().await.unwrap();
     up_rx.await.unwrap();
     die_tx.send(()).unwrap();
     client_thread.join().unwrap();
 
     let grads = gradlane::presets::gradients(&layout, 2);
-    let t = tokio::time::timeout(Duration::from_secs(20), server.recv_round()).await;
+    let t = tokio::time::timeout(Duration::from_secs(20), server.receiver().recv_round()).await;
     assert!(matches!(t, Ok(Err(LinkError::Connection(_)))), "{t:?}");
-    let t = tokio::time::timeout(Duration::from_secs(20), server.send_round(1, &grads)).await;
+    let t = tokio::time::timeout(
+        Duration::from_secs(20),
+        server.sender().send_round(1, &grads),
+    )
+    .await;
     assert!(matches!(t, Ok(Err(_))), "{t:?}");
 }
 
@@ -386,7 +398,10 @@ async fn links_are_bidirectional() {
     let layout = presets::tiny();
     let (_s, mut server, _c, mut client) = pair("bidi", &layout, None, quick()).await;
     let g = gradlane::presets::gradients(&layout, 9);
-    let (a, b) = tokio::join!(server.send_round(0, &g), client.recv_round());
+    let (a, b) = tokio::join!(
+        server.sender().send_round(0, &g),
+        client.receiver().recv_round()
+    );
     a.unwrap();
     let round = b.unwrap();
     assert_eq!(round.stats.classes[0].zero_filled_bytes, 0);
@@ -398,13 +413,16 @@ async fn a_round_index_is_sent_once_and_indexes_increase() {
     let layout = presets::tiny();
     let (_s, mut server, _c, mut client) = pair("order", &layout, None, quick()).await;
     let g1 = gradlane::presets::gradients(&layout, 1);
-    let (a, r) = tokio::join!(client.send_round(1, &g1), server.recv_round());
+    let (a, r) = tokio::join!(
+        client.sender().send_round(1, &g1),
+        server.receiver().recv_round()
+    );
     a.unwrap();
     assert_eq!(r.unwrap().index, 1);
     // The same index again, and an older one: refused here, before a byte
     // leaves (the peer would otherwise close the link).
     for again in [1, 0] {
-        match client.send_round(again, &g1).await {
+        match client.sender().send_round(again, &g1).await {
             Err(LinkError::RoundOrder { round, last }) => assert_eq!((round, last), (again, 1)),
             other => panic!("round {again} after round 1: {other:?}"),
         }
@@ -413,16 +431,19 @@ async fn a_round_index_is_sent_once_and_indexes_increase() {
     let mut bad = gradlane::presets::gradients(&layout, 2);
     bad[0].pop();
     assert!(matches!(
-        client.send_round(3, &bad).await,
+        client.sender().send_round(3, &bad).await,
         Err(LinkError::Encode(_))
     ));
     let g3 = gradlane::presets::gradients(&layout, 3);
-    let (a, r) = tokio::join!(client.send_round(3, &g3), server.recv_round());
+    let (a, r) = tokio::join!(
+        client.sender().send_round(3, &g3),
+        server.receiver().recv_round()
+    );
     a.unwrap();
     let r = r.unwrap();
     assert_eq!(r.index, 3);
     assert!(r.tensors.iter().zip(&g3).all(|(x, y)| bit_equal(x, y)));
-    assert_eq!(server.counters().malformed, 0);
+    assert_eq!(server.receiver().counters().malformed, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,7 +462,7 @@ async fn a_dropped_send_round_stops_sending_its_round() {
     let before = sent();
     let g0 = gradlane::presets::gradients(&layout, 1);
     {
-        let send = client.send_round(0, &g0);
+        let send = client.sender().send_round(0, &g0);
         tokio::pin!(send);
         loop {
             tokio::select! {
@@ -457,7 +478,7 @@ async fn a_dropped_send_round_stops_sending_its_round() {
     // was sent on after the drop.
     next_round_is_whole_and_round_0_stopped(&mut client, &mut server, &layout, || sent() - before)
         .await;
-    assert_eq!(server.counters().malformed, 0);
+    assert_eq!(server.receiver().counters().malformed, 0);
     let resets = client.connection().stats().frame_tx.reset_stream;
     assert!(resets >= 1, "no lane of the dropped round was reset");
 }
@@ -482,7 +503,11 @@ async fn a_round_dropped_after_its_lanes_finished_is_reset() {
     let before = sent();
     let resets_before = client.connection().stats().frame_tx.reset_stream;
     let g0 = gradlane::presets::gradients(&layout, 1);
-    let dropped = tokio::time::timeout(Duration::from_millis(150), client.send_round(0, &g0)).await;
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(150),
+        client.sender().send_round(0, &g0),
+    )
+    .await;
     assert!(
         dropped.is_err(),
         "a round over 200 ms round trips finished in 150 ms"
@@ -513,7 +538,10 @@ async fn next_round_is_whole_and_round_0_stopped(
     sent_since_round_0: impl Fn() -> u64,
 ) -> SendReport {
     let g1 = gradlane::presets::gradients(layout, 2);
-    let (a, r) = tokio::join!(client.send_round(1, &g1), server.recv_round());
+    let (a, r) = tokio::join!(
+        client.sender().send_round(1, &g1),
+        server.receiver().recv_round()
+    );
     let report = a.unwrap();
     let r = r.unwrap();
     assert_eq!(r.index, 1, "the dropped round was delivered");
@@ -644,7 +672,7 @@ async fn malformed_peers_are_counted_or_cut_off_and_others_keep_working() {
         let (s, c) = tokio::join!(server.accept(), client.connect(addr, "localhost", &layout));
         let (mut s, mut c) = (s.unwrap().unwrap(), c.unwrap());
         let g = gradlane::presets::gradients(&layout, 3);
-        let (a, r) = tokio::join!(c.send_round(0, &g), s.recv_round());
+        let (a, r) = tokio::join!(c.sender().send_round(0, &g), s.receiver().recv_round());
         a.unwrap();
         assert!(r
             .unwrap()
@@ -692,7 +720,10 @@ async fn gso_and_gro_batch_on_loopback_and_packets_grow_to_the_route() {
         let (server_ep, mut server, client_ep, mut client) =
             pair(&format!("batches{packets:?}"), &layout, None, config).await;
         for r in 0..2 {
-            let (sent, got) = tokio::join!(client.send_round(r, &grads), server.recv_round());
+            let (sent, got) = tokio::join!(
+                client.sender().send_round(r, &grads),
+                server.receiver().recv_round()
+            );
             sent.unwrap();
             let got = got.unwrap();
             let exact = got.tensors.iter().zip(&grads).all(|(a, b)| bit_equal(a, b));

@@ -43,17 +43,17 @@ async fn closing_after_the_last_round_keeps_its_confirmation() {
             pair_in(&dir, &layout, Some(faults), config_for(seed)).await;
         let grads = gradlane::presets::gradients(&layout, seed);
         let receive = async {
-            let round = receiver.recv_round().await.unwrap();
+            let round = receiver.receiver().recv_round().await.unwrap();
             let closed = receiver.close().await;
             (round, closed)
         };
-        let (sent, (round, closed)) = tokio::join!(sender.send_round(0, &grads), receive);
+        let (sent, (round, closed)) = tokio::join!(sender.sender().send_round(0, &grads), receive);
         assert_eq!(round.index, 0);
         let sent = sent.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         assert_eq!(sent.important_bytes, round.stats.classes[0].received_bytes);
         closed.unwrap_or_else(|e| panic!("seed {seed}: close: {e}"));
         // The sender learns of the close as an orderly one.
-        match sender.recv_round().await {
+        match sender.receiver().recv_round().await {
             Err(LinkError::PeerClosed { round: None }) => {}
             other => panic!("seed {seed}: {other:?}"),
         }
@@ -80,12 +80,15 @@ async fn leave_after_two_rounds(
     let (_se, mut sender, _ce, mut receiver) =
         pair_in(&dir, &layout, Some(faults), config_for(seed)).await;
     let first = gradlane::presets::gradients(&layout, seed);
-    let (sent, got) = tokio::join!(sender.send_round(0, &first), receiver.recv_round());
+    let (sent, got) = tokio::join!(
+        sender.sender().send_round(0, &first),
+        receiver.receiver().recv_round()
+    );
     sent.map_err(|e| format!("seed {seed}: round 0: {e}"))?;
     got.map_err(|e| format!("seed {seed}: round 0 received: {e}"))?;
     let second = gradlane::presets::gradients(&layout, seed + 1);
     let receive = async move {
-        let round = receiver.recv_round().await;
+        let round = receiver.receiver().recv_round().await;
         // Right after taking its last round.
         if let Leave::CloseNow = leave {
             receiver.close_now();
@@ -93,7 +96,7 @@ async fn leave_after_two_rounds(
         drop(receiver);
         round
     };
-    let (sent, got) = tokio::join!(sender.send_round(1, &second), receive);
+    let (sent, got) = tokio::join!(sender.sender().send_round(1, &second), receive);
     let got = got.map_err(|e| format!("seed {seed}: round 1 received: {e}"))?;
     if got.index != 1 {
         return Err(format!("seed {seed}: delivered round {}", got.index));
@@ -173,9 +176,12 @@ async fn a_receiver_gone_before_the_round_fails_it_with_the_cause() {
             _ => receiver.close().await.unwrap(),
         }
         let grads = gradlane::presets::gradients(&layout, 5);
-        let sent = tokio::time::timeout(Duration::from_secs(10), sender.send_round(0, &grads))
-            .await
-            .unwrap_or_else(|_| panic!("{how}: send_round hung"));
+        let sent = tokio::time::timeout(
+            Duration::from_secs(10),
+            sender.sender().send_round(0, &grads),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{how}: send_round hung"));
         match sent {
             Err(e @ LinkError::PeerClosed { round: Some(0) }) => {
                 let text = e.to_string();
@@ -198,7 +204,10 @@ async fn the_round_after_the_receiver_went_fails_with_the_cause() {
     for how in ["drop", "close_now", "close"] {
         let (_se, mut sender, _ce, mut receiver) = pair_in(&dir, &layout, None, quick()).await;
         let grads = gradlane::presets::gradients(&layout, 6);
-        let (sent, got) = tokio::join!(sender.send_round(0, &grads), receiver.recv_round());
+        let (sent, got) = tokio::join!(
+            sender.sender().send_round(0, &grads),
+            receiver.receiver().recv_round()
+        );
         sent.unwrap();
         got.unwrap();
         match how {
@@ -206,9 +215,12 @@ async fn the_round_after_the_receiver_went_fails_with_the_cause() {
             "close_now" => receiver.close_now(),
             _ => receiver.close().await.unwrap(),
         }
-        let sent = tokio::time::timeout(Duration::from_secs(10), sender.send_round(1, &grads))
-            .await
-            .unwrap_or_else(|_| panic!("{how}: send_round hung"));
+        let sent = tokio::time::timeout(
+            Duration::from_secs(10),
+            sender.sender().send_round(1, &grads),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{how}: send_round hung"));
         assert!(
             matches!(sent, Err(LinkError::PeerClosed { round: Some(1) })),
             "{how}: {sent:?}"

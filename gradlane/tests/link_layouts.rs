@@ -22,18 +22,20 @@ async fn rounds_of_registered_layouts_arrive_as_theirs() {
     // Unknown before it is registered.
     let g = presets::gradients(&a, 1);
     assert!(matches!(
-        client.send_round_on(1, 0, &g).await,
+        client.sender().send_round_on(1, 0, &g).await,
         Err(LinkError::UnknownLayout(1))
     ));
-    let ia = client.register_layout(&a).await.unwrap();
-    let ib = client.register_layout(&b).await.unwrap();
+    let ia = client.sender().register_layout(&a).await.unwrap();
+    let ib = client.sender().register_layout(&b).await.unwrap();
     assert_eq!((ia, ib), (1, 2));
     let layouts = [(0u16, &handshake), (ia, &a), (ib, &b)];
     for round in 0..9u32 {
         let (id, layout) = layouts[round as usize % 3];
         let grads = presets::gradients(layout, 10 + round as u64);
-        let (sent, got) =
-            tokio::join!(client.send_round_on(id, round, &grads), server.recv_round());
+        let (sent, got) = tokio::join!(
+            client.sender().send_round_on(id, round, &grads),
+            server.receiver().recv_round()
+        );
         let (sent, got) = (sent.unwrap(), got.unwrap());
         assert_eq!((got.index, got.layout), (round, id));
         assert_eq!(got.tensors.len(), layout.len());
@@ -62,12 +64,15 @@ async fn rounds_of_registered_layouts_arrive_as_theirs() {
             s.lossy().zero_filled_bytes == 0
         );
     }
-    assert_eq!(server.counters().malformed, 0);
+    assert_eq!(server.receiver().counters().malformed, 0);
     // And the other way too: the server registers its own.
-    let ic = server.register_layout(&b).await.unwrap();
+    let ic = server.sender().register_layout(&b).await.unwrap();
     assert_eq!(ic, 1);
     let grads = presets::gradients(&b, 99);
-    let (sent, got) = tokio::join!(server.send_round_on(ic, 0, &grads), client.recv_round());
+    let (sent, got) = tokio::join!(
+        server.sender().send_round_on(ic, 0, &grads),
+        client.receiver().recv_round()
+    );
     let (sent, got) = (sent.unwrap(), got.unwrap());
     assert_eq!((got.layout, got.tensors.len()), (1, 1));
     assert_eq!(got.stats.classes[0].received_bytes, sent.important_bytes);

@@ -1,61 +1,18 @@
-//! BBR with the bounds on data in flight that quinn's version lacks: an
-//! upper one that keeps queues short, and a lower one that keeps the rate
-//! the path has shown.
+//! BBR with the bounds on data in flight that quinn 0.11's BBR lacks.
 //!
-//! Why an upper bound: BBR keeps its rate under random loss, which Cubic
-//! does not (docs/DESIGN.md §6), but quinn 0.11's BBR never bounds its
-//! window. Its startup check compares a gain with a byte count, so the
-//! window follows the bytes acknowledged (quinn-rs/quinn#2798, and #1126
-//! for CPU-bound senders): hundreds of MB after a few ResNet-50 rounds.
-//! With such a window nothing but the socket buffers limits what is in
-//! flight: a bottleneck's queue overflows all run, and on a busy host the
-//! receiver's socket buffer holds tens of megabytes. Whatever waits in such
-//! a queue waits ahead of the important stream's last bytes and their
-//! retransmissions, so the important part arrives later the more lossy
-//! data was released beside it.
+//! Why: BBR keeps its rate under random loss, where Cubic collapses
+//! (docs/DESIGN.md §6), but quinn's BBR never bounds its window
+//! (quinn-rs/quinn#2798): it overflows every queue on its path, and what
+//! waits there waits ahead of the important stream's last bytes. Its window
+//! also follows the smallest RTT it ever saw and restarts from what is in
+//! flight at every loss, so on a lossy or loaded path it can stay at a few
+//! packets and leave the link idle.
 //!
-//! Why a lower bound: outside startup quinn's BBR sets its window from the
-//! *smallest* RTT it has seen, and under random loss it stays in loss
-//! recovery, whose window restarts from what is in flight at every loss.
-//! quinn paces at the window over the smoothed RTT, so when the RTT the
-//! flow sees is several times its smallest (a queue that other flows
-//! keep: a rank's connections to its other peers behind the same link, or
-//! a competing transfer) the window, not the path, sets the rate: behind
-//! a rate-limited link with random loss, a rank's flows to its peers idle
-//! the link with windows of a few packets (docs/RESULTS.md, "Time to
-//! accuracy").
-//!
-//! The lower bound also keeps a path from a wedge of quinn's BBR that
-//! nothing else ends. Its smallest RTT is quinn's `RttEstimator::min`, the
-//! smallest sample of the connection's life, which never rises again, and
-//! its bandwidth estimate the largest sample (its filter takes a sample
-//! only when it beats the estimate). On a loaded host one sample sets the
-//! RTT wrong for good: quinn's endpoint driver stamps every datagram of a
-//! receive loop with the time the loop began, so an acknowledgement read
-//! after the driver's thread was descheduled for longer than the RTT is
-//! timed from before it arrived (on loopback paths with 1 ms of delay each
-//! way BBR's smallest RTT was zero in about half the samples, and 10 us to
-//! 2 ms in the rest). Its
-//! bandwidth samples are one packet over the time since the previous
-//! acknowledgement frame, however many packets that frame acknowledged
-//! (a median of a third of the rate delivered). The window, twice that
-//! bandwidth times that RTT plus what acknowledgements arrived in bursts,
-//! stays at a few packets, or at BBR's minimum of 4, for the rest of the
-//! connection: the multi-second allreduce stalls of docs/RESULTS.md
-//! ("Stalls"). The bound works from the gate's own measures, whose samples
-//! age out.
-//!
-//! BBR's own rule bounds what is in flight by a gain times the path's
-//! bandwidth-delay product. [`InflightCap`] measures both: the delivery
-//! rate from the acknowledgements (a windowed maximum over sampling periods
-//! of at least [`MIN_PERIOD`]) and the smallest RTT (a windowed minimum).
-//! [`CappedBbr`] is quinn's BBR with its window raised to at least the
-//! delivery rate times the smoothed RTT (what keeps the rate the path has
-//! delivered at the RTT it has now) and then cut to the cap; what BBR does
-//! between the two (startup, probing for more) is unchanged.
-//!
-//! The estimator is pure (time is an argument) and tested on its own; the
-//! [`GatedController`] around it is the thin shell both of gradlane's
+//! [`InflightCap`] measures the delivery rate and the smallest RTT, from
+//! samples that age out; [`CappedBbr`] is quinn's BBR with its window
+//! raised to at least the delivery rate times the smoothed RTT and cut to a
+//! gain times the bandwidth-delay product. The estimator is pure and tested
+//! on its own; [`GatedController`] is the shell both of gradlane's
 //! controllers share.
 
 use std::sync::Arc;

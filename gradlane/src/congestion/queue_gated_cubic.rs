@@ -1,40 +1,18 @@
 //! Cubic that tells random loss from congestion.
 //!
-//! Why: neither of quinn's controllers suits a lossy shared link. Cubic
-//! cuts its window on every loss and collapses under 1% random loss (tens
-//! of seconds per ResNet-50 round behind a 1 Gbit/s bottleneck). quinn's
-//! BBR keeps its rate under random loss but does not control congestion:
-//! behind the same bottleneck it kept a 1 MB queue overflowing all run, and
-//! the lossy datagrams lost there are never resent.
+//! Why: quinn's Cubic cuts its window on every loss and collapses under
+//! random loss, and its BBR keeps its rate but overflows the queues it
+//! crosses. A queue that overflows first fills, so every packet's RTT rises
+//! before the drops; random loss comes with no queue. [`LossFilter`]
+//! passes a loss on to Cubic only with a standing queue in sight
+//! ([`queue_delay_limit`]), a high loss rate, persistent congestion or ECN
+//! marks, and counts the losses it lets go.
 //!
-//! A queue that overflows first fills: every packet's RTT rises above the
-//! path's minimum before the drops (the signal TCP Veno uses). Random loss
-//! comes with no queue. [`LossFilter`] passes a loss on to Cubic
-//!
-//! - when the smallest RTT sample of the last one to two smoothed RTTs
-//!   stands [`queue_delay_limit`] above the smallest ever (the smallest,
-//!   because a busy host delays some packets by milliseconds, but a
-//!   standing queue delays them all), once per such queue: the cut drains
-//!   a real queue, and a stalling host must not cut again and again;
-//! - when losses exceed a tolerated rate over the last two RTTs (a queue too
-//!   shallow to show in the RTT still shows in the loss rate);
-//! - on persistent congestion and on ECN marks;
-//!
-//! and lets other losses go, counted. Below a quarter of the largest window
-//! seen only persistent congestion cuts further: with few packets per RTT
-//! both signals turn to noise, and on a busy host they spiralled Cubic
-//! down. Between cuts Cubic grows as usual, so the window settles where a
-//! queue starts.
-//!
-//! Where the host, not the network, is the bottleneck (2 busy cores), the
-//! host's own delay still reads as a queue now and then, and rounds under
-//! random loss run slower than with BBR, so this controller is opt-in
+//! On a CPU-bound host the host's own delay reads as a queue now and then,
+//! so this controller is opt-in
 //! ([`Congestion::QueueGatedCubic`](super::Congestion)); the default is
-//! BBR with a capped window ([`super::capped_bbr`]).
-//!
-//! The filter is pure (time is an argument) and tested on its own; the
-//! [`GatedController`] around it is the thin shell both of gradlane's
-//! controllers share.
+//! [`super::capped_bbr`]. The filter is pure and tested on its own;
+//! [`GatedController`] is the shell both of gradlane's controllers share.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

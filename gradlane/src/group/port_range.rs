@@ -6,7 +6,7 @@
 
 use super::GroupError;
 use crate::endpoint::{Endpoint, SetupError};
-use crate::socket::EndpointError;
+use crate::stack::EndpointError;
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;

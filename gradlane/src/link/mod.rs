@@ -29,10 +29,13 @@
 //! ([`gradlane_core::protocol`]); this module is their driver: it feeds
 //! them what quinn tells and carries out what they ask.
 //!
-//! This file holds the link, its errors and its shared state; `send` the
-//! sending half, `receive` the receiving half and the background tasks,
-//! `close` closing in order. docs/DESIGN.md §2.7-2.8 tells the same story
-//! with a picture.
+//! This file holds the link, its errors and its shared state. The sending
+//! half: `send` (a round from classing to confirmation), `lanes` (the
+//! important part's framing and stream writers), `lossy` (the lossy part),
+//! `in_flight` (abandoning a round). The receiving half and the background
+//! tasks: `receive`. Both: `layouts` (more layouts on one link),
+//! `messages` (exact messages), `close` (closing in order).
+//! docs/DESIGN.md §2.7-2.8 tells the same story with a picture.
 
 use crate::config::Config;
 use crate::framing::{self, FrameError};
@@ -55,7 +58,10 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 mod close;
+mod in_flight;
+mod lanes;
 mod layouts;
+mod lossy;
 mod messages;
 mod receive;
 mod send;
@@ -350,6 +356,10 @@ pub struct LinkReceiver {
 
 /// A bidirectional gradient link: both ends can send and receive rounds.
 ///
+/// Its halves do the work: [`sender`](Self::sender) sends rounds and
+/// messages, [`receiver`](Self::receiver) receives them; [`split`](Self::split)
+/// hands them out to be used from two tasks at once.
+///
 /// Close it with [`close`](Self::close) when done: that waits until the
 /// peer has read this end's confirmations of the rounds it sent. Dropping
 /// it (both halves, if split) does the same in the background, within
@@ -486,91 +496,27 @@ impl Link {
         &self.layout
     }
 
-    /// Sends one round; `grads` in layout order. See [`LinkSender::send_round`].
-    pub async fn send_round<G: AsRef<[f32]>>(
-        &mut self,
-        round: u32,
-        grads: &[G],
-    ) -> Result<SendReport, LinkError> {
-        self.sender.send_round(round, grads).await
+    /// The sending half: this end's rounds, layouts and messages.
+    pub fn sender(&mut self) -> &mut LinkSender {
+        &mut self.sender
     }
 
-    /// Sends one round without copying most of its important part. See
-    /// [`LinkSender::send_round_shared`].
-    pub async fn send_round_shared(
-        &mut self,
-        round: u32,
-        grads: &[Arc<Vec<f32>>],
-    ) -> Result<SendReport, LinkError> {
-        self.sender.send_round_shared(round, grads).await
+    /// The receiving half: the peer's rounds and messages, and the
+    /// receiver's counters.
+    pub fn receiver(&mut self) -> &mut LinkReceiver {
+        &mut self.receiver
     }
 
-    /// Registers another layout for this end's rounds. See
-    /// [`LinkSender::register_layout`].
-    pub async fn register_layout(&mut self, layout: &Layout) -> Result<LayoutId, LinkError> {
-        self.sender.register_layout(layout).await
-    }
-
-    /// Sends one round of a registered layout. See
-    /// [`LinkSender::send_round_on`].
-    pub async fn send_round_on<G: AsRef<[f32]>>(
-        &mut self,
-        layout: LayoutId,
-        round: u32,
-        grads: &[G],
-    ) -> Result<SendReport, LinkError> {
-        self.sender.send_round_on(layout, round, grads).await
-    }
-
-    /// Sends one exact message. See [`LinkSender::send_message`].
+    /// Sends one exact message; see [`LinkSender::send_message`]. Kept on
+    /// the link for exchanges that await a reply on one unsplit link (a
+    /// group's handshakes).
     pub async fn send_message(&mut self, tag: u64, body: Bytes) -> Result<(), LinkError> {
         self.sender.send_message(tag, body).await
     }
 
-    /// Receives the peer's next message. See [`LinkReceiver::recv_message`].
+    /// Receives the peer's next message; see [`LinkReceiver::recv_message`].
     pub async fn recv_message(&mut self) -> Result<(u64, Bytes), LinkError> {
         self.receiver.recv_message().await
-    }
-
-    /// Receives the next round. See [`LinkReceiver::recv_round`].
-    pub async fn recv_round(&mut self) -> Result<Round, LinkError> {
-        self.receiver.recv_round().await
-    }
-
-    /// Receives the next round with its arrival times. See
-    /// [`LinkReceiver::recv_round_timed`].
-    pub async fn recv_round_timed(&mut self) -> Result<(Round, RoundArrival), LinkError> {
-        self.receiver.recv_round_timed().await
-    }
-
-    /// Reports the training loss to the classifier (adaptive ratio).
-    pub fn report_loss(&mut self, loss: f64) -> Result<(), LinkError> {
-        for encoder in &mut self.sender.encoders {
-            encoder.report_loss(loss)?;
-        }
-        Ok(())
-    }
-
-    /// Hands a delivered round's tensors back for reuse (saves mapping fresh
-    /// memory each round). Tensors of the wrong shape are ignored.
-    pub fn recycle(&mut self, tensors: Vec<Vec<f32>>) {
-        lock(&self.receiver.rx.reassembler).recycle(tensors);
-    }
-
-    /// The receiver's counters (malformed, duplicates, late drops, ...).
-    pub fn counters(&self) -> gradlane_core::reassembly::ReceiverCounters {
-        self.receiver.counters()
-    }
-
-    /// Datagrams quinn received but dropped before the link read them; see
-    /// [`LinkReceiver::datagrams_dropped_by_quinn`].
-    pub fn datagrams_dropped_by_quinn(&self) -> u64 {
-        self.receiver.datagrams_dropped_by_quinn()
-    }
-
-    /// Payload bytes of late segments waiting to be added into the next round.
-    pub fn late_buffered_bytes(&self) -> usize {
-        lock(&self.receiver.rx.reassembler).late_buffered_bytes()
     }
 
     /// The underlying QUIC connection (for statistics: rtt, cwnd, losses).

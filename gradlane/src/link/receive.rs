@@ -114,9 +114,15 @@ impl LinkReceiver {
         }
     }
 
-    /// Hands a delivered round's tensors back for reuse.
+    /// Hands a delivered round's tensors back for reuse (saves mapping fresh
+    /// memory each round). Tensors of the wrong shape are ignored.
     pub fn recycle(&mut self, tensors: Vec<Vec<f32>>) {
         lock(&self.rx.reassembler).recycle(tensors);
+    }
+
+    /// Payload bytes of late segments waiting to be added into the next round.
+    pub fn late_buffered_bytes(&self) -> usize {
+        lock(&self.rx.reassembler).late_buffered_bytes()
     }
 
     /// Datagrams quinn received but the link never got: quinn drops the

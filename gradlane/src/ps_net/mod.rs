@@ -1,30 +1,15 @@
 //! The parameter server over gradlane links.
 //!
-//! A [`Worker`] connects a [`Link`](crate::Link) to the server,
-//! opens one request stream on it and loops *pull → compute → push*. The
-//! server side, [`run`], accepts any number of workers and drives one shared
-//! [`ParameterServer`](gradlane_core::ps::ParameterServer) (OrMo, the straggler
-//! filter, or a baseline) for all of them.
-//!
-//! What travels how:
-//! - **parameters** go server → worker on the request stream, reliably and
-//!   bit-exact (raw little-endian f32);
-//! - **gradients** go worker → server as differentiated gradlane rounds
-//!   (important chunks reliable, the rest lossy and zero-filled when lost,
-//!   late chunks added into the worker's next gradient), or — with
-//!   [`Compression::Codec`] — as a sparse log-quantized codec frame on the
-//!   request stream.
-//!
-//! A worker starts with a hello that names it; the server answers with a
-//! welcome, bytes the application chose ([`ServerHandle::with_welcome`]),
-//! so that what workers must share with the server (a dataset seed)
-//! comes from the server. The server
-//! lists the workers it has seen ([`ServerHandle::workers`]) and can close
-//! them all with a reason ([`ServerHandle::close_workers`]).
-//!
-//! A worker that disconnects gives its ticket back
-//! ([`ParameterServer::leave`](gradlane_core::ps::ParameterServer::leave)); the
-//! others go on. A synchronous server shrinks its round to the workers left.
+//! A [`Worker`] connects a [`Link`](crate::Link) to the server and loops
+//! *pull → compute → push* over one request stream; [`run`] accepts any
+//! number of workers and drives one shared
+//! [`ParameterServer`](gradlane_core::ps::ParameterServer) for all of them.
+//! Parameters go to workers exact, on the request stream; gradients come
+//! back as differentiated gradlane rounds or, with [`Compression::Codec`],
+//! as codec frames on the request stream. A worker that leaves gives its
+//! ticket back
+//! ([`ParameterServer::leave`](gradlane_core::ps::ParameterServer::leave))
+//! and the others go on.
 //!
 //! # Example: one worker, one push, on loopback
 //!
@@ -75,10 +60,9 @@
 //! # }
 //! ```
 //!
-//! The request and reply messages are in the core
-//! ([`gradlane_core::ps::messages`]): pure, no sockets. Here: `server`
-//! ([`run`] and [`ServerHandle`]), `worker` ([`Worker`], the client side)
-//! and `stream` (one message at a time over a QUIC stream).
+//! The messages are the core's ([`gradlane_core::ps::messages`]); here:
+//! `server` ([`run`], [`ServerHandle`]), `worker` ([`Worker`]) and `stream`
+//! (one message at a time over the request stream).
 
 mod server;
 mod stream;

@@ -400,13 +400,13 @@ async fn serve_worker<S: ParameterServer>(
                 // pushes that failed or were cancelled after their first
                 // byte left: counted and dropped.
                 let delivered = loop {
-                    let d = link.recv_round().await?;
+                    let d = link.receiver().recv_round().await?;
                     if d.index >= round {
                         break d;
                     }
                     tracing::debug!(orphan = d.index, round, "dropped a round no request named");
                     lock(&shared.stats).orphan_rounds += 1;
-                    link.recycle(d.tensors);
+                    link.receiver().recycle(d.tensors);
                 };
                 if delivered.index != round {
                     return Err(SessionError::RoundMismatch {
@@ -428,7 +428,7 @@ async fn serve_worker<S: ParameterServer>(
                     st.zero_filled_bytes += lossy.zero_filled_bytes;
                     st.late_merged_bytes += lossy.late_merged_bytes;
                 }
-                link.recycle(delivered.tensors);
+                link.receiver().recycle(delivered.tensors);
                 (index, "round")
             }
             Request::PushCodec { index, frame } => {

@@ -287,7 +287,7 @@ impl Worker {
                 // encoder refused sent nothing and keeps its index. Set
                 // before sending, so a cancelled push spends it too.
                 self.next_round = round.wrapping_add(1);
-                let report = match self.link.send_round(round, grads).await {
+                let report = match self.link.sender().send_round(round, grads).await {
                     Err(LinkError::Encode(e)) => {
                         self.next_round = round;
                         return Err(LinkError::Encode(e).into());

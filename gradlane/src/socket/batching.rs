@@ -23,14 +23,14 @@
 
 use std::fmt;
 use std::io::{self, IoSliceMut};
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use quinn::udp::{RecvMeta, Transmit};
-use quinn::{AsyncUdpSocket, UdpPoller};
+use quinn::AsyncUdpSocket;
+
+use super::layer::{layer_socket, Layer};
 
 /// The largest UDP payload one send may carry on IPv4 (65,535 less the IP
 /// and UDP headers); also the bound for a GSO batch as a whole.
@@ -133,12 +133,12 @@ impl fmt::Debug for BatchingSocket {
     }
 }
 
-impl AsyncUdpSocket for BatchingSocket {
-    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
-        self.inner.clone().create_io_poller()
+impl Layer for BatchingSocket {
+    fn inner(&self) -> &Arc<dyn AsyncUdpSocket> {
+        &self.inner
     }
 
-    fn try_send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
+    fn send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
         let segment = match transmit.segment_size {
             Some(s) if transmit.contents.len() > MAX_UDP_SEND => s,
             _ => return self.send_one(transmit),
@@ -175,7 +175,7 @@ impl AsyncUdpSocket for BatchingSocket {
         Ok(())
     }
 
-    fn poll_recv(
+    fn recv(
         &self,
         cx: &mut Context<'_>,
         bufs: &mut [IoSliceMut<'_>],
@@ -195,22 +195,12 @@ impl AsyncUdpSocket for BatchingSocket {
         got
     }
 
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.inner.local_addr()
-    }
-
-    fn max_transmit_segments(&self) -> usize {
-        self.inner.max_transmit_segments()
-    }
-
-    fn max_receive_segments(&self) -> usize {
+    fn receive_segments(&self) -> usize {
         self.inner.max_receive_segments().min(self.receive_segments)
     }
-
-    fn may_fragment(&self) -> bool {
-        self.inner.may_fragment()
-    }
 }
+
+layer_socket!(BatchingSocket);
 
 #[cfg(test)]
 mod tests {

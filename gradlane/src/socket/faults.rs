@@ -15,10 +15,6 @@
 //! Granularity: one QUIC datagram. Outgoing [`Transmit`]s may carry several
 //! GSO segments (`segment_size`), incoming buffers several GRO datagrams
 //! (`stride`); each segment is judged on its own, as a lossy link would.
-//!
-//! The wrapper forwards `max_transmit_segments`, `max_receive_segments`,
-//! `may_fragment` and `local_addr` of the inner socket: the trait's defaults
-//! (1, 1, true) would silently turn off GSO, GRO and MTU discovery.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -34,6 +30,8 @@ use std::time::Duration;
 use quinn::udp::{EcnCodepoint, RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, UdpPoller};
 use tokio::time::Instant;
+
+use super::layer::{layer_socket, Layer};
 
 /// What to do to the packets passing through an endpoint's socket
 /// ([`Config::faults`](crate::Config::faults)).
@@ -355,8 +353,12 @@ impl Drop for FaultySocket {
     }
 }
 
-impl AsyncUdpSocket for FaultySocket {
-    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
+impl Layer for FaultySocket {
+    fn inner(&self) -> &Arc<dyn AsyncUdpSocket> {
+        &self.inner
+    }
+
+    fn io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
         let poller = match &self.queue {
             // With delay, try_send only ever waits for room in the queue.
             Some(queue) => FaultyPoller::Queue(queue.clone()),
@@ -365,7 +367,7 @@ impl AsyncUdpSocket for FaultySocket {
         Box::pin(poller)
     }
 
-    fn try_send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
+    fn send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
         let len = transmit.contents.len();
         let stride = transmit.segment_size.unwrap_or(len);
         let count = segment_count(len, stride);
@@ -413,7 +415,7 @@ impl AsyncUdpSocket for FaultySocket {
         Ok(())
     }
 
-    fn poll_recv(
+    fn recv(
         &self,
         cx: &mut Context<'_>,
         bufs: &mut [IoSliceMut<'_>],
@@ -437,23 +439,9 @@ impl AsyncUdpSocket for FaultySocket {
             // data or the inner socket registers the waker with Pending.
         }
     }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.inner.local_addr()
-    }
-
-    fn max_transmit_segments(&self) -> usize {
-        self.inner.max_transmit_segments()
-    }
-
-    fn max_receive_segments(&self) -> usize {
-        self.inner.max_receive_segments()
-    }
-
-    fn may_fragment(&self) -> bool {
-        self.inner.may_fragment()
-    }
 }
+
+layer_socket!(FaultySocket);
 
 /// Write-readiness for a [`FaultySocket`]: the inner socket's, or room in the
 /// delay queue when packets are delayed.

@@ -5,7 +5,7 @@
 //! packet's ECN codepoint alone (an `IP_TOS` control message, which
 //! overrides the socket's own `IP_TOS`), so a DSCP can be neither set on
 //! the socket nor passed through quinn. [`MarkingSocket`] is the UDP socket
-//! under quinn when [`Tuning::dscp`](super::tuning::Tuning) is set: it
+//! under quinn when [`Config::dscp`](crate::Config::dscp) is set: it
 //! receives like quinn's own socket (quinn-udp's receive path, GRO) and
 //! sends with its own `sendmsg`, writing `dscp << 2 | ecn` into the TOS
 //! byte (IPv6: the traffic class), so ECN keeps working.
@@ -22,7 +22,7 @@
 //! Between rounds, and while a round's important part is sent, the link's
 //! packets (acknowledgements, control messages, the peer's confirmations)
 //! carry the important mark. With an injected outgoing delay
-//! ([`Faults`](super::Faults)) a packet is marked when it leaves the
+//! ([`Faults`](super::faults::Faults)) a packet is marked when it leaves the
 //! injector, up to the delay plus jitter after quinn built it.
 
 use std::collections::HashMap;

@@ -1,37 +1,31 @@
-//! The UDP socket under quinn, and the quinn endpoint built on it.
+//! The UDP socket under quinn, and the layers over it; the QUIC stack
+//! ([`crate::stack`]) puts them together.
 //!
-//! The kernel's default UDP receive buffer (208 KB here) drops packets at
-//! quinn's rates, so the socket is made with large buffers before quinn
-//! sees it ([`bind_udp`]). Above it sit layers, each a wrapper of quinn's
-//! `AsyncUdpSocket` that forwards what it does not change:
+//! The kernel's default UDP receive buffer drops packets at quinn's rates,
+//! so the socket is made with large buffers before quinn sees it
+//! ([`bind_udp`]). quinn then reads and writes it through:
 //!
-//! - [`batching`]: splits quinn's GSO batches to fit one UDP send (which
-//!   jumbo and loopback packets need), bounds quinn's receive buffers, and
-//!   counts packets per send and per receive (GSO and GRO at work).
-//! - [`marking`]: writes the DSCP of the class a link is sending into every
-//!   packet (quinn-udp writes only ECN).
-//! - [`faults`]: seeded loss, delay and jitter, for tests, examples and
-//!   benchmarks (this kind of host has no `netem`).
+//! - [`marking`], in place of quinn's own socket when DSCP marks are set:
+//!   it receives as quinn's does and writes the DSCP of the class a link is
+//!   sending into every packet (quinn-udp writes only ECN).
+//! - [`batching`], a [`layer`]: splits quinn's GSO batches to fit one UDP
+//!   send (which jumbo and loopback packets need), bounds quinn's receive
+//!   buffers, and counts packets per send and per receive (GSO and GRO at
+//!   work).
+//! - [`faults`], a [`layer`]: seeded loss, delay and jitter, for tests,
+//!   examples and benchmarks (this kind of host has no `netem`).
 //!
 //! [`route_mtu`] asks the kernel what the interface towards a peer
 //! carries: the ceiling of that connection's MTU discovery.
 
 pub(crate) mod batching;
 pub(crate) mod faults;
+pub(crate) mod layer;
 pub(crate) mod marking;
 pub(crate) mod route_mtu;
 
-use crate::config::ConfigError;
-use crate::tuning::Tuning;
-use batching::BatchingSocket;
-use faults::{Faults, FaultySocket, FaultySocketError};
-use marking::MarkRegistry;
-#[cfg(target_os = "linux")]
-use marking::MarkingSocket;
-use quinn::{AsyncUdpSocket, Runtime};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 /// What the kernel granted for a socket's buffers (Linux reports twice the
 /// requested size: it counts its own bookkeeping).
@@ -51,28 +45,6 @@ pub struct BindError {
     pub addr: SocketAddr,
     /// The I/O error.
     pub source: std::io::Error,
-}
-
-/// Why an endpoint could not be started.
-#[derive(Debug, thiserror::Error)]
-pub enum EndpointError {
-    /// The socket could not be made.
-    #[error(transparent)]
-    Bind(#[from] BindError),
-    /// quinn could not take the socket.
-    #[error("cannot start quic endpoint on {addr}: {source}")]
-    Endpoint {
-        /// The address.
-        addr: SocketAddr,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The fault-injection wrapper could not be made.
-    #[error(transparent)]
-    Faults(#[from] FaultySocketError),
-    /// The transport settings are invalid.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
 }
 
 /// Make a UDP socket bound to `addr` with send and receive buffers of
@@ -124,118 +96,6 @@ pub(crate) fn bind_udp(
         });
     }
     Ok((socket.into(), granted))
-}
-
-/// A quinn endpoint on a tuned socket, optionally behind a [`FaultySocket`].
-///
-/// `server` makes it accept connections; clients set a default client
-/// configuration on the returned endpoint. The transport configuration from
-/// `tuning` is installed in `server`; clients put it in their
-/// `ClientConfig` (see [`Tuning::transport_config`]). Returns the fault
-/// wrapper, if any, to read its counters. Must run inside a tokio runtime.
-pub(crate) fn endpoint(
-    addr: SocketAddr,
-    server: Option<quinn::ServerConfig>,
-    tuning: &Tuning,
-    faults: Option<Faults>,
-) -> Result<(quinn::Endpoint, Option<Arc<FaultySocket>>), EndpointError> {
-    let parts = endpoint_parts(addr, server, tuning, faults)?;
-    Ok((parts.endpoint, parts.faults))
-}
-
-/// A quinn endpoint and the layers under it that report on their work.
-#[derive(Debug)]
-pub(crate) struct EndpointParts {
-    /// The endpoint.
-    pub endpoint: quinn::Endpoint,
-    /// The fault injector, if faults were given.
-    pub faults: Option<Arc<FaultySocket>>,
-    /// The layer that counts packets per send and per receive.
-    pub batching: Arc<BatchingSocket>,
-    /// Where links register the class their packets are marked with, if
-    /// [`Tuning::dscp`] is set.
-    pub marks: Option<Arc<MarkRegistry>>,
-    /// The socket that writes the marks (its counts by DSCP), if
-    /// [`Tuning::dscp`] is set.
-    #[cfg(target_os = "linux")]
-    pub marking: Option<Arc<MarkingSocket>>,
-}
-
-/// Like [`endpoint`], with every layer returned.
-pub(crate) fn endpoint_parts(
-    addr: SocketAddr,
-    server: Option<quinn::ServerConfig>,
-    tuning: &Tuning,
-    faults: Option<Faults>,
-) -> Result<EndpointParts, EndpointError> {
-    let (_, max_udp_payload) = tuning.udp_payload()?;
-    if let Some(bad) = tuning.dscp.and_then(|m| m.invalid()) {
-        return Err(ConfigError::Dscp(bad).into());
-    }
-    let (socket, _) = bind_udp(addr, tuning.socket_buffer)?;
-    let server = match server {
-        Some(mut s) => {
-            s.transport_config(Arc::new(tuning.transport_config()?));
-            Some(s)
-        }
-        None => None,
-    };
-    let runtime: Arc<dyn Runtime> = Arc::new(quinn::TokioRuntime);
-    let endpoint_err = |source| EndpointError::Endpoint { addr, source };
-    let marks = tuning.dscp.map(|m| MarkRegistry::new(m.important));
-    #[cfg(target_os = "linux")]
-    let (base, marking): (Arc<dyn AsyncUdpSocket>, _) = match &marks {
-        Some(registry) => {
-            let marking = MarkingSocket::new(socket, registry.clone()).map_err(endpoint_err)?;
-            (marking.clone(), Some(marking))
-        }
-        None => (runtime.wrap_udp_socket(socket).map_err(endpoint_err)?, None),
-    };
-    #[cfg(not(target_os = "linux"))]
-    let base: Arc<dyn AsyncUdpSocket> = match &marks {
-        Some(_) => return Err(ConfigError::DscpUnsupported.into()),
-        None => runtime.wrap_udp_socket(socket).map_err(endpoint_err)?,
-    };
-    let batching = BatchingSocket::new(base, max_udp_payload);
-    let real: Arc<dyn AsyncUdpSocket> = batching.clone();
-    let (abstract_socket, faulty): (Arc<dyn AsyncUdpSocket>, _) = match faults {
-        Some(f) => {
-            let faulty = FaultySocket::new(real, f)?;
-            (faulty.clone(), Some(faulty))
-        }
-        None => (real, None),
-    };
-    let mut endpoint_config = quinn::EndpointConfig::default();
-    endpoint_config
-        .max_udp_payload_size(max_udp_payload)
-        .map_err(|_| ConfigError::Packets {
-            min: tuning.min_udp_payload,
-            max: max_udp_payload,
-        })?;
-    let endpoint = quinn::Endpoint::new_with_abstract_socket(
-        endpoint_config,
-        server,
-        abstract_socket,
-        runtime,
-    )
-    .map_err(endpoint_err)?;
-    Ok(EndpointParts {
-        endpoint,
-        faults: faulty,
-        batching,
-        marks,
-        #[cfg(target_os = "linux")]
-        marking,
-    })
-}
-
-/// A client configuration from `tls` with `tuning`'s transport settings.
-pub(crate) fn tuned_client(
-    mut tls: quinn::ClientConfig,
-    tuning: &Tuning,
-) -> Result<quinn::ClientConfig, ConfigError> {
-    tls.transport_config(Arc::new(tuning.transport_config()?));
-    Ok(tls)
 }
 
 #[cfg(test)]

@@ -22,7 +22,10 @@ async fn the_default_window_is_capped_by_the_path() {
     let mut sent = 0u64;
     for r in 0..3u32 {
         let grads = presets::gradients(&layout, 200 + r as u64);
-        let (report, round) = tokio::join!(client.send_round(r, &grads), server.recv_round());
+        let (report, round) = tokio::join!(
+            client.sender().send_round(r, &grads),
+            server.receiver().recv_round()
+        );
         assert_eq!(round.unwrap().index, r);
         let report = report.unwrap();
         sent += report.important_bytes + report.lossy_bytes.iter().sum::<u64>();

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{Config, Packets, JUMBO_UDP_PAYLOAD};
-use crate::socket;
 use crate::socket::faults::{Faults, FaultySocket};
+use crate::stack::Stack;
 use crate::tls::{self, generate_certs, CertFiles};
 use crate::tuning::Tuning;
 use tokio::time::timeout;
@@ -77,20 +77,16 @@ fn pair_tuned(
     let local: SocketAddr = LOCAL.parse().expect("addr");
     let server_config =
         tls::server_config(&files.server_cert, &files.server_key).expect("server config");
-    let (server, server_faults) =
-        socket::endpoint(local, Some(server_config), tuning, server_faults).expect("server");
-    let (client, client_faults) =
-        socket::endpoint(local, None, tuning, client_faults).expect("client");
-    let client_config = socket::tuned_client(
-        tls::client_config(trusted_ca).expect("client config"),
-        tuning,
-    )
-    .expect("tuning");
+    let server = Stack::bind(local, Some(server_config), tuning, server_faults).expect("server");
+    let client = Stack::bind(local, None, tuning, client_faults).expect("client");
+    let client_config = tuning
+        .client_config(tls::client_config(trusted_ca).expect("client config"))
+        .expect("tuning");
     Pair {
-        server,
-        client,
-        server_faults,
-        client_faults,
+        server: server.quinn,
+        client: client.quinn,
+        server_faults: server.faults,
+        client_faults: client.faults,
         client_config,
     }
 }

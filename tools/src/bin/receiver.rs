@@ -78,6 +78,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
     let mut received = 0u32;
     for _ in 0..args.rounds {
         let round = link
+            .receiver()
             .recv_round()
             .await
             .map_err(|e| format!("after {received} rounds: {}", chain(&e)))?;
@@ -125,7 +126,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         }
         totals.counters = s.counters;
         received += 1;
-        link.recycle(round.tensors);
+        link.receiver().recycle(round.tensors);
     }
     println!();
     println!(

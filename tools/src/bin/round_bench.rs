@@ -600,14 +600,14 @@ impl GradlaneRun {
         let start = Instant::now();
         let send = async {
             if self.shared {
-                self.tx.send_round_shared(r as u32, g).await
+                self.tx.sender().send_round_shared(r as u32, g).await
             } else {
                 let slices: Vec<&[f32]> = g.iter().map(|t| t.as_slice()).collect();
-                self.tx.send_round(r as u32, &slices).await
+                self.tx.sender().send_round(r as u32, &slices).await
             }
         };
         let (report, received) = tokio::join!(send, async {
-            let round = self.rx.recv_round_timed().await;
+            let round = self.rx.receiver().recv_round_timed().await;
             (round, Instant::now())
         });
         let (round, delivered) = received;
@@ -644,7 +644,7 @@ impl GradlaneRun {
                 lossy.zero_filled_bytes as f64 / 1e6,
                 lossy.late_merged_bytes as f64 / 1e6,
                 report.lossy_dropped_by_quinn,
-                self.rx.datagrams_dropped_by_quinn(),
+                self.rx.receiver().datagrams_dropped_by_quinn(),
                 self.tx.connection().stats().path.current_mtu,
                 self.tx.connection().stats().path.black_holes_detected,
                 self.tx.connection().stats().frame_tx.datagram,
@@ -669,7 +669,7 @@ impl GradlaneRun {
             important_bytes: report.important_bytes,
             zero_filled: round.stats.lossy().zero_filled_bytes,
         };
-        self.rx.recycle(round.tensors);
+        self.rx.receiver().recycle(round.tensors);
         Ok(sample)
     }
 }

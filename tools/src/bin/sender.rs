@@ -138,6 +138,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         // without a copy.
         let g: Vec<Arc<Vec<f32>>> = g.into_iter().map(Arc::new).collect();
         let report = link
+            .sender()
             .send_round_shared(r, &g)
             .await
             .map_err(|e| format!("round {r}: {}", chain(&e)))?;
