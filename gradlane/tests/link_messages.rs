@@ -24,19 +24,24 @@ async fn messages_arrive_whole_exact_and_in_order_under_loss() {
     let send = async {
         for (i, &n) in sizes.iter().enumerate() {
             client
+                .sender()
                 .send_message(i as u64, body(n, i as u8))
                 .await
                 .unwrap();
         }
-        let (tag, reply) = client.recv_message().await.unwrap();
+        let (tag, reply) = client.receiver().recv_message().await.unwrap();
         (tag, reply)
     };
     let recv = async {
         let mut got = Vec::new();
         for _ in &sizes {
-            got.push(server.recv_message().await.unwrap());
+            got.push(server.receiver().recv_message().await.unwrap());
         }
-        server.send_message(99, body(3 << 20, 5)).await.unwrap();
+        server
+            .sender()
+            .send_message(99, body(3 << 20, 5))
+            .await
+            .unwrap();
         got
     };
     let ((tag, reply), got) = tokio::join!(send, recv);
@@ -57,14 +62,14 @@ async fn an_orderly_close_flushes_the_messages() {
     let (_se, mut server, _ce, mut client) =
         pair("msg-close", &layout, Some(faults), quick()).await;
     let last = body(5 << 20, 1);
-    client.send_message(1, last.clone()).await.unwrap();
+    client.sender().send_message(1, last.clone()).await.unwrap();
     let closing = async { client.close().await };
-    let (closed, got) = tokio::join!(closing, server.recv_message());
+    let (closed, got) = tokio::join!(closing, server.receiver().recv_message());
     closed.unwrap();
     assert_eq!(got.unwrap(), (1, last));
     // Then the peer learns of the close.
     assert!(matches!(
-        server.recv_message().await,
+        server.receiver().recv_message().await,
         Err(LinkError::PeerClosed { round: None })
     ));
 }

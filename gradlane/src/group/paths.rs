@@ -320,7 +320,8 @@ async fn connect_paths(
                 rank: config.rank,
                 path: p.path,
             };
-            link.send_message(tag(0, Kind::Paths), hello.encode().into())
+            link.sender()
+                .send_message(tag(0, Kind::Paths), hello.encode().into())
                 .await
                 .map_err(failed)?;
             Ok::<_, GroupError>((p.peer, p.path, link))
@@ -361,7 +362,7 @@ async fn accept_paths(
                 continue;
             }
         };
-        let said = match link.recv_message().await {
+        let said = match link.receiver().recv_message().await {
             Ok((t, body)) if t == tag(0, Kind::Paths) => {
                 PathHello::decode(&body).map(|h| (h.rank, h.path)).ok()
             }

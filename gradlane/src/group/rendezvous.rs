@@ -139,7 +139,8 @@ async fn form(
             let body = Bytes::from(AddressTable(table.clone()).encode());
             for (r, link) in links.iter_mut().enumerate() {
                 if let Some(link) = link {
-                    link.send_message(tag(0, Kind::Hello), body.clone())
+                    link.sender()
+                        .send_message(tag(0, Kind::Hello), body.clone())
                         .await
                         .map_err(|source| GroupError::Rank { rank: r, source })?;
                 }
@@ -150,7 +151,7 @@ async fn form(
             let link = connect_to(config, endpoint, 0, *root, true).await?;
             let link = links[0].insert(link);
             let failed = |source| GroupError::Rank { rank: 0, source };
-            let (got, body) = link.recv_message().await.map_err(failed)?;
+            let (got, body) = link.receiver().recv_message().await.map_err(failed)?;
             match AddressTable::decode(&body, world) {
                 Ok(table) if got == tag(0, Kind::Hello) => table.0,
                 Ok(_) => {
@@ -251,7 +252,8 @@ async fn connect_to(
         world: config.world,
         listen,
     };
-    link.send_message(tag(0, Kind::Hello), hello.encode().into())
+    link.sender()
+        .send_message(tag(0, Kind::Hello), hello.encode().into())
         .await
         .map_err(failed)?;
     Ok(link)
@@ -301,7 +303,7 @@ async fn accept_into(
                     Some(incoming) => greeting.push(async move {
                         let remote = incoming.remote_address();
                         let mut link = incoming.finish().await.map_err(|e| (remote, e))?;
-                        let got = link.recv_message().await;
+                        let got = link.receiver().recv_message().await;
                         Ok::<_, (SocketAddr, IncomingError)>((link, got))
                     }),
                     None => accepting = false,

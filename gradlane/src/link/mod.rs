@@ -507,18 +507,6 @@ impl Link {
         &mut self.receiver
     }
 
-    /// Sends one exact message; see [`LinkSender::send_message`]. Kept on
-    /// the link for exchanges that await a reply on one unsplit link (a
-    /// group's handshakes).
-    pub async fn send_message(&mut self, tag: u64, body: Bytes) -> Result<(), LinkError> {
-        self.sender.send_message(tag, body).await
-    }
-
-    /// Receives the peer's next message; see [`LinkReceiver::recv_message`].
-    pub async fn recv_message(&mut self) -> Result<(u64, Bytes), LinkError> {
-        self.receiver.recv_message().await
-    }
-
     /// The underlying QUIC connection (for statistics: rtt, cwnd, losses).
     pub fn connection(&self) -> &Connection {
         &self.sender.conn
