@@ -1,9 +1,13 @@
 //! Pieces the command-line programs share: start-up, error printing,
-//! address resolution, the congestion flag, and synthetic gradients.
+//! address resolution, synthetic gradients, and the flags several programs
+//! take (the congestion controller, model presets, a benchmark's rounds and
+//! loss rates, the straggler filter's policy, a path's faults, a server's or
+//! client's end).
 
 use clap::ValueEnum;
+use gradlane::ps::SamplePolicy;
 use gradlane::{
-    Config, Congestion, DscpMarks, Endpoint, Faults, Layout, Link, Packets, SetupError,
+    presets, Config, Congestion, DscpMarks, Endpoint, Faults, Layout, Link, Packets, SetupError,
 };
 use std::future::Future;
 use std::net::SocketAddr;
@@ -209,6 +213,118 @@ pub fn probability(s: &str) -> Result<f64, String> {
         Ok(p)
     } else {
         Err(format!("{p} is not in [0, 1]"))
+    }
+}
+
+/// The values `--model` takes where a program checks them as it parses:
+/// the names of the model presets.
+pub fn model_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(presets::NAMES)
+}
+
+/// The layout of the model preset `name`, or an error that lists the
+/// presets.
+pub fn preset(name: &str) -> Result<Layout, BoxError> {
+    presets::by_name(name).ok_or_else(|| {
+        format!(
+            "unknown model {name:?} (one of {})",
+            presets::NAMES.join(", ")
+        )
+        .into()
+    })
+}
+
+/// Whether `--only` leaves out the variant `name`: some texts are given
+/// and `name` contains none of them.
+pub fn left_out(only: &[String], name: &str) -> bool {
+    !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str()))
+}
+
+/// A benchmark's timed rounds and the loss rates and delay it runs them
+/// under.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Sweep {
+    /// Timed rounds per variant (after one warm-up round).
+    #[arg(long, default_value_t = 10)]
+    pub rounds: usize,
+    /// Injected loss probabilities, comma separated: every QUIC packet,
+    /// either direction, meets the loss once.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![0.0, 0.01, 0.05])]
+    pub losses: Vec<f64>,
+    /// One-way delay each QUIC end adds to what it sends, in milliseconds.
+    #[arg(long, default_value_t = 1)]
+    pub delay_ms: u64,
+}
+
+impl Sweep {
+    /// Refuses no timed rounds and a loss rate outside [0, 1].
+    pub fn check(&self) -> Result<(), BoxError> {
+        if self.rounds == 0 {
+            return Err("--rounds must be at least 1".into());
+        }
+        if let Some(l) = self.losses.iter().find(|l| !(0.0..=1.0).contains(*l)) {
+            return Err(format!("loss {l} is not in [0, 1]").into());
+        }
+        Ok(())
+    }
+}
+
+/// How the workers' speeds spread: evenly from 1x to `--slowest`, with
+/// one `--straggler` beyond if asked for.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Spread {
+    /// Slowdown of the slowest worker against the fastest: the workers
+    /// spread evenly from 1x to this (all but the straggler, with
+    /// `--straggler`).
+    #[arg(long, default_value_t = 4.0)]
+    pub slowest: f64,
+    /// Make the last worker a straggler this many times slower than the
+    /// fastest; the others spread from 1x to `--slowest`.
+    #[arg(long)]
+    pub straggler: Option<f64>,
+}
+
+impl Spread {
+    /// The slowdowns of `k` workers ([`crate::sim::speeds`]).
+    pub fn speeds(&self, k: usize) -> Vec<f64> {
+        crate::sim::speeds(k, self.slowest, self.straggler)
+    }
+}
+
+/// Which value leaves the straggler filter's full sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Policy {
+    /// Evict the oldest value: the sample is the last pushes' staleness.
+    SlidingWindow,
+    /// Evict the largest value (the seed's claim 1b as written): drops
+    /// nearly every push with another update in between.
+    EvictLargest,
+}
+
+impl Policy {
+    /// The value as the command line writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::SlidingWindow => "sliding-window",
+            Policy::EvictLargest => "evict-largest",
+        }
+    }
+
+    /// The policy in words, for a table.
+    pub fn words(self) -> &'static str {
+        match self {
+            Policy::SlidingWindow => "sliding window",
+            Policy::EvictLargest => "evict largest",
+        }
+    }
+}
+
+impl From<Policy> for SamplePolicy {
+    fn from(p: Policy) -> Self {
+        match p {
+            Policy::SlidingWindow => SamplePolicy::SlidingWindow,
+            Policy::EvictLargest => SamplePolicy::EvictLargest,
+        }
     }
 }
 

@@ -23,7 +23,6 @@ use gradlane_tools::cli as common;
 use clap::Parser;
 use common::{grads, BoxError};
 use gradlane::codec::{Selection, DEFAULT_BASE};
-use gradlane::presets;
 use gradlane::ps::{OrderedMomentum, OrderedMomentumConfig};
 use gradlane::ps_net::{self, Compression, ServerHandle, Worker};
 use gradlane::Layout;
@@ -69,7 +68,7 @@ struct Row {
 }
 
 async fn run(a: Args) -> Result<(), BoxError> {
-    let layout = presets::by_name(&a.model).ok_or_else(|| format!("unknown model {}", a.model))?;
+    let layout = common::preset(&a.model)?;
     let dir = std::env::temp_dir().join(format!("gradlane-ps-bench-{}", std::process::id()));
     let certs = generate_certs(&dir, &["localhost"])?;
     let n = layout.total_values() as usize;

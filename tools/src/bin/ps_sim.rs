@@ -10,36 +10,9 @@
 //! cargo run --release --bin ps_sim -- --workers 8 --slowest 1.5 --straggler 4
 //! ```
 
-use clap::{Parser, ValueEnum};
-use gradlane::ps::SamplePolicy;
+use clap::Parser;
+use gradlane_tools::cli::{Policy, Spread};
 use gradlane_tools::sim::{run_algorithm, Algorithm, LeastSquares, SimConfig, Trace};
-
-/// Which value leaves the straggler filter's full sample.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Policy {
-    /// Evict the oldest value (the default policy).
-    SlidingWindow,
-    /// Evict the largest value (the seed's claim 1b as written).
-    EvictLargest,
-}
-
-impl From<Policy> for SamplePolicy {
-    fn from(p: Policy) -> Self {
-        match p {
-            Policy::SlidingWindow => SamplePolicy::SlidingWindow,
-            Policy::EvictLargest => SamplePolicy::EvictLargest,
-        }
-    }
-}
-
-impl Policy {
-    fn name(self) -> &'static str {
-        match self {
-            Policy::SlidingWindow => "sliding window",
-            Policy::EvictLargest => "evict largest",
-        }
-    }
-}
 
 /// Simulate the parameter-server algorithms on ill-conditioned least squares.
 #[derive(Parser, Debug)]
@@ -69,15 +42,8 @@ struct Args {
     /// Push budget.
     #[arg(long, default_value_t = 20_000)]
     max_pushes: u64,
-    /// Compute time of the slowest worker relative to the fastest: speeds
-    /// spread evenly from 1x to this (over all workers but the straggler,
-    /// with `--straggler`).
-    #[arg(long, default_value_t = 4.0)]
-    slowest: f64,
-    /// Make the last worker a straggler this many times slower than the
-    /// fastest worker (e.g. 4 with `--slowest 1.5`).
-    #[arg(long)]
-    straggler: Option<f64>,
+    #[command(flatten)]
+    spread: Spread,
     /// Relative jitter on every compute time, in [0, 1).
     #[arg(long, default_value_t = 0.2)]
     jitter: f64,
@@ -125,13 +91,13 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         seed: a.seed ^ 0xA5A5,
         batch: a.batch,
         base_compute: 100,
-        slowest: a.slowest,
-        straggler: a.straggler,
+        slowest: a.spread.slowest,
+        straggler: a.spread.straggler,
         jitter: a.jitter,
         max_pushes: a.max_pushes,
         stop_loss: f64::NEG_INFINITY,
     };
-    let speeds = gradlane_tools::sim::speeds(a.workers, a.slowest, a.straggler);
+    let speeds = a.spread.speeds(a.workers);
     let f0 = problem.loss(&vec![0.0; a.dim]);
     let target = problem.optimum() + a.target * (f0 - problem.optimum());
     println!(
@@ -239,7 +205,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         for &threshold in &a.thresholds {
             let sample = a.sample;
             rows.push((
-                format!("ASGD + filter, {}, threshold {threshold}", policy.name()),
+                format!("ASGD + filter, {}, threshold {threshold}", policy.words()),
                 Box::new(move |lr| Algorithm::Straggler {
                     learning_rate: lr,
                     sample_size: sample,

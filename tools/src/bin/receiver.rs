@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use common::{chain, mb, BoxError, PathFlags, ServerFlags};
-use gradlane::{presets, Config, RoundStats};
+use gradlane::{Config, RoundStats};
 
 /// Receive gradlane rounds and print a table of what arrived.
 #[derive(Debug, Parser)]
@@ -29,7 +29,7 @@ struct Args {
     server: ServerFlags,
     /// Accept only a sender whose model has this preset's layout (the
     /// layout comes in the handshake either way).
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(presets::NAMES))]
+    #[arg(long, value_parser = common::model_names())]
     model: Option<String>,
     /// Rounds to receive before closing the link.
     #[arg(long, default_value_t = 5)]
@@ -47,9 +47,7 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), BoxError> {
     let expect_layout = match &args.model {
-        Some(name) => {
-            Some(presets::by_name(name).ok_or_else(|| format!("unknown model {name:?}"))?)
-        }
+        Some(name) => Some(common::preset(name)?),
         None => None,
     };
     let config = Config {

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use common::{chain, mb, BoxError, ClientFlags, PathFlags};
 use common::{grads, ms};
-use gradlane::{presets, Config, LossyCarrier, LossyRelease, RoundTiming};
+use gradlane::{Config, LossyCarrier, LossyRelease, RoundTiming};
 
 /// `--lossy-release` on the command line (`LossyRelease`).
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -50,7 +50,7 @@ struct Args {
     #[command(flatten)]
     client: ClientFlags,
     /// Model preset whose layout the gradients have.
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(presets::NAMES), default_value = "resnet50")]
+    #[arg(long, value_parser = common::model_names(), default_value = "resnet50")]
     model: String,
     /// Rounds to send.
     #[arg(long, default_value_t = 5)]
@@ -84,8 +84,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), BoxError> {
-    let layout =
-        presets::by_name(&args.model).ok_or_else(|| format!("unknown model {:?}", args.model))?;
+    let layout = common::preset(&args.model)?;
     let config = Config {
         loss_tolerance: args.loss_tolerance,
         levels: args.levels,
