@@ -10,8 +10,9 @@ use super::{Bitmap, Reassembler, ReassemblyError, RoundStats};
 pub struct Round {
     /// Round index.
     pub index: u32,
-    /// The sender's layout id
-    /// ([`ReassemblyConfig::layout_id`](super::ReassemblyConfig::layout_id)).
+    /// The sender's layout id ([`ReassemblyConfig::layout_id`]).
+    ///
+    /// [`ReassemblyConfig::layout_id`]: super::ReassemblyConfig::layout_id
     pub layout: u16,
     /// One vector per tensor of the layout; missing bytes are zeros, late
     /// bytes of earlier rounds are added in.

@@ -4,7 +4,7 @@
 //! Segments are pushed in any order, from the reliable stream or from
 //! datagrams. Each open round owns zeroed tensors; every received byte range
 //! is copied in place, so whatever never arrives stays zero. A round is
-//! *complete* once its [`RoundEnd`](crate::wire::RoundEnd) has arrived and every important chunk it
+//! *complete* once its [`RoundEnd`] has arrived and every important chunk it
 //! announces is held — checked by count, bytes and an id digest, not assumed.
 //! The important part may come on several streams at once (lanes), so the
 //! round end may arrive before the last important chunks do: it is then kept
@@ -23,6 +23,7 @@
 //! [`ReceiverCounters`].
 //!
 //! [`delivers`]: Reassembler::deliver
+//! [`RoundEnd`]: crate::wire::RoundEnd
 
 mod bitmap;
 mod config;

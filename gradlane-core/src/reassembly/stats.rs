@@ -87,7 +87,9 @@ impl RoundStats {
     }
 }
 
-/// What [`Reassembler::push`](super::Reassembler::push) did with a packet.
+/// What [`Reassembler::push`] did with a packet.
+///
+/// [`Reassembler::push`]: super::Reassembler::push
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PushOutcome {
     /// Segments placed into an open round.
