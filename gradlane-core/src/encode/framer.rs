@@ -1,6 +1,7 @@
 //! Writing a planned round's bytes: the reliable part in pieces of a size
 //! the caller picks, then the lossy datagrams, copied from the gradients or,
-//! for long `f32` segments, handed out as views of the caller's tensors.
+//! for long `f32` segments, handed out as views of the caller's tensors;
+//! and a round framed with classes the caller chose, for tests and tools.
 
 use super::segment_plan::{piece_header, plan_segments, Piece, SegmentPlan};
 use super::tensor_bytes::{check_byte_shapes, extend_f32s, ZERO_COPY_MIN};
