@@ -11,7 +11,7 @@
 //! layout ever reaches a peer that does not know it.
 
 use super::*;
-use gradlane_core::control::Hello;
+use gradlane_core::control::{Hello, MAX_LAYOUT_BYTES};
 use gradlane_core::format::ClassFormats;
 use gradlane_core::layout::ChunkOptions;
 use gradlane_core::reassembly::{ReassemblyConfig, ReceiverCounters};
@@ -60,6 +60,16 @@ impl Receivers {
             return Err(format!(
                 "layout {id} registered where {} was next",
                 self.by_id.len()
+            ));
+        }
+        // Each layout is bounded by the hello's decoder; their sum is
+        // bounded here, so a peer cannot size many receivers' buffers.
+        let held: u64 = self.by_id.iter().map(|r| r.layout().total_bytes()).sum();
+        let bytes = held.saturating_add(hello.layout.total_bytes());
+        if bytes > MAX_LAYOUT_BYTES {
+            return Err(format!(
+                "layout {id} would make the peer's layouts {bytes} bytes in all \
+                 (at most {MAX_LAYOUT_BYTES})"
             ));
         }
         let config = ReassemblyConfig {
@@ -195,5 +205,33 @@ impl LinkSender {
     /// Closes the link in order. See [`Link::close`].
     pub async fn close(&self) -> Result<(), LinkError> {
         self.linger.close(CLOSE_WAIT).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gradlane_core::layout::{Layout, TensorSpec};
+
+    #[test]
+    fn a_peers_layouts_past_the_bound_in_all_are_refused_before_a_receiver_is_made() {
+        let tiny = Layout::new(vec![TensorSpec::dense("t", [4])]).unwrap();
+        let first = Reassembler::new(tiny.clone(), ReassemblyConfig::default()).unwrap();
+        let mut receivers = Receivers::new(first, ReassemblyConfig::default());
+        let hello = |layout: Layout| Hello {
+            layout,
+            chunking: ChunkOptions::default(),
+        };
+        receivers.add(1, hello(tiny), true).unwrap();
+        // 32 tensors of 2 GiB: 64 GiB, which with the two small layouts
+        // is over the bound. Layout::new sizes nothing per value.
+        let huge: Vec<TensorSpec> = (0..32)
+            .map(|i| TensorSpec::dense(format!("w{i}"), [1usize << 29]))
+            .collect();
+        let err = receivers
+            .add(2, hello(Layout::new(huge).unwrap()), true)
+            .unwrap_err();
+        assert!(err.contains("at most"), "{err}");
+        assert!(receivers.get(2).is_none());
     }
 }

@@ -29,7 +29,7 @@ pub enum MlpError {
     /// The parameter vector has the wrong length.
     #[error("params length {got}, expected {expected}")]
     ParamLength {
-        /// [`Mlp::param_count`].
+        /// [`Mlp::param_count`](super::Mlp::param_count).
         expected: usize,
         /// The length given.
         got: usize,
@@ -37,7 +37,7 @@ pub enum MlpError {
     /// The gradient output buffer has the wrong length.
     #[error("gradient buffer length {got}, expected {expected}")]
     GradientLength {
-        /// [`Mlp::param_count`].
+        /// [`Mlp::param_count`](super::Mlp::param_count).
         expected: usize,
         /// The length given.
         got: usize,
@@ -94,7 +94,7 @@ pub enum MlpError {
         /// The model's class count.
         classes: usize,
     },
-    /// The model's tensors do not form a valid [`Layout`] (a weight matrix
+    /// The model's tensors do not form a valid [`Layout`](gradlane::Layout) (a weight matrix
     /// larger than the wire format's 4 GiB per tensor).
     #[error("layout: {0}")]
     Layout(#[from] LayoutError),
