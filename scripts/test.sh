@@ -3,7 +3,7 @@
 # and tested in a venv of its own.
 #
 # 1. `cargo test --workspace --no-fail-fast` (every test binary runs even
-#    if one fails).
+#    if one fails). The venv and its packages are installed meanwhile.
 # 2. A venv (default .venv-test in the repository; GRADLANE_TEST_VENV
 #    moves it; an existing one is reused), with maturin 1.x, pytest,
 #    numpy, torch, scikit-learn and matplotlib; the package (python/)
@@ -23,12 +23,13 @@ PYTHON=${PYTHON:-python3}
 VENV=${GRADLANE_TEST_VENV:-.venv-test}
 rust_status=0
 python_status=0
+started=$(date +%s)
+# Each step's start, in seconds since the command began: where time goes.
+step() { echo "== [$(($(date +%s) - started)) s] $*"; }
 
-echo "== cargo test --workspace --no-fail-fast"
-cargo test --workspace --no-fail-fast
-rust_status=$?
-
-python_tests() {
+# The venv and its packages, mostly a download, are made while the Rust
+# half compiles; their output is shown once they are needed.
+python_setup() {
     set -e
     if [ ! -x "$VENV/bin/python" ]; then
         echo "== making the venv $VENV"
@@ -44,8 +45,24 @@ python_tests() {
     # (about 2.5 GB, a minute to download) whose import works on CPU.
     echo "== pip install torch scikit-learn matplotlib (into $VENV)"
     "$VENV/bin/python" -m pip install --quiet torch scikit-learn matplotlib
+}
+setup_log=$(mktemp)
+( python_setup ) > "$setup_log" 2>&1 &
+setup_pid=$!
 
-    echo "== building the package (maturin build --release)"
+step "cargo test --workspace --no-fail-fast"
+cargo test --workspace --no-fail-fast
+rust_status=$?
+
+step "waiting for the venv"
+wait "$setup_pid"
+setup_status=$?
+cat "$setup_log"
+rm -f "$setup_log"
+
+python_tests() {
+    set -e
+    step "building the package (maturin build --release)"
     local wheels="$VENV/wheels"
     rm -rf "$wheels"
     # The venv's bin first, so that maturin builds for its interpreter.
@@ -53,15 +70,21 @@ python_tests() {
         "$VENV/bin/maturin" build --release -m python/Cargo.toml -o "$wheels"
     "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$wheels"/gradlane-*.whl
 
-    echo "== pytest python/tests"
+    step "pytest python/tests"
     # The pytest script, not `python -m pytest`, which would put the
     # working directory on sys.path: the tests import the installed wheel.
     "$VENV/bin/pytest" python/tests
 }
 # A subshell not tested by || or &&: inside a tested one bash ignores
 # set -e, and a failed step would not stop the half.
-( python_tests )
-python_status=$?
+if [ "$setup_status" = 0 ]; then
+    ( python_tests )
+    python_status=$?
+else
+    echo "== the venv could not be made (exit $setup_status)"
+    python_status=$setup_status
+fi
+step "done"
 
 echo "== rust tests: $([ $rust_status = 0 ] && echo ok || echo "FAILED ($rust_status)");" \
     "python tests: $([ $python_status = 0 ] && echo ok || echo "FAILED ($python_status)")"
