@@ -183,8 +183,13 @@ impl Build {
         let mut bins: Vec<String> = std::fs::read_dir(&src)
             .unwrap_or_else(|e| panic!("cannot list {}: {e}", src.display()))
             .filter_map(|e| {
-                let name = e.ok()?.file_name().into_string().ok()?;
-                name.strip_suffix(".rs").map(str::to_string)
+                let e = e.ok()?;
+                let name = e.file_name().into_string().ok()?;
+                // A program is src/bin/NAME.rs or src/bin/NAME/main.rs.
+                match name.strip_suffix(".rs") {
+                    Some(stem) => Some(stem.to_string()),
+                    None => e.path().join("main.rs").is_file().then_some(name),
+                }
             })
             .collect();
         bins.sort();
