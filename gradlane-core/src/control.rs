@@ -32,6 +32,9 @@ pub mod codes {
     /// The server gave up on the session for a reason it states (a
     /// parameter server whose synchronous round cannot fill, say).
     pub const ABORTED: u32 = 0x4705;
+    /// A group went on without this rank (it was silent past the failure
+    /// timeout, or cut off): it must rejoin, not go on with its state.
+    pub const REMOVED: u32 = 0x4706;
 }
 
 /// Largest control message accepted (a layout of ~100k tensors fits).

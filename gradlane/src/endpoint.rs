@@ -204,6 +204,21 @@ impl Endpoint {
         self.stack.batching.counts()
     }
 
+    /// Drops every datagram this endpoint sends or receives from now on
+    /// (`true`), or lets them through again (`false`): a fault to test
+    /// with, as a pulled cable, a partition or a process killed before it
+    /// could close. Needs the fault injector ([`Config::faults`] set, even
+    /// to no loss); returns whether there was one.
+    pub fn sever(&self, severed: bool) -> bool {
+        match &self.stack.faults {
+            Some(f) => {
+                f.sever(severed);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// What the fault injector did so far, if one is attached.
     pub fn fault_stats(&self) -> Option<FaultStats> {
         self.stack.faults.as_ref().map(|f| f.stats())

@@ -157,8 +157,8 @@ pub use gradlane_core::reassembly::{
 pub use gradlane_core::score::GradientError;
 pub use group::{
     core_share, default_sockets, paths_per_peer, AllreduceReport, BucketId, BucketOptions, Group,
-    GroupConfig, GroupError, LossRecovery, PortRange, PortRangeError, ReduceOp, Rendezvous,
-    SparseAllgather, SparsePath, SparseReport, SparseRows, MAX_SOCKETS,
+    GroupConfig, GroupError, LossRecovery, OnRankFailure, PortRange, PortRangeError, ReduceOp,
+    Rendezvous, SparseAllgather, SparsePath, SparseReport, SparseRows, MAX_SOCKETS,
 };
 pub use handshake_failure::{HandshakeFailure, Refuser};
 pub use link::{

@@ -71,6 +71,29 @@ pub enum GroupMessageError {
         /// The group's size.
         world: usize,
     },
+    /// A list of ranks that repeats one or goes back: every list of ranks
+    /// in a view message is strictly increasing, so it has one spelling.
+    #[error("a {message} whose {field} repeat or go back at rank {rank}")]
+    Unordered {
+        /// Which message.
+        message: &'static str,
+        /// Which list.
+        field: &'static str,
+        /// The first rank not above the one before it.
+        rank: usize,
+    },
+    /// A list with more entries than the group allows it.
+    #[error("a {message} with {got} {field}, at most {max} in this group")]
+    TooMany {
+        /// Which message.
+        message: &'static str,
+        /// Which list.
+        field: &'static str,
+        /// The entries it holds.
+        got: usize,
+        /// The most it may hold.
+        max: usize,
+    },
     /// An address table, or a reduced shard, for another group size.
     #[error("a {message} for {got} ranks, the group has {world}")]
     WorldMismatch {

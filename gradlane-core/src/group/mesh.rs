@@ -1,6 +1,6 @@
 //! The rendezvous: the first message on every link of a group says which
-//! rank speaks (and, to rank 0, where it listens); rank 0 answers with
-//! every rank's address.
+//! rank speaks (and, to rank 0, where it listens) and for which view of
+//! the group; rank 0 answers with every rank's address.
 //!
 //! Both are text: they are read once per link, and a person reading a
 //! packet capture should see who is who.
@@ -15,11 +15,12 @@ pub const MAX_WORLD: usize = 1 << 16;
 /// The kind and version word both messages start with.
 const KIND: &str = "gradlane-group/1";
 
-/// The longest hello: the kind, two numbers and an IPv6 address with port.
+/// The longest hello: the kind, two ranks, an IPv6 address with port and
+/// an epoch (at most 108 bytes as encoded).
 const MAX_HELLO_BYTES: usize = 128;
 
 /// The longest text of one address in a table (`[v6%scope]:port`).
-const MAX_ADDRESS_BYTES: usize = 64;
+pub(super) const MAX_ADDRESS_BYTES: usize = 64;
 
 /// The first message on every link of a group: who is speaking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +31,9 @@ pub struct MeshHello {
     pub world: usize,
     /// Where it listens, when it tells rank 0.
     pub listen: Option<SocketAddr>,
+    /// The view of the group the link is formed for (0 for the first
+    /// mesh; see [`ViewDecision`](super::ViewDecision)).
+    pub epoch: u64,
 }
 
 impl MeshHello {
@@ -39,10 +43,16 @@ impl MeshHello {
             .listen
             .map(|a| a.to_string())
             .unwrap_or_else(|| "-".into());
-        format!("{KIND} {} {} {listen}", self.rank, self.world).into_bytes()
+        format!(
+            "{KIND} {} {} {listen} {}",
+            self.rank, self.world, self.epoch
+        )
+        .into_bytes()
     }
 
     /// The hello in `body`: a rank inside a group of 1 to [`MAX_WORLD`].
+    /// A hello without the trailing epoch (the first version's three
+    /// fields) is for epoch 0.
     pub fn decode(body: &[u8]) -> Result<Self, GroupMessageError> {
         const MESSAGE: &str = "group hello";
         let mut words = words(body, MESSAGE, KIND, MAX_HELLO_BYTES)?;
@@ -61,6 +71,13 @@ impl MeshHello {
                 })
             }
         };
+        let epoch = match words.next() {
+            None => 0,
+            Some(e) => e.parse().map_err(|_| GroupMessageError::BadField {
+                message: MESSAGE,
+                field: "epoch",
+            })?,
+        };
         end(&mut words, MESSAGE)?;
         check_world(world)?;
         if rank >= world {
@@ -70,6 +87,7 @@ impl MeshHello {
             rank,
             world,
             listen,
+            epoch,
         })
     }
 }
@@ -116,7 +134,8 @@ impl AddressTable {
     }
 }
 
-fn check_world(world: usize) -> Result<(), GroupMessageError> {
+/// A group of 1 to [`MAX_WORLD`] ranks.
+pub(super) fn check_world(world: usize) -> Result<(), GroupMessageError> {
     match world {
         1..=MAX_WORLD => Ok(()),
         _ => Err(GroupMessageError::World {
@@ -136,10 +155,26 @@ mod tests {
             rank: 3,
             world: 4,
             listen: Some("10.0.0.4:4433".parse().unwrap()),
+            epoch: 0,
         };
         assert_eq!(MeshHello::decode(&h.encode()), Ok(h));
         let none = MeshHello { listen: None, ..h };
         assert_eq!(MeshHello::decode(&none.encode()), Ok(none));
+        let later = MeshHello { epoch: 7, ..h };
+        assert_eq!(MeshHello::decode(&later.encode()), Ok(later));
+        // The longest a hello can be still fits its bound.
+        let longest = MeshHello {
+            rank: MAX_WORLD - 1,
+            world: MAX_WORLD,
+            listen: Some(
+                "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff%4294967295]:65535"
+                    .parse()
+                    .unwrap(),
+            ),
+            epoch: u64::MAX,
+        };
+        assert!(longest.encode().len() <= MAX_HELLO_BYTES);
+        assert_eq!(MeshHello::decode(&longest.encode()), Ok(longest));
         let table = AddressTable(vec![
             "127.0.0.1:1".parse().unwrap(),
             "[::1]:2".parse().unwrap(),
@@ -169,7 +204,15 @@ mod tests {
         ));
         assert!(matches!(
             bad(b"gradlane-group/1 1 2 - extra"),
+            GroupMessageError::BadField { field: "epoch", .. }
+        ));
+        assert!(matches!(
+            bad(b"gradlane-group/1 1 2 - 3 extra"),
             GroupMessageError::Trailing { .. }
+        ));
+        assert!(matches!(
+            bad(b"gradlane-group/1 1 2 - -1"),
+            GroupMessageError::BadField { field: "epoch", .. }
         ));
         assert_eq!(
             bad(b"gradlane-group/1 2 2 -"),
@@ -192,6 +235,23 @@ mod tests {
         );
         let long = vec![b'a'; MAX_HELLO_BYTES + 1];
         assert!(matches!(bad(&long), GroupMessageError::TooLong { .. }));
+    }
+
+    #[test]
+    fn hellos_without_an_epoch_are_for_the_first_mesh() {
+        assert_eq!(
+            MeshHello::decode(b"gradlane-group/1 1 2 127.0.0.1:9"),
+            Ok(MeshHello {
+                rank: 1,
+                world: 2,
+                listen: Some("127.0.0.1:9".parse().unwrap()),
+                epoch: 0,
+            })
+        );
+        assert_eq!(
+            MeshHello::decode(b"gradlane-group/1 1 2 -").map(|h| h.epoch),
+            Ok(0)
+        );
     }
 
     #[test]

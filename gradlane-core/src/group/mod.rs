@@ -1,6 +1,7 @@
 //! The messages ranks of a group send each other outside the rounds:
 //! who they are while the mesh forms, which further paths they offer, the
-//! shapes of a sparse allgather and an owner's summed shard.
+//! shapes of a sparse allgather and an owner's summed shard, and the next
+//! view of the group when a rank is lost or rejoins.
 //!
 //! They live here, beside the link's own messages, so that every decoder
 //! of a peer's bytes is in the core, bounded before it allocates and
@@ -11,14 +12,19 @@
 //! - [`PathOffer`] and [`PathHello`]: the further paths between two ranks.
 //! - [`SparseShape`]: what each rank gathers in a sparse allgather.
 //! - [`ReducedShard`]: an owner's sum in a differentiated allreduce.
+//! - [`ViewProposal`], [`ViewDecision`], [`JoinRequest`] and [`Joiners`]:
+//!   elastic membership, the next view after a rank is lost and the ranks
+//!   that ask to rejoin.
 
 mod error;
+mod membership;
 mod mesh;
 mod paths;
 mod reduced_shard;
 mod sparse_shape;
 
 pub use error::GroupMessageError;
+pub use membership::{JoinRequest, Joiners, ViewDecision, ViewOutcome, ViewProposal};
 pub use mesh::{AddressTable, MeshHello, MAX_WORLD};
 pub use paths::{PathHello, PathOffer, MAX_SOCKETS};
 pub use reduced_shard::{encode_reduced_shard, ReducedShard, NO_LOSSY_RETURN};

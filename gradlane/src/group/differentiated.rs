@@ -18,7 +18,7 @@
 //! [`LossRecovery`]; what rounding took from a rank's own values can be
 //! fed back into its next step ([`BucketOptions::compression_feedback`]).
 
-use super::{tag, Group, GroupError, Kind, ReduceOp};
+use super::{tag, Group, GroupError, Kind, OnRankFailure, ReduceOp};
 use crate::link::{LayoutId, SendReport};
 use bytes::Bytes;
 use futures_util::future::try_join_all;
@@ -103,7 +103,7 @@ impl BucketOptions {
 
 /// A gradient bucket registered with a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BucketId(usize);
+pub struct BucketId(pub(super) usize);
 
 /// One registered bucket.
 pub(super) struct Bucket {
@@ -130,7 +130,7 @@ pub(super) struct Bucket {
     /// What this rank adds into its next gradient: its values that did not
     /// arrive (error feedback) and what rounding took (compression
     /// feedback). Empty when neither is on.
-    residual: Vec<f32>,
+    pub(super) residual: Vec<f32>,
     /// Each shard's chunks, as value ranges within the shard, by local
     /// chunk id (the id in the shard's own chunk plan).
     chunks: Vec<Vec<Range<usize>>>,
@@ -185,6 +185,18 @@ impl Group {
     /// formats, recovery and feedback). Every rank registers the same
     /// buckets, with the same options, in the same order.
     pub async fn register_bucket_with(
+        &mut self,
+        layout: &Layout,
+        options: BucketOptions,
+    ) -> Result<BucketId, GroupError> {
+        let id = self.register_bucket_on_links(layout, options).await?;
+        self.membership.buckets.push((layout.clone(), options));
+        Ok(id)
+    }
+
+    /// Registers a bucket's shards on the current view's links (again, on a
+    /// new view's).
+    pub(super) async fn register_bucket_on_links(
         &mut self,
         layout: &Layout,
         options: BucketOptions,
@@ -340,6 +352,29 @@ impl Group {
     /// the bucket's [`LossRecovery`]. Every rank ends with the same bits.
     /// `ReduceOp::Max` and `Min` are the exact collectives' only.
     pub async fn allreduce_differentiated<T: Element>(
+        &mut self,
+        bucket: BucketId,
+        buf: &mut [T],
+        op: ReduceOp,
+    ) -> Result<AllreduceReport, GroupError> {
+        // Run again among the survivors, the bucket carries into it what it
+        // carried into the first attempt.
+        let carried = match self.membership.policy {
+            OnRankFailure::Continue => self.buckets.get(bucket.0).map(|b| b.residual.clone()),
+            OnRankFailure::Fail => None,
+        };
+        self.resilient(buf, async |g: &mut Group, buf: &mut [T]| {
+            if let (Some(carried), Some(b)) = (&carried, g.buckets.get_mut(bucket.0)) {
+                if b.residual.len() == carried.len() {
+                    b.residual.copy_from_slice(carried);
+                }
+            }
+            g.allreduce_differentiated_once(bucket, buf, op).await
+        })
+        .await
+    }
+
+    async fn allreduce_differentiated_once<T: Element>(
         &mut self,
         bucket: BucketId,
         buf: &mut [T],

@@ -7,7 +7,7 @@
 //! the owner's bits. A buffer of `bf16` or `f16` travels as itself (two
 //! bytes a value); the owner combines in `f32` and rounds once.
 
-use super::{tag, Group, GroupError, Kind, ReduceOp};
+use super::{tag, Group, GroupError, Kind, OnRankFailure, ReduceOp};
 use bytes::Bytes;
 use gradlane_core::format::Element;
 use std::ops::Range;
@@ -47,6 +47,13 @@ pub(super) fn shard(n: usize, world: usize, r: usize) -> Range<usize> {
 impl Group {
     /// Returns once every rank has called `barrier`.
     pub async fn barrier(&mut self) -> Result<(), GroupError> {
+        self.resilient(&mut [0u8; 0], async |g: &mut Group, _: &mut [u8]| {
+            g.barrier_once().await
+        })
+        .await
+    }
+
+    async fn barrier_once(&mut self) -> Result<(), GroupError> {
         let t = tag(self.next_seq(), Kind::Barrier);
         let out = self.others().iter().map(|&o| o.then(Bytes::new)).collect();
         let from = self.others();
@@ -55,14 +62,30 @@ impl Group {
     }
 
     /// Makes `buf` on every rank equal to `buf` on `root`. Every rank's
-    /// `buf` must have the same length.
+    /// `buf` must have the same length. A `root` that is no longer a
+    /// member is an error, but with [`OnRankFailure::Continue`], where the
+    /// lowest member stands in for it:
+    /// every survivor holds the same replicas, and DDP broadcasts its
+    /// buffers from rank 0 every step.
     pub async fn broadcast(&mut self, root: usize, buf: &mut [f32]) -> Result<(), GroupError> {
-        if root >= self.world {
+        self.resilient(buf, async |g: &mut Group, buf: &mut [f32]| {
+            g.broadcast_once(root, buf).await
+        })
+        .await
+    }
+
+    async fn broadcast_once(&mut self, root: usize, buf: &mut [f32]) -> Result<(), GroupError> {
+        let place = match self.place_of(root) {
+            Some(place) => Some(place),
+            None if self.membership.policy == OnRankFailure::Continue => Some(0),
+            None => None,
+        };
+        let Some(root) = place else {
             return Err(GroupError::Size(format!(
-                "root {root} is not a rank of a group of {}",
-                self.world
+                "root {root} is not a member of the group (members {:?})",
+                self.members()
             )));
-        }
+        };
         let t = tag(self.next_seq(), Kind::Broadcast);
         if self.rank == root {
             let body = to_bytes(buf);
@@ -78,9 +101,21 @@ impl Group {
         Ok(())
     }
 
-    /// Gathers every rank's `input` into `output`, in rank order:
-    /// `output` holds `world` times `input`'s length.
+    /// Gathers every member's `input` into `output`, in rank order:
+    /// `output` holds [`members`](Self::members)`().len()` times `input`'s
+    /// length.
     pub async fn allgather(&mut self, input: &[f32], output: &mut [f32]) -> Result<(), GroupError> {
+        self.resilient(output, async |g: &mut Group, output: &mut [f32]| {
+            g.allgather_once(input, output).await
+        })
+        .await
+    }
+
+    async fn allgather_once(
+        &mut self,
+        input: &[f32],
+        output: &mut [f32],
+    ) -> Result<(), GroupError> {
         let n = input.len();
         if output.len() != n * self.world {
             return Err(GroupError::Size(format!(
@@ -110,6 +145,17 @@ impl Group {
         buf: &mut [T],
         op: ReduceOp,
     ) -> Result<(), GroupError> {
+        self.resilient(buf, async |g: &mut Group, buf: &mut [T]| {
+            g.allreduce_once(buf, op).await
+        })
+        .await
+    }
+
+    async fn allreduce_once<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), GroupError> {
         let n = buf.len();
         let own = shard(n, self.world, self.rank);
         let mut reduced = vec![T::zeroed(); own.len()];
@@ -130,11 +176,23 @@ impl Group {
         Ok(())
     }
 
-    /// Reduces `input` (`world` parts of `output`'s length, part `r` for
-    /// rank `r`) across the ranks: `output` on rank `r` is the reduction of
-    /// every rank's part `r`, combined in rank order in `f32` and rounded
-    /// once to the type.
+    /// Reduces `input` (one part of `output`'s length per member, in rank
+    /// order) across the ranks: `output` on each member is the reduction
+    /// of every member's part for it, combined in rank order in `f32` and
+    /// rounded once to the type.
     pub async fn reduce_scatter<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), GroupError> {
+        self.resilient(output, async |g: &mut Group, output: &mut [T]| {
+            g.reduce_scatter_once(input, output, op).await
+        })
+        .await
+    }
+
+    async fn reduce_scatter_once<T: Element>(
         &mut self,
         input: &[T],
         output: &mut [T],

@@ -17,15 +17,19 @@
 //! - `paths`: more connections per pair of ranks, over more sockets, so
 //!   that a rank's packets are sealed and opened on several cores; the
 //!   exact messages are striped over them.
+//! - `membership`: what a group does when a rank dies
+//!   ([`OnRankFailure`]): the survivors agree on who is left and go on.
 
 mod differentiated;
 mod exact;
+mod membership;
 mod paths;
 mod port_range;
 mod rendezvous;
 mod sparse;
 
 pub use differentiated::{AllreduceReport, BucketId, BucketOptions, LossRecovery};
+pub use membership::OnRankFailure;
 pub use paths::{core_share, default_sockets, paths_per_peer, MAX_SOCKETS};
 pub use port_range::{PortRange, PortRangeError};
 pub use rendezvous::Rendezvous;
@@ -142,6 +146,18 @@ pub struct GroupConfig {
     /// the range, so that a firewall can pass exactly it. `None` (the
     /// default): any free port.
     pub port_range: Option<PortRange>,
+    /// What the group does when a rank dies: fail every collective with
+    /// an error naming it (the default, as gloo and NCCL do), or go on
+    /// with the ranks that are left.
+    pub on_rank_failure: OnRankFailure,
+    /// How long a rank may be silent before it counts as dead: its links'
+    /// idle timeout (they send keep-alives four times as often, so a live
+    /// rank is never silent that long). `None` keeps the links' own
+    /// [`QuicSettings::max_idle_timeout`](crate::QuicSettings::max_idle_timeout)
+    /// (30 s by default). Lower it where a dead rank should be noticed
+    /// sooner; a path that loses everything for this long (a partition)
+    /// cuts the ranks it separates off as if they had died.
+    pub failure_timeout: Option<Duration>,
 }
 
 impl GroupConfig {
@@ -167,6 +183,8 @@ impl GroupConfig {
             join_timeout: Duration::from_secs(60),
             sockets: default_sockets(),
             port_range: None,
+            on_rank_failure: OnRankFailure::Fail,
+            failure_timeout: None,
         }
     }
 }
@@ -232,12 +250,53 @@ pub enum GroupError {
     /// bucket's).
     #[error("{0}")]
     Unsupported(String),
+    /// Another rank began to agree on the group's members (it lost a
+    /// rank) while this one waited in a collective. With
+    /// [`OnRankFailure::Continue`] the group takes part and goes on; with
+    /// `Fail` this is the error.
+    #[error("rank {rank} is changing the group's members (it lost a rank)")]
+    MembersChanging {
+        /// The rank that began it.
+        rank: usize,
+        /// Its proposal, as it came.
+        proposal: Bytes,
+    },
+    /// This rank is no longer a member: the others went on without it (it
+    /// was silent past the failure timeout, or cut off from them). It
+    /// must not go on with its old state: restart it to rejoin.
+    #[error("rank {rank} was removed from the group in view {epoch}: {why}; restart it to rejoin")]
+    Removed {
+        /// This rank.
+        rank: usize,
+        /// The view that left it out.
+        epoch: u64,
+        /// What it saw.
+        why: String,
+    },
+    /// Too few ranks are left to go on without risking a split group: the
+    /// ranks this one still reaches are not a majority of the last view
+    /// (or exactly half without its lowest rank).
+    #[error("rank {rank} reaches only ranks {reached:?} of {members:?}: not a quorum, so it stops (the others may go on without it)")]
+    NoQuorum {
+        /// This rank.
+        rank: usize,
+        /// The ranks it reached, itself included.
+        reached: Vec<usize>,
+        /// The members of the last view.
+        members: Vec<usize>,
+    },
 }
 
 /// One rank of a group: links to every other rank.
 pub struct Group {
+    /// This rank's place in the current view (its index in `members`):
+    /// the collectives number ranks by it.
     rank: usize,
+    /// How many ranks the current view has.
     world: usize,
+    /// What this rank was given when it joined, and the members of the
+    /// current view by the ranks they joined as.
+    membership: membership::Membership,
     /// The sending half of the link to each other rank (`None` at this
     /// rank's own index).
     senders: Vec<Option<LinkSender>>,
@@ -283,6 +342,15 @@ enum Kind {
     Values = 9,
     RowsAndValues = 10,
     Paths = 11,
+    /// A rank's "I have the result" at a collective's end (only with
+    /// [`OnRankFailure::Continue`]): no rank returns before every rank
+    /// holds the result, so a death leaves every survivor either with it
+    /// or without it.
+    Done = 12,
+    /// A survivor's proposal for the next view.
+    ViewProposal = 13,
+    /// The coordinator's decision on the next view.
+    ViewDecision = 14,
 }
 
 fn tag(seq: u64, kind: Kind) -> u64 {
@@ -296,14 +364,15 @@ impl Group {
         rendezvous::join(config).await
     }
 
-    /// This rank.
+    /// This rank: the rank it joined as, whatever views follow.
     pub fn rank(&self) -> usize {
-        self.rank
+        self.membership.joined_rank
     }
 
-    /// How many ranks the group has.
+    /// How many ranks the group was formed with ([`members`](Self::members)
+    /// says which are left).
     pub fn world(&self) -> usize {
-        self.world
+        self.membership.joined_world
     }
 
     /// The endpoint under the links (statistics, faults).
@@ -314,7 +383,12 @@ impl Group {
     /// The QUIC connection to `rank`, if it is another rank of the group
     /// (statistics: rtt, losses, congestion window).
     pub fn connection(&self, rank: usize) -> Option<&quinn::Connection> {
-        Some(self.senders.get(rank)?.as_ref()?.connection())
+        Some(
+            self.senders
+                .get(self.place_of(rank)?)?
+                .as_ref()?
+                .connection(),
+        )
     }
 
     /// Bytes sent on every link so far (UDP payload, from quinn's
@@ -329,7 +403,11 @@ impl Group {
     /// [`connection`](Self::connection)'s); empty for this rank.
     pub fn path_connections(&self, rank: usize) -> Vec<&quinn::Connection> {
         let first = self.connection(rank);
-        let more = self.stripes.get(rank).into_iter().flatten();
+        let more = self
+            .place_of(rank)
+            .and_then(|p| self.stripes.get(p))
+            .into_iter()
+            .flatten();
         first
             .into_iter()
             .chain(more.map(|p| p.sender.connection()))
@@ -420,10 +498,30 @@ impl Group {
             },
         );
         let mut got = vec![None; self.world];
-        for (rank, body) in try_join_all(work).await? {
-            got[rank] = body;
+        if self.membership.policy == OnRankFailure::Fail {
+            for (rank, body) in try_join_all(work).await? {
+                got[rank] = body;
+            }
+            return Ok(got);
         }
-        Ok(got)
+        // Going on after a death: no exchange is cut short, so that no
+        // message is left half written on a link the survivors keep for
+        // their agreement, and every rank's failure and proposal is noted
+        // for it.
+        let mut first = None;
+        for result in futures_util::future::join_all(work).await {
+            match result {
+                Ok((rank, body)) => got[rank] = body,
+                Err(e) => {
+                    self.note_failure(&e);
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(got),
+        }
     }
 
     /// Sends `body` to every other rank and receives one message from

@@ -146,6 +146,12 @@ pub(super) async fn recv_striped(
         }),
     };
     let (got, mut body) = first.recv_message().await.map_err(failed)?;
+    if got & 0xff == Kind::ViewProposal as u64 {
+        return Err(GroupError::MembersChanging {
+            rank,
+            proposal: body,
+        });
+    }
     check(got)?;
     if more.is_empty() {
         return Ok(body);

@@ -47,8 +47,14 @@ fn link_layout() -> Result<Layout, GroupError> {
     Layout::new(vec![TensorSpec::dense("group", [1])]).map_err(|e| GroupError::Setup(e.to_string()))
 }
 
-pub(super) async fn join(config: GroupConfig) -> Result<Group, GroupError> {
+pub(super) async fn join(mut config: GroupConfig) -> Result<Group, GroupError> {
     let (rank, world) = (config.rank, config.world);
+    if let Some(t) = config.failure_timeout {
+        // A dead rank is a link silent this long; a live one sends
+        // keep-alives often enough never to be.
+        config.link.quic.max_idle_timeout = Some(t);
+        config.link.quic.keep_alive = Some(t / 4);
+    }
     if world == 0 || rank >= world {
         return Err(GroupError::Setup(format!(
             "rank {rank} is not in a group of {world}"
@@ -77,10 +83,10 @@ pub(super) async fn join(config: GroupConfig) -> Result<Group, GroupError> {
     let deadline = Instant::now() + config.join_timeout;
     let mut links: Vec<Option<Link>> = (0..world).map(|_| None).collect();
     let mut failed = Vec::new();
-    let forming = form(&config, &endpoint, &mut links, &mut failed);
+    let forming = form(&config, &endpoint, &mut links, &mut failed, 0);
     let formed = tokio::time::timeout_at(deadline, forming).await;
     match formed {
-        Ok(Ok(())) => {
+        Ok(Ok(table)) => {
             let (senders, receivers) = links
                 .into_iter()
                 .map(|l| match l.map(Link::split) {
@@ -91,6 +97,7 @@ pub(super) async fn join(config: GroupConfig) -> Result<Group, GroupError> {
             let mut group = Group {
                 rank,
                 world,
+                membership: super::membership::Membership::new(config.clone(), table),
                 senders,
                 receivers,
                 endpoint,
@@ -114,14 +121,49 @@ pub(super) async fn join(config: GroupConfig) -> Result<Group, GroupError> {
     }
 }
 
-/// Fills `links` with a link to every other rank; `failed` collects the
-/// accepted connections that failed their handshake.
+/// Forms the mesh of view `epoch` among the ranks of `table` (where each
+/// listens), this rank being `place` among them, on `endpoint`, within
+/// `wait`: a new view's links after the group lost a rank.
+pub(super) async fn form_view(
+    config: &GroupConfig,
+    endpoint: &Endpoint,
+    place: usize,
+    table: Vec<SocketAddr>,
+    epoch: u64,
+    wait: Duration,
+) -> Result<Vec<Option<Link>>, GroupError> {
+    let view = GroupConfig {
+        rank: place,
+        world: table.len(),
+        rendezvous: Rendezvous::Addresses(table),
+        ..config.clone()
+    };
+    let mut links: Vec<Option<Link>> = (0..view.world).map(|_| None).collect();
+    let mut failed = Vec::new();
+    let forming = form(&view, endpoint, &mut links, &mut failed, epoch);
+    match tokio::time::timeout(wait, forming).await {
+        Ok(Ok(_)) => Ok(links),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(GroupError::Missing {
+            missing: (0..view.world)
+                .filter(|&r| r != place && links[r].is_none())
+                .collect(),
+            waited: wait,
+            failed,
+        }),
+    }
+}
+
+/// Fills `links` with a link to every other rank of view `epoch` and
+/// returns where each rank listens; `failed` collects the accepted
+/// connections that failed their handshake.
 async fn form(
     config: &GroupConfig,
     endpoint: &Endpoint,
     links: &mut [Option<Link>],
     failed: &mut Vec<(SocketAddr, HandshakeFailure)>,
-) -> Result<(), GroupError> {
+    epoch: u64,
+) -> Result<Vec<SocketAddr>, GroupError> {
     let (rank, world) = (config.rank, config.world);
     let table = match &config.rendezvous {
         Rendezvous::Addresses(addrs) => addrs.clone(),
@@ -135,7 +177,10 @@ async fn form(
                     table[hello.rank] = addr;
                 }
             };
-            accept_into(config, endpoint, &expected, links, 0, &mut learn, failed).await?;
+            accept_into(
+                config, endpoint, &expected, links, 0, &mut learn, failed, epoch,
+            )
+            .await?;
             let body = Bytes::from(AddressTable(table.clone()).encode());
             for (r, link) in links.iter_mut().enumerate() {
                 if let Some(link) = link {
@@ -148,7 +193,7 @@ async fn form(
             table
         }
         Rendezvous::Root { root, .. } => {
-            let link = connect_to(config, endpoint, 0, *root, true).await?;
+            let link = connect_to(config, endpoint, 0, *root, true, epoch).await?;
             let link = links[0].insert(link);
             let failed = |source| GroupError::Rank { rank: 0, source };
             let (got, body) = link.receiver().recv_message().await.map_err(failed)?;
@@ -176,7 +221,7 @@ async fn form(
     let connect = async {
         for (r, slot) in lower.iter_mut().enumerate() {
             if slot.is_none() {
-                *slot = Some(connect_to(config, endpoint, r, table[r], false).await?);
+                *slot = Some(connect_to(config, endpoint, r, table[r], false, epoch).await?);
             }
         }
         Ok::<_, GroupError>(())
@@ -186,10 +231,20 @@ async fn form(
             .filter(|&r| higher[r - rank - 1].is_none())
             .collect();
         let hello = &mut |_: &MeshHello| {};
-        accept_into(config, endpoint, &expected, higher, rank + 1, hello, failed).await
+        accept_into(
+            config,
+            endpoint,
+            &expected,
+            higher,
+            rank + 1,
+            hello,
+            failed,
+            epoch,
+        )
+        .await
     };
     let (c, a) = tokio::join!(connect, accept);
-    c.and(a)
+    c.and(a).map(|()| table)
 }
 
 /// Connects to `rank` at `addr` and says who this rank is (and, to the
@@ -200,6 +255,7 @@ async fn connect_to(
     rank: usize,
     addr: SocketAddr,
     tell_listen: bool,
+    epoch: u64,
 ) -> Result<Link, GroupError> {
     let failed = |source| GroupError::Rank { rank, source };
     let name = server_name(config, endpoint, addr);
@@ -251,6 +307,7 @@ async fn connect_to(
         rank: config.rank,
         world: config.world,
         listen,
+        epoch,
     };
     link.sender()
         .send_message(tag(0, Kind::Hello), hello.encode().into())
@@ -283,7 +340,9 @@ fn route_to(peer: SocketAddr) -> std::io::Result<std::net::IpAddr> {
 /// an abandoned attempt), and noted in `failed` with its address and
 /// reason (a refused certificate names its CA or job) for the error that
 /// says who is missing; a rank that is not expected, or says it belongs
-/// to a group of another size, is an error.
+/// to a group of another size, is an error; a rank forming another view
+/// than `epoch` is skipped.
+#[allow(clippy::too_many_arguments)]
 async fn accept_into(
     config: &GroupConfig,
     endpoint: &Endpoint,
@@ -292,6 +351,7 @@ async fn accept_into(
     offset: usize,
     on_hello: &mut dyn FnMut(&MeshHello),
     failed: &mut Vec<(SocketAddr, HandshakeFailure)>,
+    epoch: u64,
 ) -> Result<(), GroupError> {
     let mut found = 0;
     let mut greeting = FuturesUnordered::new();
@@ -353,6 +413,12 @@ async fn accept_into(
                 continue;
             }
         };
+        if hello.epoch != epoch {
+            // A rank forming another view (an agreement that went on
+            // without this one): not a member of this mesh.
+            tracing::info!(%remote, theirs = hello.epoch, ours = epoch, "a connection for another view of the group");
+            continue;
+        }
         if hello.world != config.world {
             return Err(GroupError::OutOfStep {
                 rank: hello.rank,

@@ -22,7 +22,7 @@ use std::fmt;
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
@@ -204,6 +204,8 @@ pub(crate) struct FaultySocket {
     out_index: Mutex<u64>,
     in_index: AtomicU64,
     queue: Option<Arc<DelayQueue>>,
+    /// Every datagram is dropped, both ways, while set: a pulled cable.
+    severed: AtomicBool,
 }
 
 impl fmt::Debug for FaultySocket {
@@ -262,7 +264,14 @@ impl FaultySocket {
             out_index: Mutex::new(0),
             in_index: AtomicU64::new(0),
             queue,
+            severed: AtomicBool::new(false),
         }))
+    }
+
+    /// Drops every datagram from now on, both ways (`true`), or lets them
+    /// through again (`false`).
+    pub(crate) fn sever(&self, severed: bool) {
+        self.severed.store(severed, Ordering::Relaxed);
     }
 
     /// Current counter values.
@@ -371,6 +380,10 @@ impl Layer for FaultySocket {
         let len = transmit.contents.len();
         let stride = transmit.segment_size.unwrap_or(len);
         let count = segment_count(len, stride);
+        if self.severed.load(Ordering::Relaxed) {
+            add(&self.counters.0.segments_dropped_out, count as u64);
+            return Ok(());
+        }
         if self.faults.loss_out <= 0.0 {
             return self.forward(transmit, count as u64);
         }
@@ -423,6 +436,14 @@ impl Layer for FaultySocket {
     ) -> Poll<io::Result<usize>> {
         loop {
             let n = ready!(self.inner.poll_recv(cx, bufs, meta))?;
+            if self.severed.load(Ordering::Relaxed) {
+                let count: usize = meta[..n]
+                    .iter()
+                    .map(|m| segment_count(m.len, m.stride))
+                    .sum();
+                add(&self.counters.0.datagrams_dropped_in, count as u64);
+                continue;
+            }
             if self.faults.loss_in <= 0.0 {
                 let count: usize = meta[..n]
                     .iter()

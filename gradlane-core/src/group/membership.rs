@@ -1,0 +1,825 @@
+//! Elastic membership: when a rank is lost, each survivor proposes the
+//! next view of the group (whom it cannot reach, where its collective
+//! stands) and a coordinator decides it; a restarted rank asks to rejoin,
+//! and members announce it until a view takes it in.
+//!
+//! Text, like the rendezvous: a view changes rarely, and a person reading
+//! a capture should see who was dropped. Every list of ranks is strictly
+//! increasing, so a message has one spelling, and every bound comes from
+//! the group's size before a word is read.
+
+use super::mesh::{check_world, MAX_ADDRESS_BYTES};
+use super::{end, field, words, GroupMessageError};
+use std::net::SocketAddr;
+use std::str::Split;
+
+/// The kind and version word every view message starts with.
+const KIND: &str = "gradlane-view/1";
+
+/// Each message's first two words: the kind and which message.
+const PROPOSAL: &str = "gradlane-view/1 propose";
+const DECISION: &str = "gradlane-view/1 decide";
+const JOIN: &str = "gradlane-view/1 join";
+const JOINERS: &str = "gradlane-view/1 joiners";
+
+/// The longest text of a `u64`.
+const NUMBER_BYTES: usize = 20;
+
+/// The longest text of a rank below [`MAX_WORLD`](super::MAX_WORLD).
+const RANK_BYTES: usize = 5;
+
+/// A proposal's longest text before its suspects: the kind, the epoch,
+/// the call and whether it holds the result.
+const PROPOSAL_HEAD_BYTES: usize = PROPOSAL.len() + 2 * (1 + NUMBER_BYTES) + " false".len();
+
+/// A decision's longest text before its members: the kind, the epoch and
+/// the outcome with its call.
+const DECISION_HEAD_BYTES: usize =
+    DECISION.len() + 1 + NUMBER_BYTES + " complete".len() + 1 + NUMBER_BYTES;
+
+/// A join request's longest text: the kind, two numbers, an address and
+/// an epoch.
+const MAX_JOIN_BYTES: usize =
+    JOIN.len() + 2 * (1 + NUMBER_BYTES) + 1 + MAX_ADDRESS_BYTES + 1 + NUMBER_BYTES;
+
+/// A survivor's proposal for the next view, sent to the coordinator once
+/// it has lost a peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewProposal {
+    /// The view being formed.
+    pub epoch: u64,
+    /// This rank's collective call in flight.
+    pub call: u64,
+    /// Whether it already holds that call's whole result.
+    pub has_result: bool,
+    /// The ranks (their original numbers) it cannot reach, strictly
+    /// increasing.
+    pub suspects: Vec<usize>,
+}
+
+impl ViewProposal {
+    /// The message's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut text = format!(
+            "{PROPOSAL} {} {} {}",
+            self.epoch, self.call, self.has_result
+        );
+        push_ranks(&mut text, &self.suspects);
+        text.into_bytes()
+    }
+
+    /// The proposal in `body` from a rank of a group of `world` (1 to
+    /// [`MAX_WORLD`](super::MAX_WORLD)): at most `world - 1` suspects,
+    /// each below `world`, strictly increasing. Its length is checked
+    /// against `world` before any word is read.
+    pub fn decode(body: &[u8], world: usize) -> Result<Self, GroupMessageError> {
+        const MESSAGE: &str = "view proposal";
+        check_world(world)?;
+        let max = PROPOSAL_HEAD_BYTES + (world - 1) * (1 + RANK_BYTES);
+        let mut words = words(body, MESSAGE, KIND, max)?;
+        which(&mut words, MESSAGE, PROPOSAL)?;
+        let epoch = field(&mut words, MESSAGE, "epoch")?;
+        let call = field(&mut words, MESSAGE, "call")?;
+        let has_result = field(&mut words, MESSAGE, "has result")?;
+        let suspects = ranks(words, MESSAGE, "suspects", world, world - 1)?;
+        Ok(Self {
+            epoch,
+            call,
+            has_result,
+            suspects,
+        })
+    }
+}
+
+/// What becomes of the collective call the survivors were in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewOutcome {
+    /// A member holds the call's whole result: the new view completes it
+    /// from there.
+    Complete {
+        /// The call.
+        call: u64,
+    },
+    /// No member holds the result: the new view runs the call again.
+    Rerun {
+        /// The call.
+        call: u64,
+    },
+    /// Too few ranks were reached to form a view.
+    NoQuorum,
+}
+
+/// The coordinator's decision on the next view, sent to every rank it
+/// reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ViewDecision {
+    /// The view formed (or, for [`ViewOutcome::NoQuorum`], not formed).
+    pub epoch: u64,
+    /// What becomes of the call in flight.
+    pub outcome: ViewOutcome,
+    /// The new view's ranks (original numbers), strictly increasing and
+    /// never empty; for [`ViewOutcome::NoQuorum`], the ranks the
+    /// coordinator reached, which may be none.
+    pub members: Vec<usize>,
+}
+
+impl ViewDecision {
+    /// The message's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let outcome = match self.outcome {
+            ViewOutcome::Complete { call } => format!("complete {call}"),
+            ViewOutcome::Rerun { call } => format!("rerun {call}"),
+            ViewOutcome::NoQuorum => "no-quorum".into(),
+        };
+        let mut text = format!("{DECISION} {} {outcome}", self.epoch);
+        push_ranks(&mut text, &self.members);
+        text.into_bytes()
+    }
+
+    /// The decision in `body` for a group of `world` (1 to
+    /// [`MAX_WORLD`](super::MAX_WORLD)): members below `world`, strictly
+    /// increasing, and some unless there is no quorum. Its length is
+    /// checked against `world` before any word is read.
+    pub fn decode(body: &[u8], world: usize) -> Result<Self, GroupMessageError> {
+        const MESSAGE: &str = "view decision";
+        check_world(world)?;
+        let max = DECISION_HEAD_BYTES + world * (1 + RANK_BYTES);
+        let mut words = words(body, MESSAGE, KIND, max)?;
+        which(&mut words, MESSAGE, DECISION)?;
+        let epoch = field(&mut words, MESSAGE, "epoch")?;
+        let outcome = match words.next() {
+            Some("complete") => ViewOutcome::Complete {
+                call: field(&mut words, MESSAGE, "call")?,
+            },
+            Some("rerun") => ViewOutcome::Rerun {
+                call: field(&mut words, MESSAGE, "call")?,
+            },
+            Some("no-quorum") => ViewOutcome::NoQuorum,
+            _ => {
+                return Err(GroupMessageError::BadField {
+                    message: MESSAGE,
+                    field: "outcome",
+                })
+            }
+        };
+        let members = ranks(words, MESSAGE, "members", world, world)?;
+        if members.is_empty() && outcome != ViewOutcome::NoQuorum {
+            return Err(GroupMessageError::BadField {
+                message: MESSAGE,
+                field: "members",
+            });
+        }
+        Ok(Self {
+            epoch,
+            outcome,
+            members,
+        })
+    }
+}
+
+/// A restarted rank asking to rejoin its group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinRequest {
+    /// The rank it takes back.
+    pub rank: usize,
+    /// The size of the group it rejoins.
+    pub world: usize,
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// The last view (epoch) it was a member of; `None` for a fresh
+    /// process.
+    pub member_of: Option<u64>,
+}
+
+impl JoinRequest {
+    /// The message's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let member_of = self
+            .member_of
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| "-".into());
+        format!(
+            "{JOIN} {} {} {} {member_of}",
+            self.rank, self.world, self.listen
+        )
+        .into_bytes()
+    }
+
+    /// The request in `body`: a rank inside a group of 1 to
+    /// [`MAX_WORLD`](super::MAX_WORLD).
+    pub fn decode(body: &[u8]) -> Result<Self, GroupMessageError> {
+        const MESSAGE: &str = "join request";
+        let mut words = words(body, MESSAGE, KIND, MAX_JOIN_BYTES)?;
+        which(&mut words, MESSAGE, JOIN)?;
+        let rank = field(&mut words, MESSAGE, "rank")?;
+        let world = field(&mut words, MESSAGE, "world")?;
+        let listen = field(&mut words, MESSAGE, "listening address")?;
+        let member_of = match words.next() {
+            Some("-") => None,
+            Some(e) => Some(e.parse().map_err(|_| GroupMessageError::BadField {
+                message: MESSAGE,
+                field: "member of",
+            })?),
+            None => {
+                return Err(GroupMessageError::BadField {
+                    message: MESSAGE,
+                    field: "member of",
+                })
+            }
+        };
+        end(&mut words, MESSAGE)?;
+        check_world(world)?;
+        if rank >= world {
+            return Err(GroupMessageError::Rank { rank, world });
+        }
+        Ok(Self {
+            rank,
+            world,
+            listen,
+            member_of,
+        })
+    }
+}
+
+/// The ranks waiting to rejoin that a member announces, with where each
+/// listens: ranks strictly increasing. Sent after every collective, so
+/// none is the empty message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Joiners(pub Vec<(usize, SocketAddr)>);
+
+impl Joiners {
+    /// The message's bytes: none when no rank waits.
+    pub fn encode(&self) -> Vec<u8> {
+        if self.0.is_empty() {
+            return Vec::new();
+        }
+        let mut text = JOINERS.to_string();
+        for (rank, listen) in &self.0 {
+            text.push_str(&format!(" {rank} {listen}"));
+        }
+        text.into_bytes()
+    }
+
+    /// The joiners in `body` for a group of `world` (1 to
+    /// [`MAX_WORLD`](super::MAX_WORLD)): an empty body is none; otherwise
+    /// at least one, ranks below `world` and strictly increasing. Its
+    /// length is checked against `world` before any word is read.
+    pub fn decode(body: &[u8], world: usize) -> Result<Self, GroupMessageError> {
+        const MESSAGE: &str = "joiners";
+        check_world(world)?;
+        if body.is_empty() {
+            return Ok(Self(Vec::new()));
+        }
+        let max = JOINERS.len() + world * (1 + RANK_BYTES + 1 + MAX_ADDRESS_BYTES);
+        let mut words = words(body, MESSAGE, KIND, max)?;
+        which(&mut words, MESSAGE, JOINERS)?;
+        // Ranks in order below `world`: at most `world` entries are kept.
+        let mut joiners: Vec<(usize, SocketAddr)> = Vec::new();
+        loop {
+            let rank = field(&mut words, MESSAGE, "rank")?;
+            next_rank(joiners.last().map(|j| j.0), rank, MESSAGE, "ranks", world)?;
+            let listen = field(&mut words, MESSAGE, "address")?;
+            joiners.push((rank, listen));
+            if words.clone().next().is_none() {
+                return Ok(Self(joiners));
+            }
+        }
+    }
+}
+
+/// The second word, naming which of the view's messages this is
+/// (`expected` is the kind, a space and that word).
+fn which(
+    words: &mut Split<'_, char>,
+    message: &'static str,
+    expected: &'static str,
+) -> Result<(), GroupMessageError> {
+    match words.next() {
+        Some(w) if Some(w) == expected.strip_prefix(KIND).map(str::trim_start) => Ok(()),
+        _ => Err(GroupMessageError::WrongKind { message, expected }),
+    }
+}
+
+/// The rest of the words as ranks: at most `max` of them, each below
+/// `world`, strictly increasing. They are counted before any is read.
+fn ranks(
+    mut words: Split<'_, char>,
+    message: &'static str,
+    name: &'static str,
+    world: usize,
+    max: usize,
+) -> Result<Vec<usize>, GroupMessageError> {
+    let got = words.clone().count();
+    if got > max {
+        return Err(GroupMessageError::TooMany {
+            message,
+            field: name,
+            got,
+            max,
+        });
+    }
+    let mut list = Vec::with_capacity(got);
+    for _ in 0..got {
+        let rank = field(&mut words, message, name)?;
+        next_rank(list.last().copied(), rank, message, name, world)?;
+        list.push(rank);
+    }
+    Ok(list)
+}
+
+/// Whether `rank` may follow `last` in a list: below `world` and above
+/// `last`.
+fn next_rank(
+    last: Option<usize>,
+    rank: usize,
+    message: &'static str,
+    name: &'static str,
+    world: usize,
+) -> Result<(), GroupMessageError> {
+    if rank >= world {
+        return Err(GroupMessageError::Rank { rank, world });
+    }
+    if last.is_some_and(|last| rank <= last) {
+        return Err(GroupMessageError::Unordered {
+            message,
+            field: name,
+            rank,
+        });
+    }
+    Ok(())
+}
+
+/// Each rank as a word after `text`.
+fn push_ranks(text: &mut String, ranks: &[usize]) {
+    for rank in ranks {
+        text.push(' ');
+        text.push_str(&rank.to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::group::MAX_WORLD;
+
+    /// The longest address a rank can listen at.
+    const LONGEST: &str = "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff%4294967295]:65535";
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    /// A megabyte after a valid message: refused by length, not read.
+    fn megabyte_after(mut body: Vec<u8>) -> Vec<u8> {
+        body.extend(std::iter::repeat_n(b'1', 1 << 20));
+        body
+    }
+
+    #[test]
+    fn proposals_round_trip() {
+        let shapes = [
+            (4, vec![]),
+            (4, vec![0, 2, 3]),
+            (1, vec![]),
+            (MAX_WORLD, vec![0, 7, MAX_WORLD - 1]),
+            // The longest: every other rank suspected.
+            (MAX_WORLD, (1..MAX_WORLD).collect()),
+        ];
+        for (world, suspects) in shapes {
+            for (epoch, call, has_result) in [(1, 0, false), (u64::MAX, u64::MAX, true)] {
+                let p = ViewProposal {
+                    epoch,
+                    call,
+                    has_result,
+                    suspects: suspects.clone(),
+                };
+                assert_eq!(ViewProposal::decode(&p.encode(), world), Ok(p));
+            }
+        }
+        assert_eq!(
+            ViewProposal {
+                epoch: 2,
+                call: 9,
+                has_result: true,
+                suspects: vec![1, 3],
+            }
+            .encode(),
+            b"gradlane-view/1 propose 2 9 true 1 3"
+        );
+    }
+
+    #[test]
+    fn decisions_round_trip() {
+        let outcomes = [
+            ViewOutcome::Complete { call: 5 },
+            ViewOutcome::Rerun { call: u64::MAX },
+            ViewOutcome::NoQuorum,
+        ];
+        for outcome in outcomes {
+            let shapes = [
+                (4, vec![0, 1, 3]),
+                (1, vec![0]),
+                (MAX_WORLD, vec![0, 9, MAX_WORLD - 1]),
+                (MAX_WORLD, (0..MAX_WORLD).collect()),
+            ];
+            for (world, members) in shapes {
+                let d = ViewDecision {
+                    epoch: u64::MAX,
+                    outcome,
+                    members,
+                };
+                assert_eq!(ViewDecision::decode(&d.encode(), world), Ok(d));
+            }
+        }
+        // No quorum: the ranks reached, which may be none.
+        let none = ViewDecision {
+            epoch: 3,
+            outcome: ViewOutcome::NoQuorum,
+            members: vec![],
+        };
+        assert_eq!(none.encode(), b"gradlane-view/1 decide 3 no-quorum");
+        assert_eq!(ViewDecision::decode(&none.encode(), 4), Ok(none));
+        let d = ViewDecision {
+            epoch: 3,
+            outcome: ViewOutcome::Complete { call: 7 },
+            members: vec![0, 2],
+        };
+        assert_eq!(d.encode(), b"gradlane-view/1 decide 3 complete 7 0 2");
+    }
+
+    #[test]
+    fn join_requests_round_trip() {
+        let shapes = [
+            (0, 1, "127.0.0.1:4433", None),
+            (3, 4, "[::1]:9", Some(2)),
+            (MAX_WORLD - 1, MAX_WORLD, LONGEST, Some(u64::MAX)),
+        ];
+        for (rank, world, listen, member_of) in shapes {
+            let j = JoinRequest {
+                rank,
+                world,
+                listen: addr(listen),
+                member_of,
+            };
+            assert!(j.encode().len() <= MAX_JOIN_BYTES);
+            assert_eq!(JoinRequest::decode(&j.encode()), Ok(j));
+        }
+    }
+
+    #[test]
+    fn joiners_round_trip_and_none_is_empty() {
+        assert_eq!(Joiners(vec![]).encode(), b"");
+        for world in [1, 4, MAX_WORLD] {
+            assert_eq!(Joiners::decode(b"", world), Ok(Joiners(vec![])));
+        }
+        let shapes = [
+            (1, vec![(0, addr("10.0.0.1:1"))]),
+            (4, vec![(1, addr("10.0.0.2:2")), (3, addr("[::1]:3"))]),
+            (
+                MAX_WORLD,
+                vec![(0, addr("10.0.0.1:1")), (MAX_WORLD - 1, addr(LONGEST))],
+            ),
+            // The longest: every rank, at the longest address.
+            (
+                MAX_WORLD,
+                (0..MAX_WORLD).map(|r| (r, addr(LONGEST))).collect(),
+            ),
+        ];
+        for (world, joiners) in shapes {
+            let j = Joiners(joiners);
+            assert_eq!(Joiners::decode(&j.encode(), world), Ok(j));
+        }
+    }
+
+    #[test]
+    fn oversized_bodies_are_refused_before_parsing() {
+        let p = ViewProposal {
+            epoch: 1,
+            call: 1,
+            has_result: false,
+            suspects: vec![1],
+        };
+        assert!(matches!(
+            ViewProposal::decode(&megabyte_after(p.encode()), 4),
+            Err(GroupMessageError::TooLong { .. })
+        ));
+        // Not even text, and not even the right kind: the length is first.
+        assert!(matches!(
+            ViewProposal::decode(&vec![0xff; 1 << 20], MAX_WORLD),
+            Err(GroupMessageError::TooLong { .. })
+        ));
+        // A world of one has room for no suspect after the longest head.
+        let longest = ViewProposal {
+            epoch: u64::MAX,
+            call: u64::MAX,
+            has_result: false,
+            suspects: vec![0],
+        };
+        assert!(matches!(
+            ViewProposal::decode(&longest.encode(), 1),
+            Err(GroupMessageError::TooLong { .. })
+        ));
+        let d = ViewDecision {
+            epoch: 1,
+            outcome: ViewOutcome::Rerun { call: 1 },
+            members: vec![0],
+        };
+        assert!(matches!(
+            ViewDecision::decode(&megabyte_after(d.encode()), 2),
+            Err(GroupMessageError::TooLong { .. })
+        ));
+        let j = JoinRequest {
+            rank: 0,
+            world: 2,
+            listen: addr("127.0.0.1:1"),
+            member_of: None,
+        };
+        assert!(matches!(
+            JoinRequest::decode(&megabyte_after(j.encode())),
+            Err(GroupMessageError::TooLong { .. })
+        ));
+        let joiners = Joiners(vec![(0, addr("127.0.0.1:1"))]);
+        assert!(matches!(
+            Joiners::decode(&megabyte_after(joiners.encode()), 2),
+            Err(GroupMessageError::TooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn worlds_outside_the_bound_are_refused() {
+        let world = |w| GroupMessageError::World {
+            world: w,
+            max: MAX_WORLD,
+        };
+        for w in [0, MAX_WORLD + 1] {
+            assert_eq!(ViewProposal::decode(b"", w), Err(world(w)));
+            assert_eq!(ViewDecision::decode(b"", w), Err(world(w)));
+            assert_eq!(Joiners::decode(b"", w), Err(world(w)));
+        }
+        assert_eq!(
+            JoinRequest::decode(b"gradlane-view/1 join 0 0 127.0.0.1:1 -"),
+            Err(world(0))
+        );
+        assert_eq!(
+            JoinRequest::decode(b"gradlane-view/1 join 0 65537 127.0.0.1:1 -"),
+            Err(world(MAX_WORLD + 1))
+        );
+        assert_eq!(
+            JoinRequest::decode(b"gradlane-view/1 join 4 4 127.0.0.1:1 -"),
+            Err(GroupMessageError::Rank { rank: 4, world: 4 })
+        );
+    }
+
+    #[test]
+    fn ranks_outside_the_group_are_refused() {
+        assert_eq!(
+            ViewProposal::decode(b"gradlane-view/1 propose 1 1 false 0 4", 4),
+            Err(GroupMessageError::Rank { rank: 4, world: 4 })
+        );
+        for outcome in ["complete 1", "rerun 1", "no-quorum"] {
+            let body = format!("gradlane-view/1 decide 1 {outcome} 0 4");
+            assert_eq!(
+                ViewDecision::decode(body.as_bytes(), 4),
+                Err(GroupMessageError::Rank { rank: 4, world: 4 })
+            );
+        }
+        assert_eq!(
+            Joiners::decode(b"gradlane-view/1 joiners 2 127.0.0.1:1", 2),
+            Err(GroupMessageError::Rank { rank: 2, world: 2 })
+        );
+    }
+
+    #[test]
+    fn repeated_or_unordered_ranks_are_refused() {
+        let unordered = |message, field, rank| GroupMessageError::Unordered {
+            message,
+            field,
+            rank,
+        };
+        for (list, rank) in [("1 1", 1), ("2 1", 1), ("0 3 2", 2)] {
+            let body = format!("gradlane-view/1 propose 1 1 true {list}");
+            assert_eq!(
+                ViewProposal::decode(body.as_bytes(), 4),
+                Err(unordered("view proposal", "suspects", rank))
+            );
+            for outcome in ["complete 1", "rerun 1", "no-quorum"] {
+                let body = format!("gradlane-view/1 decide 1 {outcome} {list}");
+                assert_eq!(
+                    ViewDecision::decode(body.as_bytes(), 4),
+                    Err(unordered("view decision", "members", rank))
+                );
+            }
+        }
+        for body in [
+            &b"gradlane-view/1 joiners 1 127.0.0.1:1 1 127.0.0.1:2"[..],
+            b"gradlane-view/1 joiners 2 127.0.0.1:1 1 127.0.0.1:2",
+        ] {
+            assert_eq!(
+                Joiners::decode(body, 4),
+                Err(unordered("joiners", "ranks", 1))
+            );
+        }
+    }
+
+    #[test]
+    fn too_many_suspects_are_refused() {
+        // Every rank suspected: the proposer suspects itself.
+        assert_eq!(
+            ViewProposal::decode(b"gradlane-view/1 propose 1 1 false 0 1 2 3", 4),
+            Err(GroupMessageError::TooMany {
+                message: "view proposal",
+                field: "suspects",
+                got: 4,
+                max: 3
+            })
+        );
+    }
+
+    #[test]
+    fn outcomes_are_checked_each() {
+        // Complete and Rerun need members and a call; NoQuorum neither.
+        for outcome in ["complete 1", "rerun 1"] {
+            let body = format!("gradlane-view/1 decide 1 {outcome}");
+            assert_eq!(
+                ViewDecision::decode(body.as_bytes(), 4),
+                Err(GroupMessageError::BadField {
+                    message: "view decision",
+                    field: "members"
+                })
+            );
+        }
+        for outcome in ["complete", "rerun", "complete x 0", "rerun -1 0"] {
+            let body = format!("gradlane-view/1 decide 1 {outcome}");
+            assert_eq!(
+                ViewDecision::decode(body.as_bytes(), 4),
+                Err(GroupMessageError::BadField {
+                    message: "view decision",
+                    field: "call"
+                }),
+                "{outcome}"
+            );
+        }
+        // No quorum has no call: a number after it is a member.
+        assert_eq!(
+            ViewDecision::decode(b"gradlane-view/1 decide 1 no-quorum 7", 4),
+            Err(GroupMessageError::Rank { rank: 7, world: 4 })
+        );
+        for outcome in ["", "quorum 0", "Complete 1 0", "no_quorum"] {
+            let body = format!("gradlane-view/1 decide 1 {outcome}");
+            assert_eq!(
+                ViewDecision::decode(body.trim_end().as_bytes(), 4),
+                Err(GroupMessageError::BadField {
+                    message: "view decision",
+                    field: "outcome"
+                }),
+                "{outcome}"
+            );
+        }
+    }
+
+    #[test]
+    fn wrong_kinds_are_refused() {
+        let wrong = |e: Result<_, _>, expected: &str| match e {
+            Err(GroupMessageError::WrongKind { expected: e, .. }) => assert_eq!(e, expected),
+            other => panic!("{other:?}"),
+        };
+        wrong(
+            ViewProposal::decode(b"gradlane-view/2 propose 1 1 false", 4).map(drop),
+            "gradlane-view/1",
+        );
+        wrong(
+            ViewProposal::decode(b"gradlane-view/1 decide 1 1 false", 4).map(drop),
+            "gradlane-view/1 propose",
+        );
+        wrong(
+            ViewDecision::decode(b"gradlane-view/1 propose 1 no-quorum", 4).map(drop),
+            "gradlane-view/1 decide",
+        );
+        wrong(
+            JoinRequest::decode(b"gradlane-group/1 0 1 127.0.0.1:1 -").map(drop),
+            "gradlane-view/1",
+        );
+        wrong(
+            JoinRequest::decode(b"gradlane-view/1 joiners 0 1 127.0.0.1:1 -").map(drop),
+            "gradlane-view/1 join",
+        );
+        wrong(
+            Joiners::decode(b"gradlane-view/1 join 0 127.0.0.1:1", 4).map(drop),
+            "gradlane-view/1 joiners",
+        );
+        // A lone kind word is no message at all.
+        wrong(
+            Joiners::decode(b"gradlane-view/1", 4).map(drop),
+            "gradlane-view/1 joiners",
+        );
+    }
+
+    #[test]
+    fn trailing_words_are_refused() {
+        // Lists run to the end, so a trailing word is a malformed entry.
+        assert_eq!(
+            ViewProposal::decode(b"gradlane-view/1 propose 1 1 false 1 x", 4),
+            Err(GroupMessageError::BadField {
+                message: "view proposal",
+                field: "suspects"
+            })
+        );
+        assert_eq!(
+            ViewProposal::decode(b"gradlane-view/1 propose 1 1 false 1 ", 4),
+            Err(GroupMessageError::BadField {
+                message: "view proposal",
+                field: "suspects"
+            })
+        );
+        assert_eq!(
+            ViewDecision::decode(b"gradlane-view/1 decide 1 rerun 1 0 x", 4),
+            Err(GroupMessageError::BadField {
+                message: "view decision",
+                field: "members"
+            })
+        );
+        assert_eq!(
+            JoinRequest::decode(b"gradlane-view/1 join 0 2 127.0.0.1:1 3 x"),
+            Err(GroupMessageError::Trailing {
+                message: "join request"
+            })
+        );
+        assert_eq!(
+            Joiners::decode(b"gradlane-view/1 joiners 0 127.0.0.1:1 x", 4),
+            Err(GroupMessageError::BadField {
+                message: "joiners",
+                field: "rank"
+            })
+        );
+        assert_eq!(
+            Joiners::decode(b"gradlane-view/1 joiners 0 127.0.0.1:1 ", 4),
+            Err(GroupMessageError::BadField {
+                message: "joiners",
+                field: "rank"
+            })
+        );
+    }
+
+    #[test]
+    fn truncated_messages_are_refused() {
+        let bad_field = |message, field| GroupMessageError::BadField { message, field };
+        let p = b"gradlane-view/1 propose 1 2 true";
+        assert_eq!(
+            ViewProposal::decode(&p[..p.len() - 5], 4),
+            Err(bad_field("view proposal", "has result"))
+        );
+        assert_eq!(
+            ViewProposal::decode(&p[..p.len() - 2], 4),
+            Err(bad_field("view proposal", "has result"))
+        );
+        assert_eq!(
+            ViewProposal::decode(b"gradlane-view/1 propose 1", 4),
+            Err(bad_field("view proposal", "call"))
+        );
+        assert_eq!(
+            ViewDecision::decode(b"gradlane-view/1 decide", 4),
+            Err(bad_field("view decision", "epoch"))
+        );
+        assert_eq!(
+            JoinRequest::decode(b"gradlane-view/1 join 0 2 127.0.0.1:1"),
+            Err(bad_field("join request", "member of"))
+        );
+        assert_eq!(
+            JoinRequest::decode(b"gradlane-view/1 join 0 2 127.0.0."),
+            Err(bad_field("join request", "listening address"))
+        );
+        assert_eq!(
+            Joiners::decode(b"gradlane-view/1 joiners 0", 4),
+            Err(bad_field("joiners", "address"))
+        );
+        // The kind alone: an announcement of none is the empty body.
+        assert_eq!(
+            Joiners::decode(b"gradlane-view/1 joiners", 4),
+            Err(bad_field("joiners", "rank"))
+        );
+        let wrong_kind = ViewProposal::decode(b"gradlane-view/1 prop", 4);
+        assert!(matches!(
+            wrong_kind,
+            Err(GroupMessageError::WrongKind { .. })
+        ));
+    }
+
+    #[test]
+    fn non_text_is_refused() {
+        let not_text = |message| GroupMessageError::NotText { message };
+        let body = b"\xff\xfe";
+        assert_eq!(
+            ViewProposal::decode(body, 4).unwrap_err(),
+            not_text("view proposal")
+        );
+        assert_eq!(
+            ViewDecision::decode(body, 4).unwrap_err(),
+            not_text("view decision")
+        );
+        assert_eq!(
+            JoinRequest::decode(body).unwrap_err(),
+            not_text("join request")
+        );
+        assert_eq!(Joiners::decode(body, 4).unwrap_err(), not_text("joiners"));
+    }
+}

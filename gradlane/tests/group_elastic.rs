@@ -1,0 +1,404 @@
+//! Groups that go on when ranks die ([`OnRankFailure::Continue`]): four
+//! ranks over real QUIC on loopback, at 0% and 20% loss, a rank cut off
+//! (its endpoint drops every datagram, as a process killed without closing
+//! or a pulled cable) before, during and between collectives; the
+//! survivors' results against a local reference, bit for bit.
+
+mod common;
+
+use common::{at_root, cert_dir, free_port, group_config};
+use futures_util::future::join_all;
+use gradlane::{
+    AllreduceReport, BucketId, Faults, Group, GroupError, Layout, LossRecovery, LossyCarrier,
+    OnRankFailure, ReduceOp, TensorSpec,
+};
+use gradlane_core::rng::SplitMix64;
+use std::ops::Range;
+use std::time::Duration;
+
+const WORLD: usize = 4;
+
+/// Four ranks that go on after a death. Every rank has the fault injector
+/// (so that it can be cut off), dropping a share `loss` of what it sends.
+/// A rank is dead after 2 s of silence without loss; at 20% loss after
+/// 5 s, so that the keep-alives of a live one always get through.
+async fn elastic_group(tag: &str, loss: f64) -> Vec<Group> {
+    let dir = cert_dir(tag);
+    let root = free_port();
+    let joins = (0..WORLD).map(|r| {
+        let mut c = group_config(&dir, r, WORLD, at_root(root));
+        c.on_rank_failure = OnRankFailure::Continue;
+        c.failure_timeout = Some(Duration::from_secs(if loss > 0.0 { 5 } else { 2 }));
+        c.link.packets = gradlane::Packets::Ethernet;
+        if loss > 0.0 {
+            c.link.timing.lossy_carrier = LossyCarrier::Datagrams;
+        }
+        c.link.faults = Some(Faults {
+            loss_out: loss,
+            seed: 77 + r as u64,
+            ..Faults::default()
+        });
+        Group::join(c)
+    });
+    join_all(joins)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap())
+        .collect()
+}
+
+/// Deterministic values, different per rank and step, with fractions and
+/// signs so that the order of a sum shows in its bits.
+fn values(rank: usize, step: usize, n: usize) -> Vec<f32> {
+    let mut rng = SplitMix64::new(1000 * step as u64 + rank as u64);
+    (0..n)
+        .map(|_| (rng.next_f64() as f32 - 0.5) * 1000.0)
+        .collect()
+}
+
+/// The mean the owners compute: the sum in rank order from the first
+/// rank's value, divided by the number of ranks summed.
+fn mean_of(parts: &[&Vec<f32>]) -> Vec<f32> {
+    let n = parts[0].len();
+    (0..n)
+        .map(|i| parts[1..].iter().fold(parts[0][i], |acc, p| acc + p[i]) / parts.len() as f32)
+        .collect()
+}
+
+#[track_caller]
+fn same_bits(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let diff = (0..a.len()).filter(|&i| a[i].to_bits() != b[i].to_bits());
+    let first: Vec<usize> = diff.take(3).collect();
+    assert!(first.is_empty(), "{what}: values differ at {first:?}");
+}
+
+/// Cuts a rank off: from now on its endpoint drops every datagram both
+/// ways. It stays alive (not dropped, so it closes nothing), as a killed
+/// process's connections do until they time out.
+fn cut_off(g: &Group) {
+    assert!(g.endpoint().sever(true), "the fault injector is on");
+}
+
+/// One exact allreduce (mean) on each of `groups` with `inputs`: the
+/// results and buffers after it.
+async fn allreduce_mean(
+    groups: &mut [&mut Group],
+    inputs: &[Vec<f32>],
+) -> Vec<(Result<(), GroupError>, Vec<f32>)> {
+    let mut bufs = inputs.to_vec();
+    let calls = groups
+        .iter_mut()
+        .zip(bufs.iter_mut())
+        .map(|(g, b)| g.allreduce(b, ReduceOp::Mean));
+    let results = join_all(calls).await;
+    results.into_iter().zip(bufs).collect()
+}
+
+/// Asserts a cut-off rank's collective ended with the error that it is
+/// out of the group.
+#[track_caller]
+fn is_out(r: &Result<(), GroupError>) {
+    match r {
+        Err(GroupError::NoQuorum { .. } | GroupError::Removed { .. }) => {}
+        other => panic!("expected the rank to be out of the group, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_killed_between_collectives_leaves_the_mean_of_the_survivors() {
+    for (i, loss) in [0.0, 0.2].into_iter().enumerate() {
+        let mut groups = elastic_group(&format!("elastic-between{i}"), loss).await;
+        let n = 20_000;
+        // All four first.
+        let inputs: Vec<Vec<f32>> = (0..WORLD).map(|r| values(r, 0, n)).collect();
+        let mut all: Vec<&mut Group> = groups.iter_mut().collect();
+        let out = allreduce_mean(&mut all, &inputs).await;
+        let want = mean_of(&inputs.iter().collect::<Vec<_>>());
+        for (r, (res, buf)) in out.iter().enumerate() {
+            assert!(res.is_ok(), "rank {r}: {res:?}");
+            same_bits(buf, &want, &format!("loss {loss}: all four, rank {r}"));
+        }
+        // Rank 3 dies; the next two collectives run among the others.
+        let dead = groups.pop().unwrap();
+        cut_off(&dead);
+        for step in 1..3 {
+            let inputs: Vec<Vec<f32>> = (0..3).map(|r| values(r, step, n)).collect();
+            let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
+            let out = allreduce_mean(&mut alive, &inputs).await;
+            let want = mean_of(&inputs.iter().collect::<Vec<_>>());
+            for (r, (res, buf)) in out.iter().enumerate() {
+                assert!(res.is_ok(), "loss {loss} step {step} rank {r}: {res:?}");
+                same_bits(buf, &want, &format!("loss {loss} step {step} rank {r}"));
+            }
+        }
+        for g in &groups {
+            assert_eq!(g.members(), &[0, 1, 2]);
+            assert_eq!(g.epoch(), 1);
+            assert_eq!((g.world(), g.members().len()), (4, 3));
+        }
+        drop(dead);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_killed_in_an_allreduce_costs_its_contribution_only() {
+    for (i, loss) in [0.0, 0.2].into_iter().enumerate() {
+        let mut groups = elastic_group(&format!("elastic-during{i}"), loss).await;
+        let n = 1 << 18;
+        let inputs: Vec<Vec<f32>> = (0..WORLD).map(|r| values(r, 1, n)).collect();
+        // The survivors are in the allreduce when rank 3 dies (it never
+        // sends its part): the mean is over the three that took part.
+        let dead = groups.pop().unwrap();
+        let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
+        let kill = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            cut_off(&dead);
+        };
+        let (out, ()) = tokio::join!(allreduce_mean(&mut alive, &inputs[..3]), kill);
+        let want = mean_of(&inputs[..3].iter().collect::<Vec<_>>());
+        for (r, (res, buf)) in out.iter().enumerate() {
+            assert!(res.is_ok(), "loss {loss} rank {r}: {res:?}");
+            same_bits(buf, &want, &format!("loss {loss}: survivors, rank {r}"));
+        }
+        drop(dead);
+
+        // Killed inside its own allreduce, at some point of it: the
+        // survivors end with the same bits, either the mean of all four
+        // (every survivor held it) or of the three (run again), and the
+        // killed rank's own call ends with the error that it is out.
+        let mut groups = elastic_group(&format!("elastic-inside{i}"), loss).await;
+        let mut all: Vec<&mut Group> = groups.iter_mut().collect();
+        let (head, last) = all.split_at_mut(3);
+        let victim: &mut Group = last[0];
+        let mut bufs = inputs.clone();
+        let (mine, theirs) = bufs.split_at_mut(3);
+        let survivors = join_all(
+            head.iter_mut()
+                .zip(mine.iter_mut())
+                .map(|(g, b)| g.allreduce(b, ReduceOp::Mean)),
+        );
+        // The victim stops where it is 30 ms into its call, and is cut off.
+        let victim_run = async {
+            let stopped = tokio::time::sleep(Duration::from_millis(30));
+            let ended = tokio::select! {
+                r = victim.allreduce(&mut theirs[0], ReduceOp::Mean) => Some(r),
+                () = stopped => None,
+            };
+            cut_off(victim);
+            ended
+        };
+        let (results, victim_ended) = tokio::join!(survivors, victim_run);
+        for (r, res) in results.iter().enumerate() {
+            assert!(res.is_ok(), "loss {loss} rank {r}: {res:?}");
+            same_bits(
+                &mine[r],
+                &mine[0],
+                &format!("loss {loss}: rank {r} against rank 0"),
+            );
+        }
+        let four = mean_of(&inputs.iter().collect::<Vec<_>>());
+        let three = mean_of(&inputs[..3].iter().collect::<Vec<_>>());
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(
+            bits(&mine[0]) == bits(&four) || bits(&mine[0]) == bits(&three),
+            "loss {loss}: the survivors' result is neither mean"
+        );
+        if head[0].members().len() == 3 {
+            // Out: its next call says so, whatever its last one did.
+            assert!(!matches!(victim_ended, Some(Ok(()))) || bits(&mine[0]) == bits(&four));
+            let mut buf = inputs[3].clone();
+            is_out(&victim.allreduce(&mut buf, ReduceOp::Mean).await);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_ranks_killed_at_once_and_the_coordinator_killed() {
+    let n = 5000;
+    // Ranks 2 and 3 at once: the two left are half of four with the lowest
+    // rank, a quorum.
+    let mut groups = elastic_group("elastic-two", 0.0).await;
+    let dead: Vec<Group> = groups.drain(2..).collect();
+    dead.iter().for_each(cut_off);
+    let inputs: Vec<Vec<f32>> = (0..2).map(|r| values(r, 3, n)).collect();
+    let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
+    let out = allreduce_mean(&mut alive, &inputs).await;
+    let want = mean_of(&inputs.iter().collect::<Vec<_>>());
+    for (r, (res, buf)) in out.iter().enumerate() {
+        assert!(res.is_ok(), "rank {r}: {res:?}");
+        same_bits(buf, &want, &format!("two killed, rank {r}"));
+    }
+    assert_eq!(groups[0].members(), &[0, 1]);
+    drop(dead);
+
+    // Rank 0, the coordinator of the agreement, then rank 1 in the next
+    // view's: the last two go on, each time among the survivors.
+    let mut groups = elastic_group("elastic-coordinator", 0.0).await;
+    let first = groups.remove(0);
+    cut_off(&first);
+    let inputs: Vec<Vec<f32>> = (1..4).map(|r| values(r, 4, n)).collect();
+    let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
+    let out = allreduce_mean(&mut alive, &inputs).await;
+    let want = mean_of(&inputs.iter().collect::<Vec<_>>());
+    for (r, (res, buf)) in out.iter().enumerate() {
+        assert!(res.is_ok(), "rank {}: {res:?}", r + 1);
+        same_bits(buf, &want, &format!("rank 0 killed, rank {}", r + 1));
+    }
+    assert_eq!(groups[0].members(), &[1, 2, 3]);
+    let second = groups.remove(0);
+    cut_off(&second);
+    let inputs: Vec<Vec<f32>> = (2..4).map(|r| values(r, 5, n)).collect();
+    let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
+    let out = allreduce_mean(&mut alive, &inputs).await;
+    let want = mean_of(&inputs.iter().collect::<Vec<_>>());
+    for (r, (res, buf)) in out.iter().enumerate() {
+        // Two of three: a majority of the last view.
+        assert!(res.is_ok(), "rank {}: {res:?}", r + 2);
+        same_bits(buf, &want, &format!("rank 1 killed, rank {}", r + 2));
+    }
+    assert_eq!(groups[0].members(), &[2, 3]);
+    assert_eq!(groups[0].epoch(), 2);
+    drop((first, second));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_rank_that_comes_back_is_refused() {
+    let n = 5000;
+    let mut groups = elastic_group("elastic-cutoff", 0.0).await;
+    // Rank 3 is cut off (a partition) while all four are in an allreduce:
+    // the three go on, and rank 3, alone, stops.
+    cut_off(&groups[3]);
+    let inputs: Vec<Vec<f32>> = (0..WORLD).map(|r| values(r, 6, n)).collect();
+    let mut all: Vec<&mut Group> = groups.iter_mut().collect();
+    let out = allreduce_mean(&mut all, &inputs).await;
+    let want = mean_of(&inputs[..3].iter().collect::<Vec<_>>());
+    for (r, (res, buf)) in out.iter().take(3).enumerate() {
+        assert!(res.is_ok(), "rank {r}: {res:?}");
+        same_bits(buf, &want, &format!("cut off, rank {r}"));
+    }
+    is_out(&out[3].0);
+    // The partition heals. Rank 3 comes back with its old state: refused
+    // at once, never merged; the three are not disturbed.
+    assert!(groups[3].endpoint().sever(false));
+    let mut buf = inputs[3].clone();
+    let again = groups[3].allreduce(&mut buf, ReduceOp::Mean).await;
+    is_out(&again);
+    assert_eq!(buf, inputs[3], "a refused rank's buffer is left as it was");
+    let message = again.unwrap_err().to_string();
+    assert!(message.contains("rank 3"), "{message}");
+    let inputs: Vec<Vec<f32>> = (0..3).map(|r| values(r, 7, n)).collect();
+    let mut alive: Vec<&mut Group> = groups.iter_mut().take(3).collect();
+    let out = allreduce_mean(&mut alive, &inputs).await;
+    let want = mean_of(&inputs.iter().collect::<Vec<_>>());
+    for (r, (res, buf)) in out.iter().enumerate() {
+        assert!(res.is_ok(), "rank {r}: {res:?}");
+        same_bits(buf, &want, &format!("after the partition healed, rank {r}"));
+    }
+}
+
+/// A bucket like a small CNN's: conv kernels, biases, a linear layer.
+fn bucket() -> Layout {
+    Layout::new(vec![
+        TensorSpec::conv2d("conv1.weight", [32, 16, 3, 3]),
+        TensorSpec::dense("conv1.bias", [32]),
+        TensorSpec::conv2d("conv2.weight", [64, 32, 3, 3]),
+        TensorSpec::dense("fc.weight", [10, 4096]),
+        TensorSpec::dense("fc.bias", [10]),
+    ])
+    .unwrap()
+}
+
+fn inside(ranges: &[Range<usize>], i: usize) -> bool {
+    ranges.iter().any(|r| r.contains(&i))
+}
+
+/// The stated zero fill of a first round on fresh links: per value, the
+/// sum in rank order of the parts that arrived at its owner, over the
+/// ranks of the view.
+fn zero_filled_mean(inputs: &[Vec<f32>], reports: &[AllreduceReport]) -> Vec<f32> {
+    let missing = |r: usize, i: usize| reports.iter().any(|rep| inside(&rep.missing[r], i));
+    (0..inputs[0].len())
+        .map(|i| {
+            let sum = inputs
+                .iter()
+                .enumerate()
+                .filter(|&(r, _)| !missing(r, i))
+                .fold(0f32, |acc, (_, v)| acc + v[i]);
+            sum / inputs.len() as f32
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_killed_in_a_differentiated_allreduce_leaves_the_stated_zero_fill() {
+    for (i, loss) in [0.0, 0.2].into_iter().enumerate() {
+        let mut groups = elastic_group(&format!("elastic-diff{i}"), loss).await;
+        let layout = bucket();
+        let ids = join_all(
+            groups
+                .iter_mut()
+                .map(|g| g.register_bucket(&layout, LossRecovery::ZeroFill)),
+        )
+        .await;
+        let id: BucketId = ids.into_iter().map(|r| r.unwrap()).next_back().unwrap();
+        let n = layout.total_values() as usize;
+        let inputs: Vec<Vec<f32>> = (0..WORLD).map(|r| values(r, 8, n)).collect();
+        // Rank 1 dies while the others are in the allreduce: its shard is
+        // taken over, the view's shards cut again among three.
+        let dead = groups.remove(1);
+        let survivors = [0usize, 2, 3];
+        let mine: Vec<Vec<f32>> = survivors.iter().map(|&r| inputs[r].clone()).collect();
+        let mut bufs = mine.clone();
+        let calls = groups
+            .iter_mut()
+            .zip(bufs.iter_mut())
+            .map(|(g, b)| g.allreduce_differentiated(id, b, ReduceOp::Mean));
+        let kill = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            cut_off(&dead);
+        };
+        let (reports, ()) = tokio::join!(join_all(calls), kill);
+        let reports: Vec<AllreduceReport> = reports
+            .into_iter()
+            .enumerate()
+            .map(|(r, rep)| rep.unwrap_or_else(|e| panic!("loss {loss} rank {r}: {e}")))
+            .collect();
+        for (k, buf) in bufs.iter().enumerate() {
+            same_bits(
+                buf,
+                &bufs[0],
+                &format!("loss {loss}: survivor {k} against the first"),
+            );
+        }
+        let want = zero_filled_mean(&mine, &reports);
+        same_bits(
+            &bufs[0],
+            &want,
+            &format!("loss {loss}: the stated zero fill"),
+        );
+        if loss == 0.0 {
+            let exact = mean_of(&mine.iter().collect::<Vec<_>>());
+            same_bits(&bufs[0], &exact, "no loss: the exact mean of the survivors");
+        }
+        assert_eq!(groups[0].members(), &[0, 2, 3]);
+        // The next step, on the re-registered bucket among the three.
+        let next: Vec<Vec<f32>> = survivors.iter().map(|&r| values(r, 9, n)).collect();
+        let mut bufs = next.clone();
+        let calls = groups
+            .iter_mut()
+            .zip(bufs.iter_mut())
+            .map(|(g, b)| g.allreduce_differentiated(id, b, ReduceOp::Mean));
+        for (r, rep) in join_all(calls).await.into_iter().enumerate() {
+            rep.unwrap_or_else(|e| panic!("loss {loss} next step rank {r}: {e}"));
+        }
+        for (k, buf) in bufs.iter().enumerate() {
+            same_bits(
+                buf,
+                &bufs[0],
+                &format!("loss {loss} next step: survivor {k}"),
+            );
+        }
+        drop(dead);
+    }
+}
