@@ -53,6 +53,15 @@ create_exception!(
 );
 create_exception!(
     gradlane,
+    RemovedError,
+    GroupError,
+    "This rank is out of the group (on_rank_failure=\"continue\"): the \
+     others went on without it (it was silent past idle_timeout, or cut \
+     off from them), or too few ranks are left for a quorum. It must not \
+     go on with its state: restart it to rejoin."
+);
+create_exception!(
+    gradlane,
     GroupClosedError,
     GroupError,
     "The group was closed (close() or the end of a with block)."
@@ -72,6 +81,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RankFailedError", py.get_type::<RankFailedError>())?;
     m.add("OutOfStepError", py.get_type::<OutOfStepError>())?;
     m.add("GroupClosedError", py.get_type::<GroupClosedError>())?;
+    m.add("RemovedError", py.get_type::<RemovedError>())?;
     Ok(())
 }
 
@@ -124,6 +134,12 @@ impl CallError {
                 }
                 RustGroupError::OutOfStep { rank, .. } => {
                     (OutOfStepError::new_err(message), Some(rank), None)
+                }
+                RustGroupError::MembersChanging { rank, .. } => {
+                    (RankFailedError::new_err(message), Some(rank), None)
+                }
+                RustGroupError::Removed { rank, .. } | RustGroupError::NoQuorum { rank, .. } => {
+                    (RemovedError::new_err(message), Some(rank), None)
                 }
             },
             CallError::Closed => (GroupClosedError::new_err(message), None, None),

@@ -11,8 +11,8 @@ use crate::group_report::report_dict;
 use crate::runtime;
 use gradlane::{
     bf16, f16, BucketId, BucketOptions, ClassFormats, Config, DscpMarks, Faults, Group,
-    GroupConfig, LossyCarrier, Packets, ReduceOp, Rendezvous, SparseAllgather, SparseRows,
-    ValueFormat,
+    GroupConfig, LossyCarrier, OnRankFailure, Packets, ReduceOp, Rendezvous, SparseAllgather,
+    SparseRows, ValueFormat,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -166,6 +166,7 @@ impl PyGroup {
         lossy_format = "f32",
         sockets = None,
         port_range = None,
+        on_rank_failure = "fail",
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -188,7 +189,17 @@ impl PyGroup {
         lossy_format: &str,
         sockets: Option<i64>,
         port_range: Option<&str>,
+        on_rank_failure: &str,
     ) -> PyResult<Self> {
+        let on_rank_failure = match on_rank_failure {
+            "fail" => OnRankFailure::Fail,
+            "continue" => OnRankFailure::Continue,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown on_rank_failure {other:?}; one of \"fail\", \"continue\""
+                )))
+            }
+        };
         let sockets = group_sockets(sockets).map_err(|e| e.into_py(py))?;
         let port_range = group_port_range(port_range).map_err(|e| e.into_py(py))?;
         let world = usize::try_from(world)
@@ -303,6 +314,7 @@ impl PyGroup {
             config.join_timeout = join_timeout;
             config.sockets = sockets;
             config.port_range = port_range;
+            config.on_rank_failure = on_rank_failure;
             Ok(runtime()?.block_on(Group::join(config))?)
         });
         let group = joined.map_err(|e| e.into_py(py))?;
@@ -363,6 +375,50 @@ impl PyGroup {
                 Some(state) => state.group.bytes_sent(),
                 None => self.bytes_at_close.load(Ordering::Relaxed),
             }
+        })
+    }
+
+    /// The ranks of the group's current view (all of them until one dies
+    /// with on_rank_failure="continue"); empty once closed. Waits for a
+    /// collective that another thread is running on this group.
+    #[getter]
+    fn members(&self, py: Python<'_>) -> Vec<usize> {
+        py.detach(|| {
+            let guard = match self.state.lock() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            guard
+                .as_ref()
+                .map_or_else(Vec::new, |s| s.group.members().to_vec())
+        })
+    }
+
+    /// The current view's number: 0 as joined, one more each time the
+    /// members change.
+    #[getter]
+    fn epoch(&self, py: Python<'_>) -> u64 {
+        py.detach(|| {
+            let guard = match self.state.lock() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            guard.as_ref().map_or(0, |s| s.group.epoch())
+        })
+    }
+
+    /// How many ranks took part in the last collective (fewer than world
+    /// once ranks died with on_rank_failure="continue": a "sum" is theirs).
+    #[getter]
+    fn contributors(&self, py: Python<'_>) -> usize {
+        py.detach(|| {
+            let guard = match self.state.lock() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            guard
+                .as_ref()
+                .map_or(self.world, |s| s.group.contributors())
         })
     }
 

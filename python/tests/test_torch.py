@@ -577,20 +577,21 @@ def rank_main(scenario, rank, env, args, results):
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(scenario, cert_dir, *args, expect=WORLD, extra_env=None):
+def run_ranks(scenario, cert_dir, *args, expect=None, extra_env=None, world=WORLD):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
+    expect = world if expect is None else expect
     env = {
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": str(WORLD),
+        "WORLD_SIZE": str(world),
         "GRADLANE_CERT_DIR": cert_dir,
         "GRADLANE_PORT": str(free_port(socket.SOCK_DGRAM)),
         **(extra_env or {}),
     }
     procs = [
         ctx.Process(target=rank_main, args=(scenario, r, env, args, results), daemon=True)
-        for r in range(WORLD)
+        for r in range(world)
     ]
     for p in procs:
         p.start()

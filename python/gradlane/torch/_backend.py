@@ -304,6 +304,13 @@ class GradlaneProcessGroup(dist.ProcessGroup):
             for t in host:
                 view, dtype = values_view(t)
                 self.group.allreduce(view, op=op, dtype=dtype)
+                contributors = self.group.contributors
+                if op == "sum" and contributors < self._size:
+                    # Ranks died (GRADLANE_ON_RANK_FAILURE=continue): DDP
+                    # divided every gradient by the world it started with,
+                    # so the sum of the survivors' is scaled to the world's,
+                    # and the step is their mean.
+                    t.mul_(self._size / contributors)
 
         every = [True] * len(tensors)
         return self._run(tensors, every, every, body, tensors)
@@ -635,9 +642,11 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     "ip:port"; the other ranks read it and listen on GRADLANE_RANK_ADDR
     (an "ip:port" or an IP; default 0.0.0.0:0). Certificates from
     GRADLANE_CERT_DIR. Forming the group may take ``timeout``. GRADLANE_IDLE_TIMEOUT (seconds, default
-    30) is how long a silent link lasts before the ranks raise a
-    GroupError naming the rank that went away. GRADLANE_ASYNC=0 makes
-    each call wait for its collective.
+    30) is how long a silent link lasts before its rank counts as dead.
+    GRADLANE_ON_RANK_FAILURE says what happens then: ``fail`` (default)
+    raises a GroupError naming the rank that went away on every rank;
+    ``continue`` goes on with the survivors (docs/DESIGN.md, "Elastic
+    membership"). GRADLANE_ASYNC=0 makes each call wait for its collective.
     """
     cert_dir = cert_dir_from_env()
     if isinstance(timeout, datetime.timedelta):
@@ -664,8 +673,20 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
         cert_dir=cert_dir,
         join_timeout=join_timeout,
         idle_timeout=idle_timeout_from_env(),
+        on_rank_failure=on_rank_failure_from_env(),
     )
     return GradlaneProcessGroup(group, rank, size, asynchronous=asynchronous_from_env())
+
+
+def on_rank_failure_from_env() -> str:
+    """GRADLANE_ON_RANK_FAILURE: ``fail`` (default) or ``continue``."""
+    value = os.environ.get("GRADLANE_ON_RANK_FAILURE", "fail").strip().lower() or "fail"
+    if value not in ("fail", "continue"):
+        raise ValueError(
+            f"gradlane: GRADLANE_ON_RANK_FAILURE {value!r} is not fail or continue "
+            "(continue goes on with the ranks left when one dies; unset, fail)"
+        )
+    return value
 
 
 def asynchronous_from_env() -> bool:

@@ -15,6 +15,7 @@ from gradlane.torch._backend import (
     gradlane_group_of,
     idle_timeout_from_env,
     issue_order_of,
+    on_rank_failure_from_env,
     port_from_env,
     rank_listen_from_env,
     values_view,
@@ -237,6 +238,7 @@ class HookState:
             dscp=self.dscp,
             lossy_carrier=self.lossy_carrier,
             idle_timeout=idle_timeout_from_env(),
+            on_rank_failure=on_rank_failure_from_env(),
         )
         self._own_group = True
         return self.group
