@@ -2,49 +2,67 @@
 //! ranks over real QUIC on loopback, at 0% and 20% loss, a rank cut off
 //! (its endpoint drops every datagram, as a process killed without closing
 //! or a pulled cable) before, during and between collectives; the
-//! survivors' results against a local reference, bit for bit.
+//! survivors' results against a local reference, bit for bit; and a
+//! restarted rank that rejoins.
 
 mod common;
 
 use common::{at_root, cert_dir, free_port, group_config};
 use futures_util::future::join_all;
 use gradlane::{
-    AllreduceReport, BucketId, Faults, Group, GroupError, Layout, LossRecovery, LossyCarrier,
-    OnRankFailure, ReduceOp, TensorSpec,
+    AllreduceReport, BucketId, Faults, Group, GroupConfig, GroupError, Layout, LossRecovery,
+    LossyCarrier, OnRankFailure, ReduceOp, TensorSpec,
 };
 use gradlane_core::rng::SplitMix64;
+use std::net::SocketAddr;
 use std::ops::Range;
+use std::path::Path;
 use std::time::Duration;
 
 const WORLD: usize = 4;
 
 /// Four ranks that go on after a death. Every rank has the fault injector
 /// (so that it can be cut off), dropping a share `loss` of what it sends.
-/// A rank is dead after 2 s of silence without loss; at 20% loss after
-/// 5 s, so that the keep-alives of a live one always get through.
+/// A rank is dead after 5 s of silence without loss, at 20% loss after
+/// 8 s: long enough that a live rank's keep-alives get through though the
+/// tests of this file share two cores, short enough to run quickly.
 async fn elastic_group(tag: &str, loss: f64) -> Vec<Group> {
+    logs();
     let dir = cert_dir(tag);
     let root = free_port();
-    let joins = (0..WORLD).map(|r| {
-        let mut c = group_config(&dir, r, WORLD, at_root(root));
-        c.on_rank_failure = OnRankFailure::Continue;
-        c.failure_timeout = Some(Duration::from_secs(if loss > 0.0 { 5 } else { 2 }));
-        c.link.packets = gradlane::Packets::Ethernet;
-        if loss > 0.0 {
-            c.link.timing.lossy_carrier = LossyCarrier::Datagrams;
-        }
-        c.link.faults = Some(Faults {
-            loss_out: loss,
-            seed: 77 + r as u64,
-            ..Faults::default()
-        });
-        Group::join(c)
-    });
+    let joins = (0..WORLD).map(|r| Group::join(elastic_config(&dir, r, root, loss)));
     join_all(joins)
         .await
         .into_iter()
         .map(|g| g.unwrap())
         .collect()
+}
+
+/// The group's log in a failing test's output (`RUST_LOG` to change it):
+/// who lost whom, and what each view decided.
+fn logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "gradlane::group=info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+fn elastic_config(dir: &Path, rank: usize, root: SocketAddr, loss: f64) -> GroupConfig {
+    let mut c = group_config(dir, rank, WORLD, at_root(root));
+    c.on_rank_failure = OnRankFailure::Continue;
+    c.failure_timeout = Some(Duration::from_secs(if loss > 0.0 { 8 } else { 5 }));
+    c.link.packets = gradlane::Packets::Ethernet;
+    if loss > 0.0 {
+        c.link.timing.lossy_carrier = LossyCarrier::Datagrams;
+    }
+    c.link.faults = Some(Faults {
+        loss_out: loss,
+        seed: 77 + rank as u64,
+        ..Faults::default()
+    });
+    c
 }
 
 /// Deterministic values, different per rank and step, with fractions and
@@ -205,10 +223,12 @@ async fn a_rank_killed_in_an_allreduce_costs_its_contribution_only() {
             "loss {loss}: the survivors' result is neither mean"
         );
         if head[0].members().len() == 3 {
-            // Out: its next call says so, whatever its last one did.
+            // Out: its next call fails (a collective dropped midway, as
+            // here, may also leave it out of step with its own links).
             assert!(!matches!(victim_ended, Some(Ok(()))) || bits(&mine[0]) == bits(&four));
             let mut buf = inputs[3].clone();
-            is_out(&victim.allreduce(&mut buf, ReduceOp::Mean).await);
+            let next = victim.allreduce(&mut buf, ReduceOp::Mean).await;
+            assert!(next.is_err(), "a rank cut off went on: {next:?}");
         }
     }
 }
@@ -401,4 +421,100 @@ async fn a_rank_killed_in_a_differentiated_allreduce_leaves_the_stated_zero_fill
         }
         drop(dead);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_rank_rejoins_and_the_next_allreduce_includes_it() {
+    let n = 5000;
+    for (i, loss) in [0.0, 0.2].into_iter().enumerate() {
+        logs();
+        let dir = cert_dir(&format!("elastic-rejoin{i}"));
+        let root = free_port();
+        let joins = (0..WORLD).map(|r| Group::join(elastic_config(&dir, r, root, loss)));
+        let mut groups: Vec<Group> = join_all(joins)
+            .await
+            .into_iter()
+            .map(|g| g.unwrap())
+            .collect();
+        let dead = groups.pop().unwrap();
+        cut_off(&dead);
+        let inputs: Vec<Vec<f32>> = (0..3).map(|r| values(r, 10, n)).collect();
+        let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
+        for (res, _) in allreduce_mean(&mut alive, &inputs).await {
+            res.unwrap();
+        }
+        drop(dead);
+
+        // Rank 3 again, a new process: it asks rank 0 and waits; the three
+        // train on (an allreduce a step) and admit at each step's end.
+        let restarted = Group::rejoin(elastic_config(&dir, 3, root, loss));
+        let members_train_on = async {
+            for step in 0..100 {
+                let inputs: Vec<Vec<f32>> = (0..3).map(|r| values(r, 11 + step, n)).collect();
+                for (res, _) in allreduce_mean(&mut alive, &inputs).await {
+                    res.unwrap();
+                }
+                let admitted = join_all(alive.iter_mut().map(|g| g.admit())).await;
+                let admitted: Vec<Vec<usize>> = admitted.into_iter().map(|a| a.unwrap()).collect();
+                assert!(admitted.iter().all(|a| *a == admitted[0]), "{admitted:?}");
+                if !admitted[0].is_empty() {
+                    return admitted[0].clone();
+                }
+            }
+            panic!("loss {loss}: rank 3 was not admitted in 100 steps");
+        };
+        let (restarted, admitted) = tokio::join!(restarted, members_train_on);
+        let mut restarted = restarted.unwrap_or_else(|e| panic!("loss {loss}: {e}"));
+        assert_eq!(admitted, vec![3]);
+        assert_eq!(restarted.joined(), &[3]);
+        alive.push(&mut restarted);
+        for g in &alive {
+            assert_eq!(g.members(), &[0, 1, 2, 3]);
+            assert_eq!(g.epoch(), 2);
+        }
+        // The next allreduce includes it.
+        let inputs: Vec<Vec<f32>> = (0..WORLD).map(|r| values(r, 200, n)).collect();
+        let want = mean_of(&inputs.iter().collect::<Vec<_>>());
+        for (r, (res, buf)) in allreduce_mean(&mut alive, &inputs).await.iter().enumerate() {
+            assert!(res.is_ok(), "loss {loss} rank {r}: {res:?}");
+            same_bits(buf, &want, &format!("loss {loss}: rejoined, rank {r}"));
+        }
+        assert_eq!(alive[3].contributors(), 4);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_that_is_still_a_member_cannot_rejoin() {
+    logs();
+    let dir = cert_dir("elastic-twice");
+    let root = free_port();
+    let joins = (0..WORLD).map(|r| Group::join(elastic_config(&dir, r, root, 0.0)));
+    let mut groups: Vec<Group> = join_all(joins)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap())
+        .collect();
+    // A second process claims rank 2, alive and well.
+    let impostor = Group::rejoin(elastic_config(&dir, 2, root, 0.0));
+    let members_go_on = async {
+        let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
+        for step in 0..20 {
+            let inputs: Vec<Vec<f32>> = (0..WORLD).map(|r| values(r, 300 + step, 100)).collect();
+            for (res, _) in allreduce_mean(&mut alive, &inputs).await {
+                res.unwrap();
+            }
+            for a in join_all(alive.iter_mut().map(|g| g.admit())).await {
+                assert_eq!(a.unwrap(), Vec::<usize>::new());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let (impostor, ()) = tokio::join!(impostor, members_go_on);
+    match impostor {
+        Err(GroupError::Removed { why, .. }) => {
+            assert!(why.contains("rank 2 is a member"), "{why}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(groups[0].members(), &[0, 1, 2, 3]);
 }

@@ -23,7 +23,7 @@ use crate::link::LinkError;
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use gradlane_core::control::codes;
-use gradlane_core::group::{ViewDecision, ViewOutcome, ViewProposal};
+use gradlane_core::group::{Joiners, ViewDecision, ViewOutcome, ViewProposal};
 use gradlane_core::layout::Layout;
 use quinn::VarInt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -77,6 +77,16 @@ pub(super) struct Membership {
     alarms: BTreeMap<usize, Bytes>,
     /// How many ranks took part in the last collective.
     pub(super) contributors: usize,
+    /// The ranks waiting at this member to rejoin.
+    pub(super) waiting: super::rejoin::Waiting,
+    /// The ranks waiting at any member, as the last collective's `Done`
+    /// messages said: every member knows the same.
+    pub(super) announced: Vec<(usize, SocketAddr)>,
+    /// The ranks the last admission brought in.
+    pub(super) joined: Vec<usize>,
+    /// The links of the ranks being admitted, kept open until the new
+    /// view's mesh is up.
+    pub(super) admitting: Vec<crate::link::Link>,
     /// Set once this rank is out of the group: every later call fails
     /// with it at once.
     removed: Option<(u64, String)>,
@@ -98,6 +108,10 @@ impl Membership {
             lost: BTreeSet::new(),
             alarms: BTreeMap::new(),
             removed: None,
+            waiting: Default::default(),
+            announced: Vec::new(),
+            joined: Vec::new(),
+            admitting: Vec::new(),
         }
     }
 }
@@ -255,10 +269,26 @@ impl Group {
     }
 
     /// The end of a collective with `Continue`: this rank holds the result;
-    /// returns once every rank does.
+    /// returns once every rank does. Each rank's message names the ranks
+    /// waiting at it to rejoin, so that every member knows them all.
     async fn done(&mut self) -> Result<(), GroupError> {
         let t = tag(self.next_seq(), Kind::Done);
-        self.exchange_with_all(t, &Bytes::new()).await.map(drop)
+        let mine = self.waiting_announcement();
+        let got = self.exchange_with_all(t, &mine).await?;
+        let world = self.membership.joined_world;
+        let mut announced = Vec::new();
+        for (p, body) in got.iter().enumerate() {
+            let body = body.as_ref().unwrap_or(&mine);
+            let joiners = Joiners::decode(body, world).map_err(|e| GroupError::OutOfStep {
+                rank: self.membership.members[p],
+                what: e.to_string(),
+            })?;
+            announced.extend(joiners.0);
+        }
+        announced.sort_unstable_by_key(|j| j.0);
+        announced.dedup_by_key(|j| j.0);
+        self.membership.announced = announced;
+        Ok(())
     }
 
     /// After a failed attempt: agree on the next view, form its mesh, and
@@ -283,6 +313,9 @@ impl Group {
                 return Err(e);
             }
         }
+        // Who waits to rejoin is announced again after the next collective
+        // of the new view: the last one's may not have reached everyone.
+        self.membership.announced.clear();
         let suspects = std::mem::take(&mut self.membership.lost);
         let alarms = std::mem::take(&mut self.membership.alarms);
         let decision = self.agree(suspects, alarms, has_result).await;
@@ -568,7 +601,7 @@ impl Group {
     /// rank's endpoint, closes the old links (those to ranks left out with
     /// [`codes::REMOVED`]) and registers the buckets again, each keeping
     /// what it carries into the next gradient.
-    async fn form_view(&mut self, decision: &ViewDecision) -> Result<(), GroupError> {
+    pub(super) async fn form_view(&mut self, decision: &ViewDecision) -> Result<(), GroupError> {
         let m = &self.membership;
         let members = decision.members.clone();
         let place = members

@@ -19,12 +19,14 @@
 //!   exact messages are striped over them.
 //! - `membership`: what a group does when a rank dies
 //!   ([`OnRankFailure`]): the survivors agree on who is left and go on.
+//! - `rejoin`: a restarted rank joins the group that went on without it.
 
 mod differentiated;
 mod exact;
 mod membership;
 mod paths;
 mod port_range;
+mod rejoin;
 mod rendezvous;
 mod sparse;
 
@@ -351,6 +353,10 @@ enum Kind {
     ViewProposal = 13,
     /// The coordinator's decision on the next view.
     ViewDecision = 14,
+    /// A restarted rank's request to rejoin.
+    Join = 15,
+    /// Its admission: the view, every rank's address, who joins with it.
+    Admit = 16,
 }
 
 fn tag(seq: u64, kind: Kind) -> u64 {

@@ -87,26 +87,8 @@ pub(super) async fn join(mut config: GroupConfig) -> Result<Group, GroupError> {
     let formed = tokio::time::timeout_at(deadline, forming).await;
     match formed {
         Ok(Ok(table)) => {
-            let (senders, receivers) = links
-                .into_iter()
-                .map(|l| match l.map(Link::split) {
-                    Some((s, r)) => (Some(s), Some(r)),
-                    None => (None, None),
-                })
-                .unzip();
-            let mut group = Group {
-                rank,
-                world,
-                membership: super::membership::Membership::new(config.clone(), table),
-                senders,
-                receivers,
-                endpoint,
-                seq: 0,
-                buckets: Vec::new(),
-                next_round: vec![0; world],
-                stripes: (0..world).map(|_| Vec::new()).collect(),
-                extra_endpoints: Vec::new(),
-            };
+            let membership = super::membership::Membership::new(config.clone(), table);
+            let mut group = Group::assemble(rank, membership, links, endpoint);
             group.form_paths(&config, deadline).await?;
             Ok(group)
         }
@@ -118,6 +100,38 @@ pub(super) async fn join(mut config: GroupConfig) -> Result<Group, GroupError> {
             waited: config.join_timeout,
             failed,
         }),
+    }
+}
+
+impl Group {
+    /// A group of the links of a view, this rank being `place` among them.
+    pub(super) fn assemble(
+        place: usize,
+        membership: super::membership::Membership,
+        links: Vec<Option<Link>>,
+        endpoint: Endpoint,
+    ) -> Group {
+        let world = links.len();
+        let (senders, receivers) = links
+            .into_iter()
+            .map(|l| match l.map(Link::split) {
+                Some((s, r)) => (Some(s), Some(r)),
+                None => (None, None),
+            })
+            .unzip();
+        Group {
+            rank: place,
+            world,
+            membership,
+            senders,
+            receivers,
+            endpoint,
+            seq: 0,
+            buckets: Vec::new(),
+            next_round: vec![0; world],
+            stripes: (0..world).map(|_| Vec::new()).collect(),
+            extra_endpoints: Vec::new(),
+        }
     }
 }
 
@@ -258,49 +272,9 @@ async fn connect_to(
     epoch: u64,
 ) -> Result<Link, GroupError> {
     let failed = |source| GroupError::Rank { rank, source };
-    let name = server_name(config, endpoint, addr);
-    let layout = link_layout()?;
-    // A rank may start after this one, and a handshake may take several
-    // retransmissions under heavy loss: try again, each attempt allowed
-    // twice as long as the last, until the join's own timeout says that
-    // rank is missing.
-    let mut attempt_for = FIRST_CONNECT_ATTEMPT;
-    let mut link = loop {
-        // A refusal left by an attempt that timed out is not this one's.
-        endpoint.take_refusal();
-        let attempt = tokio::time::timeout(attempt_for, endpoint.connect(addr, &name, &layout));
-        match attempt.await {
-            Ok(Ok(link)) => break link,
-            Ok(Err(LinkError::Connection(quinn::ConnectionError::TimedOut))) | Err(_) => {
-                tracing::info!(rank, %addr, ?attempt_for, "no answer yet; trying again");
-                attempt_for = (attempt_for * 2).min(LAST_CONNECT_ATTEMPT);
-            }
-            // Its certificate was refused in the handshake, before any
-            // message: say why, in the error's type.
-            Ok(Err(e)) => match endpoint.take_refusal() {
-                Some(reason) => return Err(GroupError::Refused { rank, addr, reason }),
-                None => return Err(failed(e)),
-            },
-        }
-    };
+    let mut link = dial(config, endpoint, rank, addr).await?;
     let listen = match tell_listen {
-        true => {
-            let local = endpoint
-                .local_addr()
-                .map_err(|e| GroupError::Setup(e.to_string()))?;
-            let ip = match local.ip().is_unspecified() {
-                true => match link.connection().local_ip() {
-                    Some(ip) => ip,
-                    None => route_to(addr).map_err(|e| {
-                        GroupError::Setup(format!(
-                            "no local address routes to rank 0 at {addr}: {e}"
-                        ))
-                    })?,
-                },
-                false => local.ip(),
-            };
-            Some(SocketAddr::new(ip, local.port()))
-        }
+        true => Some(listen_address(endpoint, &link, addr)?),
         false => None,
     };
     let hello = MeshHello {
@@ -314,6 +288,64 @@ async fn connect_to(
         .await
         .map_err(failed)?;
     Ok(link)
+}
+
+/// A link to `rank` at `addr`, tried until the caller's timeout.
+pub(super) async fn dial(
+    config: &GroupConfig,
+    endpoint: &Endpoint,
+    rank: usize,
+    addr: SocketAddr,
+) -> Result<Link, GroupError> {
+    let failed = |source| GroupError::Rank { rank, source };
+    let name = server_name(config, endpoint, addr);
+    let layout = link_layout()?;
+    // A rank may start after this one, and a handshake may take several
+    // retransmissions under heavy loss: try again, each attempt allowed
+    // twice as long as the last, until the join's own timeout says that
+    // rank is missing.
+    let mut attempt_for = FIRST_CONNECT_ATTEMPT;
+    loop {
+        // A refusal left by an attempt that timed out is not this one's.
+        endpoint.take_refusal();
+        let attempt = tokio::time::timeout(attempt_for, endpoint.connect(addr, &name, &layout));
+        match attempt.await {
+            Ok(Ok(link)) => return Ok(link),
+            Ok(Err(LinkError::Connection(quinn::ConnectionError::TimedOut))) | Err(_) => {
+                tracing::info!(rank, %addr, ?attempt_for, "no answer yet; trying again");
+                attempt_for = (attempt_for * 2).min(LAST_CONNECT_ATTEMPT);
+            }
+            // Its certificate was refused in the handshake, before any
+            // message: say why, in the error's type.
+            Ok(Err(e)) => match endpoint.take_refusal() {
+                Some(reason) => return Err(GroupError::Refused { rank, addr, reason }),
+                None => return Err(failed(e)),
+            },
+        }
+    }
+}
+
+/// Where this rank listens, as the peer at `addr` reaches it over `link`:
+/// the endpoint's address, its unspecified IP replaced by the one the
+/// link (or the route to `addr`) goes out from.
+pub(super) fn listen_address(
+    endpoint: &Endpoint,
+    link: &Link,
+    addr: SocketAddr,
+) -> Result<SocketAddr, GroupError> {
+    let local = endpoint
+        .local_addr()
+        .map_err(|e| GroupError::Setup(e.to_string()))?;
+    let ip = match local.ip().is_unspecified() {
+        true => match link.connection().local_ip() {
+            Some(ip) => ip,
+            None => route_to(addr).map_err(|e| {
+                GroupError::Setup(format!("no local address routes to {addr}: {e}"))
+            })?,
+        },
+        false => local.ip(),
+    };
+    Ok(SocketAddr::new(ip, local.port()))
 }
 
 /// The local address this host sends from to reach `peer`: quinn knows a
