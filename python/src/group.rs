@@ -167,6 +167,7 @@ impl PyGroup {
         sockets = None,
         port_range = None,
         on_rank_failure = "fail",
+        rejoin = false,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -190,6 +191,7 @@ impl PyGroup {
         sockets: Option<i64>,
         port_range: Option<&str>,
         on_rank_failure: &str,
+        rejoin: bool,
     ) -> PyResult<Self> {
         let on_rank_failure = match on_rank_failure {
             "fail" => OnRankFailure::Fail,
@@ -315,7 +317,10 @@ impl PyGroup {
             config.sockets = sockets;
             config.port_range = port_range;
             config.on_rank_failure = on_rank_failure;
-            Ok(runtime()?.block_on(Group::join(config))?)
+            match rejoin {
+                true => Ok(runtime()?.block_on(Group::rejoin(config))?),
+                false => Ok(runtime()?.block_on(Group::join(config))?),
+            }
         });
         let group = joined.map_err(|e| e.into_py(py))?;
         Ok(Self {
@@ -428,6 +433,30 @@ impl PyGroup {
         py.detach(|| match self.state.lock() {
             Ok(g) => g.is_none(),
             Err(poisoned) => poisoned.into_inner().is_none(),
+        })
+    }
+
+    /// Admits the ranks waiting to rejoin (with on_rank_failure="continue"):
+    /// every member calls it at the same point, the end of a training step
+    /// say. Returns the ranks admitted; empty, without a word on the
+    /// network, where none waits. Hand them the state next
+    /// (gradlane.torch.elastic does both).
+    fn admit(&self, py: Python<'_>) -> PyResult<Vec<usize>> {
+        self.with_state(py, |s, rt| Ok(rt.block_on(s.group.admit())?))
+    }
+
+    /// The ranks the last admit() brought in (on a rank that rejoined: the
+    /// ranks admitted with it, itself included).
+    #[getter]
+    fn joined(&self, py: Python<'_>) -> Vec<usize> {
+        py.detach(|| {
+            let guard = match self.state.lock() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            guard
+                .as_ref()
+                .map_or_else(Vec::new, |s| s.group.joined().to_vec())
         })
     }
 

@@ -1,12 +1,14 @@
 """DDP over the backend with GRADLANE_ON_RANK_FAILURE=continue: a rank
 killed with SIGKILL mid-training, and the others train on to the target
-with the same parameters.
+with the same parameters; a replacement for it rejoins and ends with the
+same parameters too.
 
 Ranks run as in test_torch (processes, torchrun's environment). The task
 is a small one that a step of three ranks learns in a few dozen steps:
 Gaussian blobs in 16 dimensions, four classes, an MLP.
 """
 
+import multiprocessing
 import os
 import signal
 import time
@@ -18,7 +20,7 @@ torch = pytest.importorskip(
     "torch", reason="torch is not installed (scripts/test.sh installs it into the venv)"
 )
 
-from test_torch import bits, params_of, run_ranks  # noqa: E402
+from test_torch import bits, free_port, params_of, rank_main, run_ranks  # noqa: E402
 
 RANKS = 3
 STEPS = 40
@@ -117,6 +119,141 @@ def test_ddp_trains_on_after_a_rank_is_killed(cert_dir):
     )
 
 
+#: Steps every rank trains after the replacement is admitted.
+AFTER = 10
+
+
+def train_step(ddp, opt, step, rank):
+    import torch.nn.functional as F
+
+    x, y = blobs(1000 * step + rank, 32)
+    opt.zero_grad()
+    F.cross_entropy(ddp(x), y).backward()
+    opt.step()
+
+
+def finish(model, out):
+    import torch.distributed as dist
+
+    from gradlane.torch._backend import gradlane_group_of
+
+    x, y = blobs(99, 2000)
+    with torch.no_grad():
+        out["accuracy"] = (model(x).argmax(1) == y).float().mean().item()
+    out["params"] = params_of(model)
+    group = gradlane_group_of(None)
+    out["members"] = list(group.members)
+    out["epoch"] = group.epoch
+    dist.destroy_process_group()
+    return out
+
+
+def scenario_killed_and_replaced(rank, kill_rank, kill_step):
+    """Members: train, calling elastic.admit at every step's end; rank
+    `kill_rank` SIGKILLs itself at step `kill_step`. Once a replacement is
+    admitted, every rank trains AFTER more steps. A replacement
+    (GRADLANE_REJOIN=1): catches up from the members' state, then trains
+    the same steps."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gradlane.torch import elastic
+
+    replacement = os.environ.get("GRADLANE_REJOIN") == "1"
+    dist.init_process_group("gradlane")
+    model = mlp()
+    if replacement:
+        # Other weights than the members', to show they are replaced.
+        torch.nn.init.normal_(model[0].weight)
+    ddp = DDP(model, init_sync=not replacement)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    out = {"replacement": replacement}
+    if replacement:
+        extra = elastic.catch_up(ddp, opt)
+        step, end = extra["step"] + 1, extra["step"] + 1 + AFTER
+        out["caught_up_at"] = extra["step"]
+        out["params_at_admission"] = params_of(model)
+        out["momentum_at_admission"] = [
+            opt.state[p]["momentum_buffer"].numpy().copy() for p in model.parameters()
+        ]
+    else:
+        step, end = 0, None
+    while end is None or step < end:
+        if rank == kill_rank and step == kill_step and not replacement:
+            os.kill(os.getpid(), signal.SIGKILL)
+        train_step(ddp, opt, step, rank)
+        joined = elastic.admit(ddp, opt, extra={"step": step})
+        if joined:
+            out["admitted"] = joined
+            out["admitted_at"] = step
+            out["params_at_admission"] = params_of(model)
+            out["momentum_at_admission"] = [
+                opt.state[p]["momentum_buffer"].numpy().copy() for p in model.parameters()
+            ]
+            end = step + 1 + AFTER
+        if end is None and step > 5000:
+            raise RuntimeError("no replacement was admitted")
+        step += 1
+    return finish(model, out)
+
+
+def test_a_killed_rank_is_replaced_and_ends_with_the_same_parameters(cert_dir):
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(RANKS),
+        "GRADLANE_CERT_DIR": cert_dir,
+        "GRADLANE_ON_RANK_FAILURE": "continue",
+        "GRADLANE_IDLE_TIMEOUT": IDLE,
+    }
+    victim = RANKS - 1
+    args = (scenario_killed_and_replaced, victim, KILL_STEP)
+
+    def start(rank, extra):
+        p = ctx.Process(
+            target=rank_main,
+            args=(args[0], rank, {**env, **extra}, args[1:], results),
+            daemon=True,
+        )
+        p.start()
+        return p
+
+    procs = [start(r, {}) for r in range(RANKS)]
+    try:
+        procs[victim].join(timeout=300)
+        assert procs[victim].exitcode == -signal.SIGKILL
+        # The command a user runs to start one replacement rank: the same
+        # environment, RANK of the dead one, GRADLANE_REJOIN=1.
+        procs.append(start(victim, {"GRADLANE_REJOIN": "1"}))
+        got = {}
+        for _ in range(RANKS):
+            rank, status, out = results.get(timeout=300)
+            assert status == "ok", f"rank {rank} failed:\n{out}"
+            got[rank] = out
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert sorted(got) == list(range(RANKS))
+    assert got[victim]["replacement"]
+    admitted_at = got[0]["admitted_at"]
+    assert got[victim]["caught_up_at"] == admitted_at
+    for r in range(RANKS):
+        out = got[r]
+        assert out["members"] == list(range(RANKS)), out["members"]
+        assert out["epoch"] == 2
+        assert out["accuracy"] >= TARGET, (r, out["accuracy"])
+        if r != victim:
+            assert out["admitted"] == [victim] and out["admitted_at"] == admitted_at
+        # The state it took, and where training left it: the members'.
+        for what in ("params_at_admission", "momentum_at_admission", "params"):
+            for a, b in zip(out[what], got[0][what], strict=True):
+                assert np.array_equal(bits(a), bits(b)), f"{what}: rank {r} vs rank 0"
+
+
 def test_a_bad_on_rank_failure_is_a_clear_error(monkeypatch):
     from gradlane.torch._backend import on_rank_failure_from_env
 
@@ -127,3 +264,15 @@ def test_a_bad_on_rank_failure_is_a_clear_error(monkeypatch):
     assert on_rank_failure_from_env() == "continue"
     monkeypatch.delenv("GRADLANE_ON_RANK_FAILURE")
     assert on_rank_failure_from_env() == "fail"
+
+
+def test_rejoin_without_continue_is_a_clear_error(monkeypatch):
+    from gradlane.torch._backend import rejoin_from_env
+
+    monkeypatch.setenv("GRADLANE_REJOIN", "1")
+    monkeypatch.delenv("GRADLANE_ON_RANK_FAILURE", raising=False)
+    with pytest.raises(ValueError, match="needs GRADLANE_ON_RANK_FAILURE=continue"):
+        rejoin_from_env()
+    monkeypatch.setenv("GRADLANE_REJOIN", "yes")
+    with pytest.raises(ValueError, match="GRADLANE_REJOIN 'yes'"):
+        rejoin_from_env()

@@ -19,6 +19,10 @@ ddp_hook)`` sends each gradient bucket through gradlane's differentiated
 allreduce (the important chunks exact, the rest lossy), with any process
 group (gradlane or gloo). :func:`powersgd_hook` runs torch's PowerSGD
 with its warm-up steps (full gradients) through that hook.
+
+Elastic training: with GRADLANE_ON_RANK_FAILURE=continue the ranks left
+after a death train on; :mod:`gradlane.torch.elastic` admits a restarted
+rank (GRADLANE_REJOIN=1) and hands it the members' state.
 """
 
 from gradlane.torch._backend import (
@@ -30,6 +34,7 @@ from gradlane.torch._backend import (
 )
 from gradlane.torch._hook import HookState, ddp_hook
 from gradlane.torch._powersgd import PowerSGDWarmup, powersgd_hook
+from gradlane.torch import elastic
 
 # Importing registers the backend, for torch releases that do not load
 # the entry point (registering twice is a no-op).
@@ -43,5 +48,6 @@ __all__ = [
     "PowerSGDWarmup",
     "create_process_group",
     "ddp_hook",
+    "elastic",
     "powersgd_hook",
 ]

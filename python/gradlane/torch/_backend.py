@@ -646,7 +646,10 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     GRADLANE_ON_RANK_FAILURE says what happens then: ``fail`` (default)
     raises a GroupError naming the rank that went away on every rank;
     ``continue`` goes on with the survivors (docs/DESIGN.md, "Elastic
-    membership"). GRADLANE_ASYNC=0 makes each call wait for its collective.
+    membership"). GRADLANE_REJOIN=1 starts a replacement for a rank the
+    others went on without: it joins at their next
+    :func:`gradlane.torch.elastic.admit` (rank 0 must be alive: it holds the
+    store). GRADLANE_ASYNC=0 makes each call wait for its collective.
     """
     cert_dir = cert_dir_from_env()
     if isinstance(timeout, datetime.timedelta):
@@ -674,8 +677,25 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
         join_timeout=join_timeout,
         idle_timeout=idle_timeout_from_env(),
         on_rank_failure=on_rank_failure_from_env(),
+        rejoin=rejoin_from_env(),
     )
     return GradlaneProcessGroup(group, rank, size, asynchronous=asynchronous_from_env())
+
+
+def rejoin_from_env() -> bool:
+    """GRADLANE_REJOIN: 1 for a replacement rank, 0 (default) otherwise."""
+    value = os.environ.get("GRADLANE_REJOIN", "0").strip() or "0"
+    if value not in ("0", "1"):
+        raise ValueError(
+            f"gradlane: GRADLANE_REJOIN {value!r} is not 0 or 1 (1 starts a replacement "
+            "for a rank the others went on without; unset, 0)"
+        )
+    if value == "1" and on_rank_failure_from_env() != "continue":
+        raise ValueError(
+            "gradlane: GRADLANE_REJOIN=1 needs GRADLANE_ON_RANK_FAILURE=continue "
+            "(a group that fails on a death has no one to rejoin)"
+        )
+    return value == "1"
 
 
 def on_rank_failure_from_env() -> str:
