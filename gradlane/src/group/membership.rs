@@ -30,6 +30,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// How long the coordinator tries to tell the ranks it left out.
+const LEFT_OUT_WAIT: Duration = Duration::from_secs(1);
+
 /// What a group does when one of its ranks dies (its connections close,
 /// or are silent past [`GroupConfig::failure_timeout`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -400,13 +403,16 @@ impl Group {
             if coordinator == me && heard_all {
                 let decision = self.decide(epoch, &mut suspects, &proposals, has_result);
                 let body: Bytes = decision.encode().into();
+                let t = tag(epoch, Kind::ViewDecision);
+                let mut left_out = suspects.clone();
+                self.send_view(t, body.clone(), &mut left_out, None).await;
                 // The ranks left out hear it too, where they still can, so
-                // that they stop at once with a clear error.
-                self.send_view(
-                    tag(epoch, Kind::ViewDecision),
-                    body,
-                    &mut BTreeSet::new(),
-                    None,
+                // that they stop at once with a clear error; a dead one's
+                // stream may be out of credit, so none holds this up long.
+                let members: BTreeSet<usize> = (0..n).filter(|p| !suspects.contains(p)).collect();
+                let _ = tokio::time::timeout(
+                    LEFT_OUT_WAIT,
+                    self.send_view(t, body, &mut members.clone(), None),
                 )
                 .await;
                 return self.take_decision(decision, self.membership.joined_rank);
