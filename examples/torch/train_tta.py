@@ -36,6 +36,31 @@ gradlane backend, as a PyTorch user would turn one on. With ``--transport
 hook``, ``--comm-hook powersgd`` is gradlane's ``powersgd_hook``:
 PowerSGD whose warm-up steps go through gradlane's hook. Needs
 ``pip install "./python[torch]" scikit-learn``.
+
+Failure and recovery (``scripts/elastic_bench.sh``): ``--kill-rank R
+--kill-step S`` makes rank R SIGKILL itself at the start of step S, in
+its first life only (not as a replacement, not with ``--resume``).
+``--elastic`` (``--transport gradlane`` with
+``GRADLANE_ON_RANK_FAILURE=continue``) calls
+``gradlane.torch.elastic.admit`` at the end of every step, so the members
+train on without the dead rank and admit a restarted one; started with
+``GRADLANE_REJOIN=1`` this process is that replacement: it takes the
+members' model, optimizer, learning-rate schedule and step
+(``elastic.catch_up``) and trains on from the step after. The
+checkpoint-restart way (any transport): ``--checkpoint-every N
+--checkpoint-dir D`` has rank 0 save the model, optimizer, schedule and
+step to ``D/checkpoint.pt`` every N steps, and ``--resume`` starts every
+rank from there (torchrun's restart of the whole job). A rank that
+resumes or rejoins draws the same batches a rank that never died would
+have. ``--clock FILE`` keeps rank 0's training time on one clock across
+its restarts: the first life writes when its first step began to FILE
+(with the evaluations' time so far, kept up to date), a life started
+with ``--resume`` reads it, so the CSV's ``train_s`` is the wall time
+since the first step, evaluations excluded, with the failure, its
+detection and the restart (new processes, rendezvous, checkpoint load,
+the steps done again) counted in. Rank 0 reports each such event on a
+line of its own (``failure:``, ``resume:``, ``elastic:``), its time in
+parentheses on that clock.
 """
 
 from __future__ import annotations
@@ -43,8 +68,11 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import importlib
+import json
 import math
 import os
+import signal
 import sys
 import time
 
@@ -161,6 +189,52 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="cpu",
         help="where the model trains: cuda puts rank r on GPU LOCAL_RANK mod the GPU count",
     )
+    fail = p.add_argument_group(
+        "failure and recovery", "a rank that dies, and the two ways back (scripts/elastic_bench.sh)"
+    )
+    fail.add_argument(
+        "--kill-rank",
+        type=int,
+        default=None,
+        metavar="R",
+        help="rank R SIGKILLs itself at the start of step --kill-step, in its first life only "
+        "(not when it rejoins, GRADLANE_REJOIN=1, nor with --resume)",
+    )
+    fail.add_argument(
+        "--kill-step", type=int, default=None, metavar="S", help="the step --kill-rank dies in"
+    )
+    fail.add_argument(
+        "--elastic",
+        action="store_true",
+        help="gradlane with GRADLANE_ON_RANK_FAILURE=continue: call "
+        "gradlane.torch.elastic.admit at every step's end (the members train on without a "
+        "dead rank and admit a restarted one); with GRADLANE_REJOIN=1 this rank is the "
+        "replacement: elastic.catch_up, then on from the members' next step",
+    )
+    fail.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="rank 0 saves model, optimizer, schedule and step to --checkpoint-dir every N "
+        "steps (0: never)",
+    )
+    fail.add_argument(
+        "--checkpoint-dir", metavar="D", help="where the checkpoint is (D/checkpoint.pt)"
+    )
+    fail.add_argument(
+        "--resume",
+        action="store_true",
+        help="a restart: every rank starts from --checkpoint-dir's checkpoint (from step 1 "
+        "if there is none yet), rank 0 appends to --csv and goes on with --clock",
+    )
+    fail.add_argument(
+        "--clock",
+        metavar="FILE",
+        help="rank 0's training time on one clock across restarts: the first life writes "
+        "when its first step began (and the evaluations' time so far) to FILE, a life with "
+        "--resume goes on from it, counting the time between its lives as training",
+    )
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch < 1 or args.eval_every < 1 or args.width < 1:
         p.error("--steps, --batch, --eval-every and --width must be positive")
@@ -182,6 +256,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.powersgd_rank < 1 or args.powersgd_start < 1:
         p.error("--powersgd-rank and --powersgd-start must be positive")
+    if (args.kill_rank is None) != (args.kill_step is None):
+        p.error("--kill-rank and --kill-step go together")
+    if args.kill_rank is not None and (args.kill_rank < 0 or not 1 <= args.kill_step <= args.steps):
+        p.error("--kill-rank must be a rank (>= 0) and --kill-step a step in 1..--steps")
+    if args.elastic:
+        if args.transport != "gradlane":
+            p.error("--elastic needs --transport gradlane (the backend's elastic membership)")
+        if args.comm_hook.startswith("powersgd"):
+            p.error("--elastic hands over model and optimizer only, not PowerSGD's state")
+        if os.environ.get("GRADLANE_ON_RANK_FAILURE", "").strip().lower() != "continue":
+            p.error("--elastic needs GRADLANE_ON_RANK_FAILURE=continue in the environment")
+    if os.environ.get("GRADLANE_REJOIN", "0").strip() == "1" and not args.elastic:
+        p.error("GRADLANE_REJOIN=1 starts a replacement rank: it needs --elastic to catch up")
+    if args.checkpoint_every < 0:
+        p.error("--checkpoint-every must be 0 (never) or positive")
+    if (args.checkpoint_every or args.resume) and not args.checkpoint_dir:
+        p.error("--checkpoint-every and --resume need --checkpoint-dir")
+    if args.checkpoint_every and args.comm_hook.startswith("powersgd"):
+        p.error("--checkpoint-every saves model and optimizer only, not PowerSGD's state")
     return args
 
 
@@ -255,6 +348,67 @@ def sent_bytes(iface: str) -> int | None:
         return None
 
 
+class Clock:
+    """Rank 0's training time across its lives (``--clock``): the wall time
+    since the first step of the first life began, less the evaluations'.
+
+    The first life starts it at its first step and writes FILE; each
+    evaluation's time is added to the excluded total there as it ends. A
+    life started with ``--resume`` reads FILE, so everything between the
+    last evaluation of the life before and now (the steps after it, the
+    failure, its detection, the new processes, their rendezvous, the
+    checkpoint's load) counts as training time. The interface's sent bytes
+    at the start are kept there too, so the CSV's count goes on as well."""
+
+    def __init__(self, path: str, restart: bool) -> None:
+        self.path = path
+        self.t0: float | None = None
+        self.excluded = 0.0
+        self.sent0: int | None = None
+        if restart and os.path.exists(path):
+            with open(path) as f:
+                saved = json.load(f)
+            self.t0, self.excluded, self.sent0 = saved["t0"], saved["excluded"], saved["sent0"]
+
+    def start(self, sent0: int | None) -> None:
+        """At this life's first step: starts the clock unless a life before did."""
+        if self.t0 is None:
+            self.t0, self.sent0 = time.time(), sent0
+            self._save()
+
+    def now(self) -> float:
+        return time.time() - self.t0 - self.excluded
+
+    def exclude(self, since: float) -> None:
+        """Leaves the time from ``since`` (a time.time()) to now out."""
+        self.excluded += time.time() - since
+        self._save()
+
+    def _save(self) -> None:
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"t0": self.t0, "excluded": self.excluded, "sent0": self.sent0}, f)
+        os.replace(tmp, self.path)
+
+
+def checkpoint_path(args: argparse.Namespace) -> str:
+    return os.path.join(args.checkpoint_dir, "checkpoint.pt")
+
+
+def save_checkpoint(args, net, opt, schedule, step: int) -> None:
+    """Rank 0's checkpoint, written whole or not at all."""
+    os.makedirs(args.checkpoint_dir, exist_ok=True)
+    path = checkpoint_path(args)
+    state = {
+        "model": net.state_dict(),
+        "optimizer": opt.state_dict(),
+        "schedule": schedule.state_dict(),
+        "step": step,
+    }
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -263,20 +417,39 @@ def main(argv: list[str] | None = None) -> int:
         # Registers the backend on torch releases that do not load its
         # entry point (torch.distributed.backends) by themselves.
         import gradlane.torch  # noqa: F401
-    dist.init_process_group(backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    # A replacement (GRADLANE_REJOIN=1, --elastic): init_process_group
+    # returns once the members admitted it.
+    rejoin = args.elastic and os.environ.get("GRADLANE_REJOIN", "0").strip() == "1"
+    # The data and the model before the group: a replacement is admitted
+    # in init_process_group, and the members wait in admit until it takes
+    # their state (catch_up), so it comes ready.
     device = torch.device("cpu")
     if args.device == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", rank))
+        local = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
         device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
     torch.manual_seed(args.seed)
     x_train, y_train, x_test, y_test = (t.to(device) for t in digits(args.seed))
     net = ResNet18(args.width).to(device)
     params = sum(p.numel() for p in net.parameters())
+    saved = None
+    if args.resume and os.path.exists(checkpoint_path(args)):
+        saved = torch.load(checkpoint_path(args), map_location=device, weights_only=False)
+        net.load_state_dict(saved["model"])
+    if rejoin:
+        # DDP's constructor imports torch._dynamo the first time (seconds
+        # of the members' wait, on a busy host): before being admitted.
+        importlib.import_module("torch._dynamo")
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.kill_rank is not None and args.kill_rank >= world:
+        raise SystemExit(f"train_tta: --kill-rank {args.kill_rank} is not a rank of {world}")
     ddp_args = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
     if device.type == "cuda":
         ddp_args["device_ids"] = [device.index]
+    if rejoin:
+        # The members' parameters come with catch_up, not DDP's broadcast.
+        ddp_args["init_sync"] = False
     model = DDP(net, **ddp_args)
     state = None
     if args.transport == "hook":
@@ -303,6 +476,27 @@ def main(argv: list[str] | None = None) -> int:
         opt, lambda s: min(1.0, (s + 1) / 5) * 0.5 * (1 + math.cos(math.pi * s / args.steps))
     )
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    group = None
+    if args.elastic:
+        from gradlane.torch import elastic
+        from gradlane.torch._backend import gradlane_group_of
+
+        group = gradlane_group_of(None)
+    done = 0  # the steps before this life's first
+    if saved is not None:
+        opt.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        done = saved["step"]
+    if rejoin:
+        extra = elastic.catch_up(model, opt)
+        schedule.load_state_dict(extra["schedule"])
+        done = extra["step"]
+        print(f"elastic: rank {rank} rejoined after step {done}", flush=True)
+    # The batches a rank that never died would draw from here on.
+    for _ in range(done):
+        torch.randint(len(y_train), (args.batch,), generator=gen)
+    first_life = not (args.resume or rejoin)
+    clock = Clock(args.clock, restart=not first_life) if rank == 0 and args.clock else None
     out = None
     if rank == 0:
         print(
@@ -312,55 +506,106 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         if args.csv:
-            out = open(args.csv, "w", newline="")
+            append = args.resume and os.path.exists(args.csv) and os.path.getsize(args.csv) > 0
+            out = open(args.csv, "a" if append else "w", newline="")
             rows = csv.writer(out)
-            rows.writerow(["train_s", "step", "sent_bytes", "train_loss", "test_acc"])
+            if not append:
+                rows.writerow(["train_s", "step", "sent_bytes", "train_loss", "test_acc"])
     sent0 = sent_bytes(args.iface)
+    if clock is not None:
+        clock.start(sent0)
+        sent0 = clock.sent0
+    if args.resume and rank == 0:
+        what = f"step {done}" if saved is not None else "no checkpoint, step 0"
+        when = f" ({clock.now():.3f} s)" if clock is not None else ""
+        print(f"resume: {what}, from {args.checkpoint_dir}{when}", flush=True)
     train_s, reached, step_s = 0.0, None, []
     stop = torch.zeros(1)
-    for step in range(1, args.steps + 1):
-        started = time.monotonic()
-        model.train()
-        idx = torch.randint(len(y_train), (args.batch,), generator=gen).to(device)
-        loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        schedule.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # the step's kernels are timed too
-        took = time.monotonic() - started
-        step_s.append(took)
-        train_s += took
-        if step % args.eval_every and step != args.steps:
-            continue
-        # Only rank 0 evaluates (every rank holds the same parameters); the
-        # others wait for its verdict in the broadcast.
+    view = None if group is None else group.epoch
+    step = done
+    try:
+        for step in range(done + 1, args.steps + 1):
+            if first_life and rank == args.kill_rank and step == args.kill_step:
+                print(f"kill: rank {rank} SIGKILLs itself at the start of step {step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            started = time.monotonic()
+            model.train()
+            idx = torch.randint(len(y_train), (args.batch,), generator=gen).to(device)
+            loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            schedule.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # the step's kernels are timed too
+            took = time.monotonic() - started
+            step_s.append(took)
+            train_s += took
+            if clock is not None:
+                train_s = clock.now()
+            if not step % args.eval_every or step == args.steps:
+                evaluated = time.time()
+                # Only rank 0 evaluates (every rank holds the same parameters); the
+                # others wait for its verdict in the broadcast.
+                if rank == 0:
+                    model.eval()
+                    with torch.no_grad():
+                        correct = (model.module(x_test).argmax(1) == y_test).sum().item()
+                    # A ratio of ints: 342 of 360 is 0.95 exactly, as the CSV says.
+                    acc = correct / len(y_test)
+                    sent = sent_bytes(args.iface)
+                    sent = "" if sent is None or sent0 is None else sent - sent0
+                    if out is not None:
+                        rows.writerow(
+                            [f"{train_s:.3f}", step, sent, f"{loss.item():.4f}", f"{acc:.4f}"]
+                        )
+                        out.flush()
+                    if reached is None and acc >= args.target_acc:
+                        reached = train_s
+                    print(
+                        f"step {step}: {train_s:.1f} s, step {took:.2f} s, train loss "
+                        f"{loss.item():.3f}, test accuracy {acc:.3f}",
+                        flush=True,
+                    )
+                    over = args.time_limit > 0 and train_s >= args.time_limit
+                    stop.fill_(1.0 if over else 0.0)
+                dist.broadcast(stop, 0)
+                if clock is not None:
+                    clock.exclude(evaluated)
+                if stop.item():
+                    break
+            if step == args.steps or not (args.checkpoint_every or args.elastic):
+                continue
+            # After the evaluation, so that a rank admitted here starts with
+            # the members' next step. Training time, and the step's.
+            started = time.monotonic()
+            if args.checkpoint_every and not step % args.checkpoint_every and rank == 0:
+                save_checkpoint(args, net, opt, schedule, step)
+            if args.elastic:
+                joined = elastic.admit(
+                    model, opt, extra={"step": step, "schedule": schedule.state_dict()}
+                )
+                if group.epoch != view and rank == 0:
+                    now = clock.now() if clock is not None else train_s
+                    if joined:
+                        print(f"elastic: admitted {joined} after step {step} ({now:.3f} s)", flush=True)
+                    print(
+                        f"elastic: view {group.epoch}, members {list(group.members)}, "
+                        f"after step {step} ({now:.3f} s)",
+                        flush=True,
+                    )
+                view = group.epoch
+            took = time.monotonic() - started
+            step_s[-1] += took
+            train_s += took
+    except Exception as e:
         if rank == 0:
-            model.eval()
-            with torch.no_grad():
-                correct = (model.module(x_test).argmax(1) == y_test).sum().item()
-            # A ratio of ints: 342 of 360 is 0.95 exactly, as the CSV says.
-            acc = correct / len(y_test)
-            sent = sent_bytes(args.iface)
-            sent = "" if sent is None or sent0 is None else sent - sent0
-            if out is not None:
-                rows.writerow([f"{train_s:.3f}", step, sent, f"{loss.item():.4f}", f"{acc:.4f}"])
-                out.flush()
-            if reached is None and acc >= args.target_acc:
-                reached = train_s
-            print(
-                f"step {step}: {train_s:.1f} s, step {took:.2f} s, train loss "
-                f"{loss.item():.3f}, test accuracy {acc:.3f}",
-                flush=True,
-            )
-            over = args.time_limit > 0 and train_s >= args.time_limit
-            stop.fill_(1.0 if over else 0.0)
-        dist.broadcast(stop, 0)
-        if stop.item():
-            break
+            now = clock.now() if clock is not None else train_s
+            why = (str(e).strip().splitlines() or [""])[0][:200]
+            print(f"failure: {type(e).__name__} in step {step}: {why} ({now:.3f} s)", flush=True)
+        raise
     if rank == 0:
-        ordered = sorted(step_s)
+        ordered = sorted(step_s) or [0.0]
         p50 = ordered[len(ordered) // 2]
         p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
         target = "not reached" if reached is None else f"{reached:.1f} s"
@@ -385,7 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rank {rank} of {world}: parameters {checksum(model.module)}", flush=True)
     if state is not None:
         state.close()
-    leave_together(rank, world)
+    # With --elastic the ranks that leave are the group's members now.
+    leave_together(rank, world if group is None else len(group.members))
     dist.destroy_process_group()
     return 0
 
@@ -426,6 +672,8 @@ def leave_together(rank: int, world: int) -> None:
     with "terminate called without an active exception"). So after the
     barrier the ranks also meet in the rendezvous store: each says it is
     through and waits for all; rank 0, which hosts the store, goes last.
+    ``world`` is the number of ranks that leave (with ``--elastic``, the
+    group's members now).
     """
     dist.barrier()
     store = dist.distributed_c10d._get_default_store()
