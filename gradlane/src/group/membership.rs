@@ -613,7 +613,12 @@ impl Group {
         let place = members
             .iter()
             .position(|&r| r == m.joined_rank)
-            .expect("take_decision checked membership");
+            .ok_or_else(|| {
+                GroupError::Setup(format!(
+                    "view {} does not hold rank {}",
+                    decision.epoch, m.joined_rank
+                ))
+            })?;
         let table: Vec<SocketAddr> = members.iter().map(|&r| m.addresses[r]).collect();
         let wait = m
             .config
