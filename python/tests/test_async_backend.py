@@ -224,13 +224,16 @@ def scenario_ddp_overlaps(rank):
     from gradlane.torch._backend import GradlaneProcessGroup
 
     events = []
+    # The callbacks' own futures: a callback runs once its collective's
+    # future completes, which may be after DDP's wait for it returned.
+    logged_done = []
     issue = GradlaneProcessGroup.allreduce
 
     def logged(self, tensors, opts=None):
         n = sum(1 for e in events if e[0] == "issued")
         work = issue(self, tensors, opts)
         events.append(("issued", n))
-        work.get_future().then(lambda _: events.append(("done", n)))
+        logged_done.append(work.get_future().then(lambda _: events.append(("done", n))))
         if n == 1 and rank == 0:
             store().set("second issued", "1")
         return work
@@ -248,6 +251,7 @@ def scenario_ddp_overlaps(rank):
         store().wait(["second issued"], STORE_WAIT)
     loss.backward()
     GradlaneProcessGroup.allreduce = issue
+    torch.futures.wait_all(logged_done)
     out = {"events": list(events), "params": params_of(model)}
     dist.barrier()
     dist.destroy_process_group()
