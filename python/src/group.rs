@@ -4,15 +4,14 @@
 use crate::buffer::{bits_as, bits_as_ref, disjoint, Bits16, InBuf, OutBuf};
 use crate::errors::CallError;
 use crate::group_arguments::{
-    bucket_layout, group_port_range, group_sockets, loss_recovery, reduce_op, resolve, route_to,
-    seconds, value_dtype, value_format, CERT_DIR_ENV,
+    bucket_layout, group_port_range, group_sockets, link_config, loss_recovery, rank_failure,
+    reduce_op, resolve, route_to, seconds, value_dtype, value_format, CERT_DIR_ENV,
 };
 use crate::group_report::report_dict;
 use crate::runtime;
 use gradlane::{
-    bf16, f16, BucketId, BucketOptions, ClassFormats, Config, DscpMarks, Faults, Group,
-    GroupConfig, LossyCarrier, OnRankFailure, Packets, ReduceOp, Rendezvous, SparseAllgather,
-    SparseRows, ValueFormat,
+    bf16, f16, BucketId, BucketOptions, ClassFormats, Group, GroupConfig, ReduceOp, Rendezvous,
+    SparseAllgather, SparseRows, ValueFormat,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -30,7 +29,8 @@ use tokio::runtime::Runtime;
 ///       cert_dir=None, server_name=None, join_timeout=60.0,
 ///       loss_tolerance=0.2, injected_loss=0.0, seed=0, idle_timeout=None,
 ///       dscp=False, lossy_carrier="adaptive", important_format="f32",
-///       lossy_format="f32", sockets=None, port_range=None)
+///       lossy_format="f32", sockets=None, port_range=None,
+///       on_rank_failure="fail", rejoin=False)
 ///
 /// The constructor joins the group (the GIL is released while it waits)
 /// and returns once this rank has a link to every other rank. Give exactly
@@ -79,7 +79,11 @@ use tokio::runtime::Runtime;
 /// the UDP ports this rank's sockets take (by default the environment
 /// variable GRADLANE_PORT_RANGE, else any free port), so that a firewall
 /// can pass exactly them; a given listen port must lie in it, and a range
-/// with no free port left is a GroupSetupError naming it.
+/// with no free port left is a GroupSetupError naming it. on_rank_failure:
+/// "fail" (a dead rank fails the others' collectives) or "continue" (the
+/// rest agree on who is left and go on: members, epoch, contributors);
+/// rejoin=True starts a replacement for a rank the others went on
+/// without, returning once they admit() it.
 ///
 /// Every rank must call the same collectives in the same order, as in any
 /// process group; a rank that calls something else, or dies, makes the
@@ -141,6 +145,16 @@ impl PyGroup {
         })
         .map_err(|e| e.into_py(py))
     }
+
+    /// `f` of the group's state (`None` once closed) with the GIL released:
+    /// the getters, which work on a closed group and through a poisoned
+    /// lock.
+    fn peek<T: Send>(&self, py: Python<'_>, f: impl FnOnce(Option<&State>) -> T + Send) -> T {
+        py.detach(|| {
+            let guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            f(guard.as_ref())
+        })
+    }
 }
 
 #[pymethods]
@@ -193,15 +207,7 @@ impl PyGroup {
         on_rank_failure: &str,
         rejoin: bool,
     ) -> PyResult<Self> {
-        let on_rank_failure = match on_rank_failure {
-            "fail" => OnRankFailure::Fail,
-            "continue" => OnRankFailure::Continue,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown on_rank_failure {other:?}; one of \"fail\", \"continue\""
-                )))
-            }
-        };
+        let on_rank_failure = rank_failure(on_rank_failure)?;
         let sockets = group_sockets(sockets).map_err(|e| e.into_py(py))?;
         let port_range = group_port_range(port_range).map_err(|e| e.into_py(py))?;
         let world = usize::try_from(world)
@@ -248,43 +254,15 @@ impl PyGroup {
             important: value_format("important_format", important_format)?,
             lossy: value_format("lossy_format", lossy_format)?,
         };
-        let mut link = Config {
+        let link = link_config(
             loss_tolerance,
             formats,
-            ..Config::default()
-        };
-        if injected_loss > 0.0 {
-            // Injected loss stands for a lossy path between hosts, whose
-            // packets are Ethernet-sized: a lost 64 KB loopback packet
-            // would stand for 45 lost there.
-            link.packets = Packets::Ethernet;
-            link.faults = Some(Faults {
-                loss_out: injected_loss,
-                seed,
-                ..Faults::default()
-            });
-        }
-        if dscp {
-            link.dscp = Some(DscpMarks::authors(link.levels));
-        }
-        link.timing.lossy_carrier = match lossy_carrier {
-            "adaptive" => LossyCarrier::Adaptive,
-            "datagrams" => LossyCarrier::Datagrams,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown lossy_carrier {other:?}; one of \"adaptive\", \"datagrams\""
-                )))
-            }
-        };
-        if let Some(idle) = idle_timeout {
-            let idle = seconds("idle_timeout", idle)?;
-            link.quic.max_idle_timeout = Some(idle);
-            // Keep-alives must come well within the idle timeout, or a
-            // quiet but healthy link (ranks between steps) would time out.
-            link.quic.keep_alive = link.quic.keep_alive.map(|k| k.min(idle / 4));
-        }
-        link.validate()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            injected_loss,
+            seed,
+            dscp,
+            lossy_carrier,
+            idle_timeout,
+        )?;
         let listen = listen.to_owned();
         let joined = py.detach(move || {
             let rendezvous = match (root, addresses) {
@@ -339,12 +317,8 @@ impl PyGroup {
     /// one the others reached it at), for a firewall's rules; empty once
     /// closed.
     fn local_ports(&self, py: Python<'_>) -> Vec<u16> {
-        py.detach(|| {
-            let state = match self.state.lock() {
-                Ok(g) => g,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            state.as_ref().map_or_else(Vec::new, |s| {
+        self.peek(py, |state| {
+            state.map_or_else(Vec::new, |s| {
                 s.group
                     .endpoints()
                     .filter_map(|e| e.local_addr().ok().map(|a| a.port()))
@@ -371,15 +345,9 @@ impl PyGroup {
     /// another thread is running on this group.
     #[getter]
     fn bytes_sent(&self, py: Python<'_>) -> u64 {
-        py.detach(|| {
-            let guard = match self.state.lock() {
-                Ok(g) => g,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            match guard.as_ref() {
-                Some(state) => state.group.bytes_sent(),
-                None => self.bytes_at_close.load(Ordering::Relaxed),
-            }
+        self.peek(py, |state| match state {
+            Some(state) => state.group.bytes_sent(),
+            None => self.bytes_at_close.load(Ordering::Relaxed),
         })
     }
 
@@ -388,14 +356,8 @@ impl PyGroup {
     /// collective that another thread is running on this group.
     #[getter]
     fn members(&self, py: Python<'_>) -> Vec<usize> {
-        py.detach(|| {
-            let guard = match self.state.lock() {
-                Ok(g) => g,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            guard
-                .as_ref()
-                .map_or_else(Vec::new, |s| s.group.members().to_vec())
+        self.peek(py, |s| {
+            s.map_or_else(Vec::new, |s| s.group.members().to_vec())
         })
     }
 
@@ -403,37 +365,20 @@ impl PyGroup {
     /// members change.
     #[getter]
     fn epoch(&self, py: Python<'_>) -> u64 {
-        py.detach(|| {
-            let guard = match self.state.lock() {
-                Ok(g) => g,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            guard.as_ref().map_or(0, |s| s.group.epoch())
-        })
+        self.peek(py, |s| s.map_or(0, |s| s.group.epoch()))
     }
 
     /// How many ranks took part in the last collective (fewer than world
     /// once ranks died with on_rank_failure="continue": a "sum" is theirs).
     #[getter]
     fn contributors(&self, py: Python<'_>) -> usize {
-        py.detach(|| {
-            let guard = match self.state.lock() {
-                Ok(g) => g,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            guard
-                .as_ref()
-                .map_or(self.world, |s| s.group.contributors())
-        })
+        self.peek(py, |s| s.map_or(self.world, |s| s.group.contributors()))
     }
 
     /// Whether close() was called.
     #[getter]
     fn closed(&self, py: Python<'_>) -> bool {
-        py.detach(|| match self.state.lock() {
-            Ok(g) => g.is_none(),
-            Err(poisoned) => poisoned.into_inner().is_none(),
-        })
+        self.peek(py, |s| s.is_none())
     }
 
     /// Admits the ranks waiting to rejoin (with on_rank_failure="continue"):
@@ -449,14 +394,8 @@ impl PyGroup {
     /// ranks admitted with it, itself included).
     #[getter]
     fn joined(&self, py: Python<'_>) -> Vec<usize> {
-        py.detach(|| {
-            let guard = match self.state.lock() {
-                Ok(g) => g,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            guard
-                .as_ref()
-                .map_or_else(Vec::new, |s| s.group.joined().to_vec())
+        self.peek(py, |s| {
+            s.map_or_else(Vec::new, |s| s.group.joined().to_vec())
         })
     }
 

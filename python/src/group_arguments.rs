@@ -2,7 +2,10 @@
 //! into gradlane's settings, each refused with a ValueError that names it.
 
 use crate::errors::CallError;
-use gradlane::{Layout, LossRecovery, ReduceOp, TensorSpec, ValueFormat};
+use gradlane::{
+    ClassFormats, Config, DscpMarks, Faults, Layout, LossRecovery, LossyCarrier, OnRankFailure,
+    Packets, ReduceOp, TensorSpec, ValueFormat,
+};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -202,4 +205,65 @@ pub(crate) fn bucket_layout(shapes: Vec<(String, Vec<i64>, String)>) -> PyResult
         tensors.push(spec);
     }
     Layout::new(tensors).map_err(|e| PyValueError::new_err(format!("bucket: {e}")))
+}
+
+/// What a dead rank does to the group, from Python's string.
+pub(crate) fn rank_failure(name: &str) -> PyResult<OnRankFailure> {
+    match name {
+        "fail" => Ok(OnRankFailure::Fail),
+        "continue" => Ok(OnRankFailure::Continue),
+        other => Err(PyValueError::new_err(format!(
+            "unknown on_rank_failure {other:?}; one of \"fail\", \"continue\""
+        ))),
+    }
+}
+
+/// The links' settings from the constructor's arguments.
+pub(crate) fn link_config(
+    loss_tolerance: f64,
+    formats: ClassFormats,
+    injected_loss: f64,
+    seed: u64,
+    dscp: bool,
+    lossy_carrier: &str,
+    idle_timeout: Option<f64>,
+) -> PyResult<Config> {
+    let mut link = Config {
+        loss_tolerance,
+        formats,
+        ..Config::default()
+    };
+    if injected_loss > 0.0 {
+        // Injected loss stands for a lossy path between hosts, whose
+        // packets are Ethernet-sized: a lost 64 KB loopback packet
+        // would stand for 45 lost there.
+        link.packets = Packets::Ethernet;
+        link.faults = Some(Faults {
+            loss_out: injected_loss,
+            seed,
+            ..Faults::default()
+        });
+    }
+    if dscp {
+        link.dscp = Some(DscpMarks::authors(link.levels));
+    }
+    link.timing.lossy_carrier = match lossy_carrier {
+        "adaptive" => LossyCarrier::Adaptive,
+        "datagrams" => LossyCarrier::Datagrams,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown lossy_carrier {other:?}; one of \"adaptive\", \"datagrams\""
+            )))
+        }
+    };
+    if let Some(idle) = idle_timeout {
+        let idle = seconds("idle_timeout", idle)?;
+        link.quic.max_idle_timeout = Some(idle);
+        // Keep-alives must come well within the idle timeout, or a
+        // quiet but healthy link (ranks between steps) would time out.
+        link.quic.keep_alive = link.quic.keep_alive.map(|k| k.min(idle / 4));
+    }
+    link.validate()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(link)
 }

@@ -18,8 +18,7 @@
 //! merged silently.
 
 use super::membership::Membership;
-use super::port_range::open_in;
-use super::rendezvous::{dial, form_view, listen_address};
+use super::rendezvous::{apply_failure_timeout, dial, form_view, listen_address, open_endpoint};
 use super::{tag, Group, GroupConfig, GroupError, Kind, OnRankFailure, Rendezvous};
 use crate::endpoint::{Endpoint, Incoming};
 use crate::link::Link;
@@ -104,10 +103,7 @@ impl Group {
                 "rank {rank} is not in a group of {world}"
             )));
         }
-        if let Some(t) = config.failure_timeout {
-            config.link.quic.max_idle_timeout = Some(t);
-            config.link.quic.keep_alive = Some(t / 4);
-        }
+        apply_failure_timeout(&mut config);
         config.on_rank_failure = OnRankFailure::Continue;
         let (listen, contacts): (SocketAddr, Vec<(usize, SocketAddr)>) = match &config.rendezvous {
             Rendezvous::Addresses(addrs) if addrs.len() != world => {
@@ -135,15 +131,7 @@ impl Group {
                     .into(),
             ));
         }
-        let endpoint = open_in(config.port_range, listen, |addr| {
-            Endpoint::peer(
-                addr,
-                &config.cert,
-                &config.key,
-                &config.ca,
-                config.link.clone(),
-            )
-        })?;
+        let endpoint = open_endpoint(&config, listen)?;
         let wait = config.join_timeout;
         let admitted = tokio::time::timeout(wait, ask(&config, &endpoint, &contacts));
         let (contact_link, decision, table, joiners) = match admitted.await {

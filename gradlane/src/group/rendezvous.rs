@@ -49,12 +49,7 @@ fn link_layout() -> Result<Layout, GroupError> {
 
 pub(super) async fn join(mut config: GroupConfig) -> Result<Group, GroupError> {
     let (rank, world) = (config.rank, config.world);
-    if let Some(t) = config.failure_timeout {
-        // A dead rank is a link silent this long; a live one sends
-        // keep-alives often enough never to be.
-        config.link.quic.max_idle_timeout = Some(t);
-        config.link.quic.keep_alive = Some(t / 4);
-    }
+    apply_failure_timeout(&mut config);
     if world == 0 || rank >= world {
         return Err(GroupError::Setup(format!(
             "rank {rank} is not in a group of {world}"
@@ -71,15 +66,7 @@ pub(super) async fn join(mut config: GroupConfig) -> Result<Group, GroupError> {
         Rendezvous::Root { root, .. } if rank == 0 => *root,
         Rendezvous::Root { listen, .. } => *listen,
     };
-    let endpoint = open_in(config.port_range, listen, |addr| {
-        Endpoint::peer(
-            addr,
-            &config.cert,
-            &config.key,
-            &config.ca,
-            config.link.clone(),
-        )
-    })?;
+    let endpoint = open_endpoint(&config, listen)?;
     let deadline = Instant::now() + config.join_timeout;
     let mut links: Vec<Option<Link>> = (0..world).map(|_| None).collect();
     let mut failed = Vec::new();
@@ -101,6 +88,34 @@ pub(super) async fn join(mut config: GroupConfig) -> Result<Group, GroupError> {
             failed,
         }),
     }
+}
+
+/// The links' idle timeout and keep-alives from the group's failure
+/// timeout, where it gives one.
+pub(super) fn apply_failure_timeout(config: &mut GroupConfig) {
+    if let Some(t) = config.failure_timeout {
+        // A dead rank is a link silent this long; a live one sends
+        // keep-alives often enough never to be.
+        config.link.quic.max_idle_timeout = Some(t);
+        config.link.quic.keep_alive = Some(t / 4);
+    }
+}
+
+/// This rank's endpoint at `listen` (in the port range, if any), with the
+/// job's certificates.
+pub(super) fn open_endpoint(
+    config: &GroupConfig,
+    listen: SocketAddr,
+) -> Result<Endpoint, GroupError> {
+    open_in(config.port_range, listen, |addr| {
+        Endpoint::peer(
+            addr,
+            &config.cert,
+            &config.key,
+            &config.ca,
+            config.link.clone(),
+        )
+    })
 }
 
 impl Group {
