@@ -8,7 +8,6 @@ is a small one that a step of three ranks learns in a few dozen steps:
 Gaussian blobs in 16 dimensions, four classes, an MLP.
 """
 
-import multiprocessing
 import os
 import signal
 import time
@@ -20,6 +19,7 @@ torch = pytest.importorskip(
     "torch", reason="torch is not installed (scripts/test.sh installs it into the venv)"
 )
 
+from rank_processes import rank_context  # noqa: E402
 from test_torch import bits, free_port, params_of, rank_main, run_ranks  # noqa: E402
 
 RANKS = 3
@@ -198,7 +198,7 @@ def scenario_killed_and_replaced(rank, kill_rank, kill_step):
 
 
 def test_a_killed_rank_is_replaced_and_ends_with_the_same_parameters(cert_dir):
-    ctx = multiprocessing.get_context("spawn")
+    ctx = rank_context()
     results = ctx.Queue()
     env = {
         "MASTER_ADDR": "127.0.0.1",

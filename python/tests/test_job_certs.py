@@ -5,12 +5,11 @@ group with GRADLANE_CERT_DIR alone; a rank whose certificate is of
 another CA, or of the same CA and another job, is refused, and the rank
 that refuses it raises naming it and why (no collective runs with it).
 
-Each rank is a process (multiprocessing "spawn") with torchrun's
-environment and a GRADLANE_CERT_DIR of its own; every wait is bounded.
+Each rank is a process (from rank_processes.rank_context) with
+torchrun's environment and a GRADLANE_CERT_DIR of its own; every wait is bounded.
 """
 
 import datetime
-import multiprocessing
 import os
 import socket
 import traceback
@@ -22,6 +21,7 @@ torch = pytest.importorskip(
 )
 
 import gradlane  # noqa: E402
+from rank_processes import rank_context  # noqa: E402
 
 WORLD = 2
 RESULT_TIMEOUT = 120.0
@@ -36,7 +36,11 @@ def free_port(kind=socket.SOCK_STREAM):
         return s.getsockname()[1]
 
 
-def rank_main(rank, env, results):
+def rank_main(rank, env, stderr_path, results):
+    # The rank's stderr (gradlane's warnings) into a file the test reads: a
+    # rank forked by the fork server writes to the server's stderr, not to
+    # the test's.
+    os.dup2(os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), 2)
     try:
         os.environ.update(env)
         os.environ["RANK"] = str(rank)
@@ -51,9 +55,10 @@ def rank_main(rank, env, results):
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(cert_dirs):
-    """Rank r with GRADLANE_CERT_DIR=cert_dirs[r]; {rank: (status, out)}."""
-    ctx = multiprocessing.get_context("spawn")
+def run_ranks(cert_dirs, stderr_dir):
+    """Rank r with GRADLANE_CERT_DIR=cert_dirs[r] and its stderr in
+    stderr_dir/rank{r}.err; {rank: (status, out)}."""
+    ctx = rank_context()
     results = ctx.Queue()
     env = {
         "MASTER_ADDR": "127.0.0.1",
@@ -64,7 +69,12 @@ def run_ranks(cert_dirs):
     procs = [
         ctx.Process(
             target=rank_main,
-            args=(r, {**env, "GRADLANE_CERT_DIR": cert_dirs[r]}, results),
+            args=(
+                r,
+                {**env, "GRADLANE_CERT_DIR": cert_dirs[r]},
+                os.path.join(stderr_dir, f"rank{r}.err"),
+                results,
+            ),
             daemon=True,
         )
         for r in range(WORLD)
@@ -88,7 +98,7 @@ def test_a_job_certificate_forms_the_group_on_addresses_it_does_not_name(tmp_pat
     d = str(tmp_path / "job")
     files = gradlane.generate_job_certs(d, "train-7")
     assert set(files) == {"ca_cert", "ca_key", "server_cert", "server_key"}
-    got = run_ranks([d, d])
+    got = run_ranks([d, d], str(tmp_path))
     for rank in range(WORLD):
         status, out = got[rank]
         assert status == "ok", f"rank {rank} failed:\n{out}"
@@ -96,7 +106,7 @@ def test_a_job_certificate_forms_the_group_on_addresses_it_does_not_name(tmp_pat
 
 
 @pytest.mark.parametrize("other", ["ca", "job"])
-def test_a_rank_of_another_ca_or_job_is_refused_naming_it(tmp_path, capfd, other):
+def test_a_rank_of_another_ca_or_job_is_refused_naming_it(tmp_path, other):
     good = str(tmp_path / "good")
     bad = str(tmp_path / "bad")
     gradlane.generate_job_certs(good, "train-7")
@@ -108,7 +118,7 @@ def test_a_rank_of_another_ca_or_job_is_refused_naming_it(tmp_path, capfd, other
         why = 'wrong job name "train-8", expected "train-7"'
         root_why = "wrong job name: it refused this rank's certificate"
     # Rank 0 presents the other certificate; rank 1 reaches it and refuses.
-    got = run_ranks([bad, good])
+    got = run_ranks([bad, good], str(tmp_path))
     status, out = got[1]
     assert status == "error", f"rank 1 joined a group with the refused rank: {out}"
     assert "RankFailedError" in out, out
@@ -118,7 +128,7 @@ def test_a_rank_of_another_ca_or_job_is_refused_naming_it(tmp_path, capfd, other
     status, out = got[0]
     assert status == "error", f"the refused rank joined: {out}"
     assert "JoinTimeoutError" in out and root_why in out, out
-    err = capfd.readouterr().err
+    err = (tmp_path / "rank0.err").read_text()
     warned = [line for line in err.splitlines() if "a connection to the group was refused" in line]
     assert warned, err
     assert "WARN" in warned[0] and "remote=127.0.0.1:" in warned[0] and root_why in warned[0], warned
@@ -149,7 +159,7 @@ def test_python_m_gradlane_certs_makes_files_a_group_accepts(tmp_path):
     for f in ("ca.pem", "ca.key", "server.pem", "server.key"):
         assert os.path.isfile(os.path.join(d, f)), f
     assert os.stat(os.path.join(d, "server.key")).st_mode & 0o077 == 0
-    got = run_ranks([d, d])
+    got = run_ranks([d, d], str(tmp_path))
     for rank in range(WORLD):
         status, out = got[rank]
         assert status == "ok", f"rank {rank} failed:\n{out}"

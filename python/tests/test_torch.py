@@ -1,8 +1,9 @@
 """Tests of gradlane.torch: the torch.distributed backend "gradlane" and the
 DDP communication hook, on CPU ranks.
 
-Each scenario runs on WORLD ranks as processes (multiprocessing "spawn")
-with torchrun's environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
+Each scenario runs on WORLD ranks as processes (from
+rank_processes.rank_context, which imports torch once for them all) with
+torchrun's environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)
 and GRADLANE_CERT_DIR; each rank reports numpy arrays through a queue and
 the test process checks them against a single-process reference. Every
 wait is bounded by a queue timeout; nothing sleeps.
@@ -13,7 +14,6 @@ check that ``init_process_group("gradlane")`` works without importing
 gradlane.torch (the entry point does it).
 """
 
-import multiprocessing
 import os
 import socket
 import sys
@@ -27,6 +27,7 @@ torch = pytest.importorskip(
 )
 
 import gradlane  # noqa: E402
+from rank_processes import rank_context  # noqa: E402
 
 WORLD = 2
 STEPS = 3
@@ -578,7 +579,7 @@ def rank_main(scenario, rank, env, args, results):
 
 
 def run_ranks(scenario, cert_dir, *args, expect=None, extra_env=None, world=WORLD):
-    ctx = multiprocessing.get_context("spawn")
+    ctx = rank_context()
     results = ctx.Queue()
     expect = world if expect is None else expect
     env = {
