@@ -11,7 +11,7 @@
 //! nuance: the first push of bucket i hands out an index of bucket i+1, so
 //! the server advances during bucket i and, once bucket i is complete, holds
 //! SSGDm's state after step i+1 *plus* the gradient-free momentum half of step
-//! i+2 (`w - eta*beta*u`, `beta*u`). `tests/ps_core.rs` checks exactly that.
+//! i+2 (`w - eta*beta*u`, `beta*u`). `tests/behaviour/ps_core.rs` checks exactly that.
 //!
 //! # When the server advances (step 104)
 //! "If a gradient of the next bucket (b+1) is being computed by some worker,

@@ -117,7 +117,7 @@ fn run(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         problem.optimum(),
         target
     );
-    // Same grid as tests/ps_core.rs.
+    // Same grid as gradlane-core/tests/behaviour/ps_core.rs.
     let grid: Vec<f64> = (0..14).map(|i| 0.005 * 1.5f64.powi(i)).collect();
     let beta = a.momentum;
     type Make = Box<dyn Fn(f64) -> Algorithm>;

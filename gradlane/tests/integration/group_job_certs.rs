@@ -3,7 +3,7 @@
 //! name, and a rank of another CA or another job is refused with an error
 //! that names it and says why, with no link (so no message) to it.
 
-mod common;
+use crate::common;
 
 use common::{at_root, free_port, group_config};
 use gradlane::{

@@ -1,6 +1,6 @@
 //! The receiver rebuilds rounds exactly from whatever subset of packets arrives.
 
-mod common;
+use crate::common;
 
 use gradlane_core::classify::ClassifyConfig;
 use gradlane_core::encode::{EncodedRound, Encoder, EncoderConfig};

@@ -3,7 +3,7 @@
 //! are not finite come out where they went in; the bytes on the wire are
 //! what the formats imply.
 
-mod common;
+use crate::common;
 
 use gradlane_core::classify::ClassifyConfig;
 use gradlane_core::encode::{EncodedRound, Encoder, EncoderConfig};

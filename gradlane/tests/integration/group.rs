@@ -2,7 +2,7 @@
 //! collectives against a local reference, bit for bit, the sparse
 //! allgather, and ranks that fail.
 
-mod common;
+use crate::common;
 
 use common::{at_root, cert_dir, free_port, group_config, group_with};
 use futures_util::future::join_all;

@@ -1,6 +1,6 @@
 //! Links over real QUIC on loopback, with seeded injected loss.
 
-mod common;
+use crate::common;
 
 use common::{bit_equal, cert_dir, pair, quick, server};
 use gradlane::{codes, presets, Congestion, Layout, Packets, TensorSpec, JUMBO_UDP_PAYLOAD};

@@ -1,18 +1,21 @@
-//! Helpers shared by the link tests: certificates, a quick configuration,
-//! and a connected pair of links.
-#![allow(dead_code)]
+//! Helpers shared by the integration tests: certificates, a quick
+//! configuration, a connected pair of links, and groups of ranks.
 
 use gradlane::{
     generate_certs, Config, Endpoint, Faults, Group, GroupConfig, Layout, Link, Rendezvous,
 };
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// A fresh certificate directory for one test (a CA, and a server
-/// certificate for localhost and 127.0.0.1).
+/// certificate for localhost and 127.0.0.1). Numbered, because every
+/// module's tests share this process and some share a tag.
 pub fn cert_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gradlane-test-{tag}-{}", std::process::id()));
+    static MADE: AtomicUsize = AtomicUsize::new(0);
+    let n = MADE.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("gradlane-test-{tag}-{}-{n}", std::process::id()));
     generate_certs(&dir, &["localhost", "127.0.0.1"]).unwrap();
     dir
 }

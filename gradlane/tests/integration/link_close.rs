@@ -7,7 +7,7 @@
 //! simulation, in `gradlane_core::protocol`; these tests carry a few
 //! seeds of it out over real QUIC connections at 30% loss.
 
-mod common;
+use crate::common;
 
 use common::{cert_dir, pair_in, quick};
 use gradlane::{presets, Config, Faults, LinkError};

@@ -1,5 +1,4 @@
 //! Helpers shared by the core's integration tests.
-#![allow(dead_code)]
 
 use gradlane_core::rng::SplitMix64;
 

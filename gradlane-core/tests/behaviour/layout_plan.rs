@@ -1,7 +1,5 @@
 //! Chunk plans and framing cover every byte exactly once.
 
-mod common;
-
 use gradlane_core::classify::{Class, ClassifyConfig};
 use gradlane_core::encode::{frame_with_classes, Encoder, EncoderConfig};
 use gradlane_core::layout::{ChunkOptions, ConvChunking, Layout, TensorKind, TensorSpec};

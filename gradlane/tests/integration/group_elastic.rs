@@ -5,7 +5,7 @@
 //! survivors' results against a local reference, bit for bit; and a
 //! restarted rank that rejoins.
 
-mod common;
+use crate::common;
 
 use common::{at_root, cert_dir, free_port, group_config};
 use futures_util::future::join_all;

@@ -2,7 +2,7 @@
 //! with their own important part exact, at any loss, in one round
 //! sequence.
 
-mod common;
+use crate::common;
 
 use common::{bit_equal, pair, quick};
 use gradlane::{presets, Faults, Layout, LinkError, TensorSpec};

@@ -3,7 +3,7 @@
 //! loss, the important part of every input summed exactly, and each
 //! recovery option against a result computed independently here.
 
-mod common;
+use crate::common;
 
 use common::group_with;
 use futures_util::future::join_all;

@@ -2,7 +2,7 @@
 //! through a UDP relay that reads the TOS byte of every packet it forwards.
 #![cfg(target_os = "linux")]
 
-mod common;
+use crate::common;
 
 use gradlane::generate_certs;
 use gradlane::ConfigError;

@@ -3,7 +3,7 @@
 //! without loss; max and min; the bytes each rank sends, as the formats
 //! imply; compression feedback making up what rounding took.
 
-mod common;
+use crate::common;
 
 use common::group_with;
 use futures_util::future::join_all;

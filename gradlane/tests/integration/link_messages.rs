@@ -1,7 +1,7 @@
 //! Exact messages beside the rounds: whole, exact, in order, flushed by an
 //! orderly close, at any loss.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::{pair, quick};

@@ -4,7 +4,7 @@
 //! that dies fails the collective with the peer's name; 32 ranks form a
 //! group on loopback.
 
-mod common;
+use crate::common;
 
 use common::cert_dir;
 use futures_util::future::join_all;

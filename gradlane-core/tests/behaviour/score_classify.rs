@@ -1,8 +1,6 @@
 //! Contribution scores and classification follow docs/DESIGN.md §2.3 and
 //! §2.4 exactly.
 
-mod common;
-
 use gradlane_core::classify::{AdaptiveRatio, Class, Classifier, ClassifyConfig, Ranking};
 use gradlane_core::encode::{EncodeError, Encoder, EncoderConfig};
 use gradlane_core::layout::{ChunkOptions, Layout, LayoutError, TensorSpec};
