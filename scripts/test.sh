@@ -3,12 +3,13 @@
 # and tested in a venv of its own.
 #
 # 1. `cargo test --workspace --no-fail-fast` (every test binary runs even
-#    if one fails). The venv and its packages are installed meanwhile.
+#    if one fails). The venv and its packages are installed while it
+#    builds, and the package is built while it runs.
 # 2. A venv (default .venv-test in the repository; GRADLANE_TEST_VENV
 #    moves it; an existing one is reused), with maturin 1.x, pytest,
-#    numpy, torch, scikit-learn and matplotlib; the package (python/)
-#    built as a release wheel and installed into it; pytest on
-#    python/tests.
+#    pytest-xdist, numpy, torch, scikit-learn and matplotlib; the package
+#    (python/) built as a release wheel and installed into it; pytest on
+#    python/tests, two files at a time (GRADLANE_TEST_WORKERS changes it).
 #
 # Each half also runs README's commands as a user types them
 # (tools/tests/readme_commands.rs; python/tests/test_readme.py for the
@@ -36,8 +37,8 @@ python_setup() {
         "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "gradlane needs Python 3.11 or newer, this is " + sys.version'
         "$PYTHON" -m venv "$VENV"
     fi
-    echo "== pip install maturin pytest numpy (into $VENV)"
-    "$VENV/bin/python" -m pip install --quiet "maturin>=1.9,<2" pytest numpy
+    echo "== pip install maturin pytest pytest-xdist numpy (into $VENV)"
+    "$VENV/bin/python" -m pip install --quiet "maturin>=1.9,<2" pytest pytest-xdist numpy
 
     # torch (and scikit-learn, whose wheel ships the digits the examples
     # train on; matplotlib, which draws the time-to-accuracy plots), for
@@ -50,9 +51,10 @@ setup_log=$(mktemp)
 ( python_setup ) > "$setup_log" 2>&1 &
 setup_pid=$!
 
-step "cargo test --workspace --no-fail-fast"
-cargo test --workspace --no-fail-fast
-rust_status=$?
+step "cargo test --workspace --no-run (building the Rust tests)"
+# A test that does not compile shows here and again below, where every
+# other binary still runs.
+cargo test --workspace --no-run
 
 step "waiting for the venv"
 wait "$setup_pid"
@@ -60,30 +62,56 @@ setup_status=$?
 cat "$setup_log"
 rm -f "$setup_log"
 
-python_tests() {
+build_package() {
     set -e
-    step "building the package (maturin build --release)"
     local wheels="$VENV/wheels"
     rm -rf "$wheels"
     # The venv's bin first, so that maturin builds for its interpreter.
     PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$PWD/$VENV" \
         "$VENV/bin/maturin" build --release -m python/Cargo.toml -o "$wheels"
     "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$wheels"/gradlane-*.whl
+}
+# The package builds while the Rust tests run: most of their time is spent
+# waiting (for timeouts, for paced links), and a build at the lowest
+# priority takes that idle CPU without starving a test's ranks.
+build_log=$(mktemp)
+if [ "$setup_status" = 0 ]; then
+    step "building the package (maturin build --release, beside the Rust tests)"
+    ( renice -n 19 -p "$BASHPID" > /dev/null || true; build_package ) > "$build_log" 2>&1 &
+    build_pid=$!
+fi
 
+step "cargo test --workspace --no-fail-fast"
+cargo test --workspace --no-fail-fast
+rust_status=$?
+
+python_tests() {
+    set -e
     step "pytest python/tests"
     # The pytest script, not `python -m pytest`, which would put the
     # working directory on sys.path: the tests import the installed wheel.
-    "$VENV/bin/pytest" python/tests
+    # Whole files to each worker, so that a file's module fixtures run once.
+    "$VENV/bin/pytest" -n "${GRADLANE_TEST_WORKERS:-2}" --dist loadfile python/tests
 }
-# A subshell not tested by || or &&: inside a tested one bash ignores
-# set -e, and a failed step would not stop the half.
-if [ "$setup_status" = 0 ]; then
-    ( python_tests )
-    python_status=$?
-else
+if [ "$setup_status" != 0 ]; then
     echo "== the venv could not be made (exit $setup_status)"
     python_status=$setup_status
+else
+    step "waiting for the package build"
+    wait "$build_pid"
+    build_status=$?
+    cat "$build_log"
+    if [ "$build_status" != 0 ]; then
+        echo "== the package could not be built (exit $build_status)"
+        python_status=$build_status
+    else
+        # A subshell not tested by || or &&: inside a tested one bash
+        # ignores set -e, and a failed step would not stop the half.
+        ( python_tests )
+        python_status=$?
+    fi
 fi
+rm -f "$build_log"
 step "done"
 
 echo "== rust tests: $([ $rust_status = 0 ] && echo ok || echo "FAILED ($rust_status)");" \
