@@ -315,28 +315,37 @@ pub(super) async fn dial(
     let failed = |source| GroupError::Rank { rank, source };
     let name = server_name(config, endpoint, addr);
     let layout = link_layout()?;
-    // A rank may start after this one, and a handshake may take several
-    // retransmissions under heavy loss: try again, each attempt allowed
-    // twice as long as the last, until the join's own timeout says that
-    // rank is missing.
+    // A rank may start after this one: a new attempt each window, each
+    // window twice as long as the last, until the join's own timeout says
+    // that rank is missing. Earlier attempts go on beside it (each ends at
+    // the handshake's idle timeout), because under heavy loss a handshake
+    // that is getting through is worth more than a fresh one, which would
+    // start its retransmission backoff again.
+    let mut attempts = FuturesUnordered::new();
     let mut attempt_for = FIRST_CONNECT_ATTEMPT;
+    // A refusal left by an earlier dial is not this one's.
+    endpoint.take_refusal();
     loop {
-        // A refusal left by an attempt that timed out is not this one's.
-        endpoint.take_refusal();
-        let attempt = tokio::time::timeout(attempt_for, endpoint.connect(addr, &name, &layout));
-        match attempt.await {
-            Ok(Ok(link)) => return Ok(link),
-            Ok(Err(LinkError::Connection(quinn::ConnectionError::TimedOut))) | Err(_) => {
-                tracing::info!(rank, %addr, ?attempt_for, "no answer yet; trying again");
-                attempt_for = (attempt_for * 2).min(LAST_CONNECT_ATTEMPT);
+        attempts.push(endpoint.connect(addr, &name, &layout));
+        let window = tokio::time::sleep(attempt_for);
+        tokio::pin!(window);
+        loop {
+            tokio::select! {
+                Some(attempt) = attempts.next() => match attempt {
+                    Ok(link) => return Ok(link),
+                    Err(LinkError::Connection(quinn::ConnectionError::TimedOut)) => {}
+                    // Its certificate was refused in the handshake, before
+                    // any message: say why, in the error's type.
+                    Err(e) => match endpoint.take_refusal() {
+                        Some(reason) => return Err(GroupError::Refused { rank, addr, reason }),
+                        None => return Err(failed(e)),
+                    },
+                },
+                () = &mut window => break,
             }
-            // Its certificate was refused in the handshake, before any
-            // message: say why, in the error's type.
-            Ok(Err(e)) => match endpoint.take_refusal() {
-                Some(reason) => return Err(GroupError::Refused { rank, addr, reason }),
-                None => return Err(failed(e)),
-            },
         }
+        tracing::info!(rank, %addr, ?attempt_for, attempts = attempts.len(), "no answer yet; trying again");
+        attempt_for = (attempt_for * 2).min(LAST_CONNECT_ATTEMPT);
     }
 }
 
