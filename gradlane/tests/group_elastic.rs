@@ -5,7 +5,12 @@
 //! survivors' results against a local reference, bit for bit; and a
 //! restarted rank that rejoins.
 
-use crate::common;
+// A binary of its own: these tests read the bytes on the wire or wait
+// out failure timeouts, and other subjects' tests beside them on the
+// same cores change what they measure.
+#[allow(dead_code)]
+#[path = "integration/common.rs"]
+mod common;
 
 use common::{at_root, cert_dir, free_port, group_config};
 use futures_util::future::join_all;

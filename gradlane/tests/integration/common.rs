@@ -145,3 +145,17 @@ pub async fn group_with(
         .map(|g| g.unwrap())
         .collect()
 }
+
+/// The bytes `g` has sent less those its connections declared lost:
+/// quinn's UDP counter counts a packet and its retransmission both, and
+/// on a loaded machine loopback drops packets at a full receive buffer.
+/// Tests that compare the bytes a collective sends use this.
+pub fn bytes_not_lost(g: &Group) -> u64 {
+    (0..g.world())
+        .flat_map(|r| g.path_connections(r))
+        .map(|c| {
+            let stats = c.stats();
+            stats.udp_tx.bytes - stats.path.lost_bytes
+        })
+        .sum()
+}
