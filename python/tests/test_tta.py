@@ -1,14 +1,21 @@
 """examples/torch/train_tta.py and scripts/tta_report.py, the two halves of
-scripts/tta_bench.sh that run without root: a short training run under
-torchrun on two CPU ranks, and the report made from a bench's files."""
+scripts/tta_bench.sh that run without root: a short training run on two
+CPU ranks, and the report made from a bench's files.
+
+A run is started by torchrun where torchrun itself is in question (the
+first test), and otherwise as two ranks forked from rank_processes'
+server with torchrun's environment: the same script and its main(), with
+torch imported once rather than by torchrun and by each rank again."""
 
 import csv
+import importlib.util
 import os
 import pathlib
 import re
 import socket
 import subprocess
 import sys
+import traceback
 
 import pytest
 
@@ -16,6 +23,7 @@ pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh ins
 pytest.importorskip("sklearn", reason="scikit-learn is not installed (scripts/test.sh installs it)")
 
 import gradlane  # noqa: E402
+from rank_processes import rank_context  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "torch" / "train_tta.py"
@@ -28,15 +36,77 @@ def free_port():
         return s.getsockname()[1]
 
 
-def train(tmp_path, *args):
+RANKS = 2
+RESULT_TIMEOUT = 600.0
+
+
+def example_module():
+    """examples/torch/train_tta.py as a module (it is a script, not in a
+    package)."""
+    spec = importlib.util.spec_from_file_location("train_tta", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def example_rank(rank, env, argv, out_path, results):
+    """One rank of the example as torchrun starts it: torchrun's
+    environment, stdout and stderr in one file, main's exit status."""
+    out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    status = 1
+    try:
+        os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
+        status = example_module().main(argv)
+    except SystemExit as e:
+        # As the interpreter would: a message is printed, and is status 1.
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - in the rank's output, as a script's
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        results.put((rank, status))
+
+
+def train(tmp_path, *args, torchrun=False):
+    """The example on two CPU ranks with a short run's flags:
+    (returncode, stdout, stderr) as subprocess.run gives them, the ranks'
+    output in stdout."""
     gradlane.generate_certs(str(tmp_path), ["127.0.0.1"])
-    env = dict(os.environ, GRADLANE_CERT_DIR=str(tmp_path), GLOO_SOCKET_IFNAME="lo")
-    torchrun = pathlib.Path(sys.executable).with_name("torchrun")
-    return subprocess.run(
-        [str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()),
-         str(EXAMPLE), "--width", "4", "--eval-every", "5", *args],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
+    argv = ["--width", "4", "--eval-every", "5", *args]
+    env = {"GRADLANE_CERT_DIR": str(tmp_path), "GLOO_SOCKET_IFNAME": "lo"}
+    if torchrun:
+        exe = pathlib.Path(sys.executable).with_name("torchrun")
+        return subprocess.run(
+            [str(exe), "--nproc-per-node", str(RANKS), "--master-port", str(free_port()),
+             str(EXAMPLE), *argv],
+            env=dict(os.environ, **env), capture_output=True, text=True, timeout=600,
+        )
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(RANKS),
+               LOCAL_WORLD_SIZE=str(RANKS))
+    ctx = rank_context()
+    results = ctx.Queue()
+    outs = [tmp_path / f"rank{r}.out" for r in range(RANKS)]
+    procs = [
+        ctx.Process(target=example_rank, args=(r, env, argv, str(outs[r]), results), daemon=True)
+        for r in range(RANKS)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        statuses = dict(results.get(timeout=RESULT_TIMEOUT) for _ in range(RANKS))
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    returncode = next((s for s in statuses.values() if s != 0), 0)
+    stdout = "".join(out.read_text() for out in outs)
+    return subprocess.CompletedProcess(argv, returncode, stdout, "")
 
 
 def rows_of(path):
@@ -47,7 +117,8 @@ def rows_of(path):
 @pytest.mark.parametrize("transport", ["hook", "gloo"])
 def test_a_run_writes_one_row_per_evaluation_and_ranks_agree(tmp_path, transport):
     out = tmp_path / "run.csv"
-    run = train(tmp_path, "--transport", transport, "--steps", "10", "--csv", str(out))
+    run = train(tmp_path, "--transport", transport, "--steps", "10", "--csv", str(out),
+                torchrun=True)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = rows_of(out)
     assert [int(r["step"]) for r in rows] == [5, 10]
@@ -111,28 +182,28 @@ def test_the_time_limit_stops_every_rank_at_the_same_step(tmp_path):
     assert len(sums) == 2 and sums[0] == sums[1], run.stdout
 
 
-def test_bad_arguments_are_refused_before_anything_starts():
+def test_bad_arguments_are_refused_before_anything_starts(capsys):
+    # The script as a user starts it: exit status 2 and the reason.
     run = subprocess.run(
         [sys.executable, str(EXAMPLE), "--steps", "0"], capture_output=True, text=True, timeout=60
     )
     assert run.returncode == 2 and "must be positive" in run.stderr, run.stderr
+    # The other refusals come from the same parse_args, called here.
+    example = example_module()
+
+    def refused(*argv):
+        with pytest.raises(SystemExit) as e:
+            example.parse_args(list(argv))
+        return e.value.code, capsys.readouterr().err
+
     for flags in (["--dscp"], ["--overlap"], ["--lossy-carrier", "datagrams"]):
-        run = subprocess.run(
-            [sys.executable, str(EXAMPLE), "--transport", "gloo", *flags],
-            capture_output=True, text=True, timeout=60,
-        )
-        assert run.returncode == 2 and "needs --transport hook" in run.stderr, run.stderr
+        code, err = refused("--transport", "gloo", *flags)
+        assert code == 2 and "needs --transport hook" in err, err
     for flags in (["--important-format", "bf16"], ["--lossy-format", "log8"], ["--lossy-return"]):
-        run = subprocess.run(
-            [sys.executable, str(EXAMPLE), "--transport", "gradlane", *flags],
-            capture_output=True, text=True, timeout=60,
-        )
-        assert run.returncode == 2 and "need --transport hook" in run.stderr, run.stderr
-    run = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--transport", "hook", "--comm-hook", "fp16"],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert run.returncode == 2 and "use --transport gloo or gradlane" in run.stderr, run.stderr
+        code, err = refused("--transport", "gradlane", *flags)
+        assert code == 2 and "need --transport hook" in err, err
+    code, err = refused("--transport", "hook", "--comm-hook", "fp16")
+    assert code == 2 and "use --transport gloo or gradlane" in err, err
 
 
 RUN_FIELDS = (
