@@ -5,6 +5,7 @@
 #
 #   target/gpu/bin/      stripped release binaries: certs, delay_stage
 #   target/gpu/wheels/   the gradlane wheel (abi3: any CPython from 3.11)
+#   target/gpu/pywheels/ pytest and its dependencies, for gpu_tests.sh
 #   target/gpu/tools/    Debian's iproute2, iptables and ethtool with the
 #                        libraries they need, unpacked (dpkg -x)
 #   target/gpu/BUILD     the build, for runs.csv (the tree there has no .git)
@@ -25,7 +26,7 @@ PACKAGES=(iproute2 iptables ethtool libbpf1 libelf1 libmnl0 libcap2 libxtables12
     libbsd0 libmd0 libtirpc3 libtirpc-common)
 
 rm -rf "$OUT"
-mkdir -p "$OUT/bin" "$OUT/wheels" "$OUT/tools" "$OUT/debs"
+mkdir -p "$OUT/bin" "$OUT/wheels" "$OUT/pywheels" "$OUT/tools" "$OUT/debs"
 
 echo "== release binaries" >&2
 cargo build --quiet --release --bin certs --bin delay_stage
@@ -41,6 +42,9 @@ if [[ ${die_venv:-0} == 1 ]]; then
 fi
 PATH="$(realpath "$VENV")/bin:$PATH" "$VENV/bin/maturin" build --quiet --release --strip \
     -m python/Cargo.toml -o "$OUT/wheels" >&2
+
+echo "== pytest's wheels, for scripts/gpu_tests.sh" >&2
+"$VENV/bin/python" -m pip download --quiet --dest "$OUT/pywheels" pytest >&2
 
 echo "== network tools (Debian packages, unpacked)" >&2
 (cd "$OUT/debs" && { apt-get download "${PACKAGES[@]}" >/dev/null 2>&1 ||
