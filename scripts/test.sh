@@ -81,8 +81,12 @@ if [ "$setup_status" = 0 ]; then
     build_pid=$!
 fi
 
-step "cargo test --workspace --no-fail-fast"
-cargo test --workspace --no-fail-fast
+# One test compares the bytes a round puts on the wire with an exact
+# allreduce's, and a compile beside it, even at nice 19, moved the ratio
+# past its bound: it runs on its own once the package is built.
+ALONE=a_rank_sends_the_bytes_its_formats_imply
+step "cargo test --workspace --no-fail-fast (all but $ALONE)"
+cargo test --workspace --no-fail-fast -- --skip "$ALONE"
 rust_status=$?
 
 python_tests() {
@@ -101,6 +105,10 @@ else
     wait "$build_pid"
     build_status=$?
     cat "$build_log"
+fi
+step "cargo test -p gradlane --test group_formats $ALONE"
+cargo test -p gradlane --test group_formats -- --exact "$ALONE" || rust_status=$?
+if [ "$setup_status" = 0 ]; then
     if [ "$build_status" != 0 ]; then
         echo "== the package could not be built (exit $build_status)"
         python_status=$build_status
