@@ -3,8 +3,7 @@
 # and tested in a venv of its own.
 #
 # 1. `cargo test --workspace --no-fail-fast` (every test binary runs even
-#    if one fails). The venv and its packages are installed while it
-#    builds, and the package is built while it runs.
+#    if one fails). The venv and its packages are installed meanwhile.
 # 2. A venv (default .venv-test in the repository; GRADLANE_TEST_VENV
 #    moves it; an existing one is reused), with maturin 1.x, pytest,
 #    pytest-xdist, numpy, torch, scikit-learn and matplotlib; the package
@@ -51,10 +50,9 @@ setup_log=$(mktemp)
 ( python_setup ) > "$setup_log" 2>&1 &
 setup_pid=$!
 
-step "cargo test --workspace --no-run (building the Rust tests)"
-# A test that does not compile shows here and again below, where every
-# other binary still runs.
-cargo test --workspace --no-run
+step "cargo test --workspace --no-fail-fast"
+cargo test --workspace --no-fail-fast
+rust_status=$?
 
 step "waiting for the venv"
 wait "$setup_pid"
@@ -62,64 +60,31 @@ setup_status=$?
 cat "$setup_log"
 rm -f "$setup_log"
 
-build_package() {
+python_tests() {
     set -e
+    step "building the package (maturin build --release)"
     local wheels="$VENV/wheels"
     rm -rf "$wheels"
     # The venv's bin first, so that maturin builds for its interpreter.
     PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$PWD/$VENV" \
         "$VENV/bin/maturin" build --release -m python/Cargo.toml -o "$wheels"
     "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$wheels"/gradlane-*.whl
-}
-# The package builds while the Rust tests run: most of their time is spent
-# waiting (for timeouts, for paced links), and a build at the lowest
-# priority takes that idle CPU without starving a test's ranks.
-build_log=$(mktemp)
-if [ "$setup_status" = 0 ]; then
-    step "building the package (maturin build --release, beside the Rust tests)"
-    ( renice -n 19 -p "$BASHPID" > /dev/null || true; build_package ) > "$build_log" 2>&1 &
-    build_pid=$!
-fi
 
-# One test compares the bytes a round puts on the wire with an exact
-# allreduce's, and a compile beside it, even at nice 19, moved the ratio
-# past its bound: it runs on its own once the package is built.
-ALONE=a_rank_sends_the_bytes_its_formats_imply
-step "cargo test --workspace --no-fail-fast (all but $ALONE)"
-cargo test --workspace --no-fail-fast -- --skip "$ALONE"
-rust_status=$?
-
-python_tests() {
-    set -e
     step "pytest python/tests"
     # The pytest script, not `python -m pytest`, which would put the
     # working directory on sys.path: the tests import the installed wheel.
     # Whole files to each worker, so that a file's module fixtures run once.
     "$VENV/bin/pytest" -n "${GRADLANE_TEST_WORKERS:-2}" --dist loadfile python/tests
 }
-if [ "$setup_status" != 0 ]; then
+# A subshell not tested by || or &&: inside a tested one bash ignores
+# set -e, and a failed step would not stop the half.
+if [ "$setup_status" = 0 ]; then
+    ( python_tests )
+    python_status=$?
+else
     echo "== the venv could not be made (exit $setup_status)"
     python_status=$setup_status
-else
-    step "waiting for the package build"
-    wait "$build_pid"
-    build_status=$?
-    cat "$build_log"
 fi
-step "cargo test -p gradlane --test group_formats $ALONE"
-cargo test -p gradlane --test group_formats -- --exact "$ALONE" || rust_status=$?
-if [ "$setup_status" = 0 ]; then
-    if [ "$build_status" != 0 ]; then
-        echo "== the package could not be built (exit $build_status)"
-        python_status=$build_status
-    else
-        # A subshell not tested by || or &&: inside a tested one bash
-        # ignores set -e, and a failed step would not stop the half.
-        ( python_tests )
-        python_status=$?
-    fi
-fi
-rm -f "$build_log"
 step "done"
 
 echo "== rust tests: $([ $rust_status = 0 ] && echo ok || echo "FAILED ($rust_status)");" \
