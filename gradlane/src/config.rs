@@ -269,6 +269,21 @@ impl Default for QuicSettings {
     }
 }
 
+impl QuicSettings {
+    /// Sets the idle timeout and keep-alives so that a peer that stops
+    /// answering fails the link at most `t` after its last packet, and a
+    /// live peer never does: four keep-alives fit in the idle timeout.
+    ///
+    /// QUIC restarts its idle timer at the first ack-eliciting packet sent
+    /// after a receipt (RFC 9000, 10.1), and a link that only waits for
+    /// its peer sends one at its next keep-alive: the timeout is `t` less
+    /// one keep-alive interval.
+    pub fn fail_silent_peer_within(&mut self, t: Duration) {
+        self.keep_alive = Some(t / 5);
+        self.max_idle_timeout = Some(t - t / 5);
+    }
+}
+
 impl Config {
     /// Checks every setting; what [`Endpoint`](crate::Endpoint) does
     /// before it opens a socket.

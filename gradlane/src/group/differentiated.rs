@@ -363,14 +363,18 @@ impl Group {
             OnRankFailure::Continue => self.buckets.get(bucket.0).map(|b| b.residual.clone()),
             OnRankFailure::Fail => None,
         };
-        self.resilient(buf, async |g: &mut Group, buf: &mut [T]| {
-            if let (Some(carried), Some(b)) = (&carried, g.buckets.get_mut(bucket.0)) {
-                if b.residual.len() == carried.len() {
-                    b.residual.copy_from_slice(carried);
+        self.resilient(
+            "allreduce_differentiated",
+            buf,
+            async |g: &mut Group, buf: &mut [T]| {
+                if let (Some(carried), Some(b)) = (&carried, g.buckets.get_mut(bucket.0)) {
+                    if b.residual.len() == carried.len() {
+                        b.residual.copy_from_slice(carried);
+                    }
                 }
-            }
-            g.allreduce_differentiated_once(bucket, buf, op).await
-        })
+                g.allreduce_differentiated_once(bucket, buf, op).await
+            },
+        )
         .await
     }
 

@@ -47,9 +47,11 @@ pub(super) fn shard(n: usize, world: usize, r: usize) -> Range<usize> {
 impl Group {
     /// Returns once every rank has called `barrier`.
     pub async fn barrier(&mut self) -> Result<(), GroupError> {
-        self.resilient(&mut [0u8; 0], async |g: &mut Group, _: &mut [u8]| {
-            g.barrier_once().await
-        })
+        self.resilient(
+            "barrier",
+            &mut [0u8; 0],
+            async |g: &mut Group, _: &mut [u8]| g.barrier_once().await,
+        )
         .await
     }
 
@@ -68,7 +70,7 @@ impl Group {
     /// every survivor holds the same replicas, and DDP broadcasts its
     /// buffers from rank 0 every step.
     pub async fn broadcast(&mut self, root: usize, buf: &mut [f32]) -> Result<(), GroupError> {
-        self.resilient(buf, async |g: &mut Group, buf: &mut [f32]| {
+        self.resilient("broadcast", buf, async |g: &mut Group, buf: &mut [f32]| {
             g.broadcast_once(root, buf).await
         })
         .await
@@ -105,9 +107,11 @@ impl Group {
     /// `output` holds [`members`](Self::members)`().len()` times `input`'s
     /// length.
     pub async fn allgather(&mut self, input: &[f32], output: &mut [f32]) -> Result<(), GroupError> {
-        self.resilient(output, async |g: &mut Group, output: &mut [f32]| {
-            g.allgather_once(input, output).await
-        })
+        self.resilient(
+            "allgather",
+            output,
+            async |g: &mut Group, output: &mut [f32]| g.allgather_once(input, output).await,
+        )
         .await
     }
 
@@ -145,7 +149,7 @@ impl Group {
         buf: &mut [T],
         op: ReduceOp,
     ) -> Result<(), GroupError> {
-        self.resilient(buf, async |g: &mut Group, buf: &mut [T]| {
+        self.resilient("allreduce", buf, async |g: &mut Group, buf: &mut [T]| {
             g.allreduce_once(buf, op).await
         })
         .await
@@ -186,9 +190,11 @@ impl Group {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), GroupError> {
-        self.resilient(output, async |g: &mut Group, output: &mut [T]| {
-            g.reduce_scatter_once(input, output, op).await
-        })
+        self.resilient(
+            "reduce_scatter",
+            output,
+            async |g: &mut Group, output: &mut [T]| g.reduce_scatter_once(input, output, op).await,
+        )
         .await
     }
 

@@ -76,7 +76,7 @@ pub(super) struct Membership {
     pub(super) buckets: Vec<(Layout, BucketOptions)>,
     /// What a failed collective left for the agreement: the ranks (places
     /// in the view) whose links failed, and the proposals that came.
-    lost: BTreeSet<usize>,
+    pub(super) lost: BTreeSet<usize>,
     alarms: BTreeMap<usize, Bytes>,
     /// How many ranks took part in the last collective.
     pub(super) contributors: usize,
@@ -206,8 +206,22 @@ impl Group {
     /// `Continue`, ends it with every rank's `Done`, and on a lost rank
     /// agrees on a new view and either returns the result every survivor
     /// holds or runs it again among them from `buf` as it came.
+    /// `op` names it in a timeout's error.
     pub(super) async fn resilient<T: Copy, R>(
         &mut self,
+        op: &'static str,
+        buf: &mut [T],
+        attempt: impl AsyncFnMut(&mut Group, &mut [T]) -> Result<R, GroupError>,
+    ) -> Result<R, GroupError> {
+        self.begin_collective(op)?;
+        let result = self.resilient_within(op, buf, attempt).await;
+        self.end_collective();
+        result
+    }
+
+    async fn resilient_within<T: Copy, R>(
+        &mut self,
+        op: &'static str,
         buf: &mut [T],
         mut attempt: impl AsyncFnMut(&mut Group, &mut [T]) -> Result<R, GroupError>,
     ) -> Result<R, GroupError> {
@@ -230,7 +244,11 @@ impl Group {
                 },
                 Err(e) => (e, None),
             };
+            // The agreement has bounds of its own; a rerun gets a fresh
+            // deadline.
+            self.end_collective();
             let outcome = self.recover(failure, held.is_some()).await?;
+            self.begin_collective(op)?;
             match (outcome, held) {
                 (ViewOutcome::Complete { call: c }, Some(r)) if c == call => {
                     self.membership.contributors = world;

@@ -21,6 +21,7 @@
 //!   ([`OnRankFailure`]): the survivors agree on who is left and go on.
 //! - `rejoin`: a restarted rank joins the group that went on without it.
 
+mod deadline;
 mod differentiated;
 mod exact;
 mod membership;
@@ -47,6 +48,7 @@ use futures_util::future::try_join_all;
 use gradlane_core::format::Element;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -152,14 +154,25 @@ pub struct GroupConfig {
     /// an error naming it (the default, as gloo and NCCL do), or go on
     /// with the ranks that are left.
     pub on_rank_failure: OnRankFailure,
-    /// How long a rank may be silent before it counts as dead: its links'
-    /// idle timeout (they send keep-alives four times as often, so a live
-    /// rank is never silent that long). `None` keeps the links' own
+    /// How long a rank may be silent before it counts as dead: a rank
+    /// that stops answering fails its links at most this long after its
+    /// last packet ([`QuicSettings::fail_silent_peer_within`](crate::QuicSettings::fail_silent_peer_within);
+    /// a live rank's keep-alives come five times as often). `None` keeps the links' own
     /// [`QuicSettings::max_idle_timeout`](crate::QuicSettings::max_idle_timeout)
     /// (30 s by default). Lower it where a dead rank should be noticed
     /// sooner; a path that loses everything for this long (a partition)
     /// cuts the ranks it separates off as if they had died.
     pub failure_timeout: Option<Duration>,
+    /// How long one collective may wait for the other ranks (torch's
+    /// process-group `timeout`): past it the collective fails with
+    /// [`GroupError::Timeout`] naming the ranks it did not hear from,
+    /// though their links are alive (a rank stuck outside the collective,
+    /// or that called another one). With [`OnRankFailure::Fail`] the
+    /// group is then unusable, and its links are closed so that the
+    /// others fail too rather than wait; with `Continue` the silent ranks
+    /// are removed, as dead ones are. `None` (the default): no bound but
+    /// the failure timeout, which catches a rank that died or froze.
+    pub collective_timeout: Option<Duration>,
 }
 
 impl GroupConfig {
@@ -187,6 +200,7 @@ impl GroupConfig {
             port_range: None,
             on_rank_failure: OnRankFailure::Fail,
             failure_timeout: None,
+            collective_timeout: None,
         }
     }
 }
@@ -275,6 +289,25 @@ pub enum GroupError {
         /// What it saw.
         why: String,
     },
+    /// A collective waited past the group's
+    /// [`collective_timeout`](GroupConfig::collective_timeout) for ranks
+    /// whose links are alive. With [`OnRankFailure::Fail`] every later
+    /// collective returns this error again: the group is unusable.
+    #[error(
+        "{op} timed out after {waited:?}, the group's timeout: nothing came from ranks \
+         {missing:?}; the group is unusable"
+    )]
+    Timeout {
+        /// The collective.
+        op: &'static str,
+        /// The sequence number of the message it waited for, as the
+        /// links number them (several a collective).
+        collective: u64,
+        /// The ranks it did not hear from, by the ranks they joined as.
+        missing: Vec<usize>,
+        /// The timeout.
+        waited: Duration,
+    },
     /// Too few ranks are left to go on without risking a split group: the
     /// ranks this one still reaches are not a majority of the last view
     /// (or exactly half without its lowest rank).
@@ -317,6 +350,32 @@ pub struct Group {
     stripes: Vec<Vec<paths::Path>>,
     /// The endpoints of those paths (sockets beyond the first).
     extra_endpoints: Vec<Endpoint>,
+    /// The collective running now and when its time is up (the group's
+    /// `collective_timeout`), if it has one.
+    running: Option<(&'static str, tokio::time::Instant)>,
+    /// The timeout that made this group unusable
+    /// ([`OnRankFailure::Fail`]): every later collective returns it.
+    timed_out: Option<TimedOut>,
+}
+
+/// What [`GroupError::Timeout`] says, kept to say it again.
+#[derive(Debug, Clone)]
+struct TimedOut {
+    op: &'static str,
+    collective: u64,
+    missing: Vec<usize>,
+    waited: Duration,
+}
+
+impl TimedOut {
+    fn error(&self) -> GroupError {
+        GroupError::Timeout {
+            op: self.op,
+            collective: self.collective,
+            missing: self.missing.clone(),
+            waited: self.waited,
+        }
+    }
 }
 
 impl std::fmt::Debug for Group {
@@ -478,6 +537,10 @@ impl Group {
         from: &[bool],
     ) -> Result<Vec<Option<Bytes>>, GroupError> {
         out.resize(self.world, None);
+        // Which ranks this exchange is done with, for a timeout to name
+        // the others.
+        let heard: Vec<AtomicBool> = (0..self.world).map(|_| AtomicBool::new(false)).collect();
+        let heard_ref = &heard;
         let halves = self
             .senders
             .iter_mut()
@@ -496,16 +559,22 @@ impl Group {
                             .map_err(failed)?;
                     }
                     if !receive {
+                        heard_ref[rank].store(true, Ordering::Relaxed);
                         return Ok::<_, GroupError>((rank, None));
                     }
                     let body = paths::recv_striped(rank, receiver, &mut receivers, tag).await?;
+                    heard_ref[rank].store(true, Ordering::Relaxed);
                     Ok((rank, Some(body)))
                 })
             },
         );
         let mut got = vec![None; self.world];
+        let deadline = self.running.map(|(_, at)| at);
         if self.membership.policy == OnRankFailure::Fail {
-            for (rank, body) in try_join_all(work).await? {
+            let Some(done) = within(deadline, try_join_all(work)).await else {
+                return Err(self.silent_past_deadline(tag, &heard));
+            };
+            for (rank, body) in done? {
                 got[rank] = body;
             }
             return Ok(got);
@@ -513,9 +582,13 @@ impl Group {
         // Going on after a death: no exchange is cut short, so that no
         // message is left half written on a link the survivors keep for
         // their agreement, and every rank's failure and proposal is noted
-        // for it.
+        // for it. Only the deadline cuts it, and the links it cuts are
+        // closed.
+        let Some(results) = within(deadline, futures_util::future::join_all(work)).await else {
+            return Err(self.silent_past_deadline(tag, &heard));
+        };
         let mut first = None;
-        for result in futures_util::future::join_all(work).await {
+        for result in results {
             match result {
                 Ok((rank, body)) => got[rank] = body,
                 Err(e) => {
@@ -555,6 +628,17 @@ impl Group {
     /// Whether each rank is another rank (all but this one).
     fn others(&self) -> Vec<bool> {
         (0..self.world).map(|r| r != self.rank).collect()
+    }
+}
+
+/// `work`'s output, or `None` once `deadline` (if any) has passed.
+async fn within<F: std::future::Future>(
+    deadline: Option<tokio::time::Instant>,
+    work: F,
+) -> Option<F::Output> {
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at, work).await.ok(),
+        None => Some(work.await),
     }
 }
 

@@ -94,10 +94,7 @@ pub(super) async fn join(mut config: GroupConfig) -> Result<Group, GroupError> {
 /// timeout, where it gives one.
 pub(super) fn apply_failure_timeout(config: &mut GroupConfig) {
     if let Some(t) = config.failure_timeout {
-        // A dead rank is a link silent this long; a live one sends
-        // keep-alives often enough never to be.
-        config.link.quic.max_idle_timeout = Some(t);
-        config.link.quic.keep_alive = Some(t / 4);
+        config.link.quic.fail_silent_peer_within(t);
     }
 }
 
@@ -146,6 +143,8 @@ impl Group {
             next_round: vec![0; world],
             stripes: (0..world).map(|_| Vec::new()).collect(),
             extra_endpoints: Vec::new(),
+            running: None,
+            timed_out: None,
         }
     }
 }

@@ -130,6 +130,17 @@ impl Group {
         unequal: SparseAllgather,
     ) -> Result<(SparseRows, SparseReport), GroupError> {
         mine.check()?;
+        self.begin_collective("sparse_allgather")?;
+        let result = self.sparse_allgather_within(mine, unequal).await;
+        self.end_collective();
+        result
+    }
+
+    async fn sparse_allgather_within(
+        &mut self,
+        mine: &SparseRows,
+        unequal: SparseAllgather,
+    ) -> Result<(SparseRows, SparseReport), GroupError> {
         let (world, me, w) = (self.world, self.rank, mine.width);
         let peers = (world - 1) as u64;
         // Phase 1: the counts, with the shape so a mismatch is caught here.

@@ -17,6 +17,7 @@ mod group;
 mod group_differentiated;
 mod group_job_certs;
 mod group_paths;
+mod group_timeout;
 mod link;
 mod link_close;
 mod link_layouts;

@@ -1,0 +1,94 @@
+//! The group's collective timeout: each collective's deadline, and what
+//! happens to the ranks that have not answered by it.
+
+use super::{Group, GroupError, OnRankFailure, TimedOut};
+use crate::link::LinkError;
+use gradlane_core::control::codes;
+use quinn::{ConnectionError, VarInt};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+impl Group {
+    /// Starts collective `op`: its deadline, where the group has a
+    /// timeout. A group that timed out before ([`OnRankFailure::Fail`])
+    /// runs nothing more: the same error again.
+    pub(super) fn begin_collective(&mut self, op: &'static str) -> Result<(), GroupError> {
+        if let Some(t) = &self.timed_out {
+            return Err(t.error());
+        }
+        self.running = self
+            .membership
+            .config
+            .collective_timeout
+            .map(|t| (op, tokio::time::Instant::now() + t));
+        Ok(())
+    }
+
+    /// Ends the running collective's deadline (also while the survivors
+    /// agree on a new view, which has bounds of its own).
+    pub(super) fn end_collective(&mut self) {
+        self.running = None;
+    }
+
+    /// The error of an exchange cut at the deadline, the ranks of `heard`
+    /// not marked being the silent ones (by place in the view). With
+    /// `Fail` the group is then unusable and every link is closed, so
+    /// that the other ranks fail at once rather than at their own
+    /// deadline. With `Continue` the silent ranks' links are closed as
+    /// removed and they count as lost, so that the survivors agree on a
+    /// view without them; the error is a lost rank's.
+    pub(super) fn silent_past_deadline(&mut self, tag: u64, heard: &[AtomicBool]) -> GroupError {
+        let op = self.running.map_or("collective", |(op, _)| op);
+        let waited = self
+            .membership
+            .config
+            .collective_timeout
+            .unwrap_or_default();
+        let silent: Vec<usize> = (0..self.world)
+            .filter(|&p| p != self.rank && self.senders[p].is_some())
+            .filter(|&p| !heard.get(p).is_some_and(|h| h.load(Ordering::Relaxed)))
+            .collect();
+        let timed_out = TimedOut {
+            op,
+            collective: tag >> 8,
+            missing: silent.iter().map(|&p| self.membership.members[p]).collect(),
+            waited,
+        };
+        tracing::warn!(
+            rank = self.membership.joined_rank,
+            op,
+            missing = ?timed_out.missing,
+            ?waited,
+            "a collective timed out"
+        );
+        match self.membership.policy {
+            OnRankFailure::Fail => {
+                let error = timed_out.error();
+                let reason = format!("rank {} gave up: {error}", self.membership.joined_rank);
+                for sender in self.senders.iter().flatten() {
+                    sender
+                        .connection()
+                        .close(VarInt::from_u32(codes::ABORTED), reason.as_bytes());
+                }
+                self.timed_out = Some(timed_out);
+                error
+            }
+            OnRankFailure::Continue => {
+                let reason = format!(
+                    "silent past the group's timeout ({waited:?}) in {op}: removed from the group"
+                );
+                for &p in &silent {
+                    if let Some(sender) = &self.senders[p] {
+                        sender
+                            .connection()
+                            .close(VarInt::from_u32(codes::REMOVED), reason.as_bytes());
+                    }
+                    self.membership.lost.insert(p);
+                }
+                GroupError::Rank {
+                    rank: silent.first().copied().unwrap_or(self.rank),
+                    source: LinkError::Connection(ConnectionError::TimedOut),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The group's collective timeout: a rank whose links are alive but that
+//! stays away from a collective. With `Fail` the others' collective ends
+//! at the timeout with an error naming it, the group is unusable after,
+//! and the rank that stayed away learns it at its next collective; with
+//! `Continue` the others go on without it and it is out.
+
+use crate::common::{at_root, cert_dir, free_port, group_config};
+use futures_util::future::join_all;
+use gradlane::{Group, GroupError, OnRankFailure, ReduceOp};
+use std::time::{Duration, Instant};
+
+const WORLD: usize = 3;
+const TIMEOUT: Duration = Duration::from_secs(1);
+/// What the timeout's error may take beyond the timeout on two shared
+/// cores: a bound that catches a collective that never ends.
+const MARGIN: Duration = Duration::from_secs(3);
+
+async fn group_of(tag: &str, policy: OnRankFailure, timeout: Option<Duration>) -> Vec<Group> {
+    let dir = cert_dir(tag);
+    let root = free_port();
+    let joins = (0..WORLD).map(|r| {
+        let mut c = group_config(&dir, r, WORLD, at_root(root));
+        c.on_rank_failure = policy;
+        c.collective_timeout = timeout;
+        Group::join(c)
+    });
+    join_all(joins)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_barrier_a_rank_stays_away_from_fails_at_the_timeout_naming_it() {
+    let mut groups = group_of("timeout-fail", OnRankFailure::Fail, Some(TIMEOUT)).await;
+    let mut away = groups.pop().unwrap();
+    let started = Instant::now();
+    let results = join_all(groups.iter_mut().map(|g| g.barrier())).await;
+    let waited = started.elapsed();
+    for r in results {
+        match r {
+            Err(GroupError::Timeout {
+                op,
+                missing,
+                waited,
+                ..
+            }) => {
+                assert_eq!(op, "barrier");
+                assert_eq!(missing, vec![2]);
+                assert_eq!(waited, TIMEOUT);
+            }
+            other => panic!("expected a timeout naming rank 2, got {other:?}"),
+        }
+    }
+    assert!(waited >= TIMEOUT, "ended before the timeout: {waited:?}");
+    assert!(
+        waited <= TIMEOUT + MARGIN,
+        "ended {waited:?} after it began"
+    );
+
+    // Unusable after: the next collective is the same error at once.
+    let mut buf = vec![1.0f32; 16];
+    match groups[0].allreduce(&mut buf, ReduceOp::Sum).await {
+        Err(GroupError::Timeout { op, missing, .. }) => {
+            assert_eq!((op, missing), ("barrier", vec![2]));
+        }
+        other => panic!("expected the earlier timeout again, got {other:?}"),
+    }
+
+    // The rank that stayed away may pass its barrier (the others' halves
+    // were sent before they gave up), then finds its links closed, with
+    // the reason.
+    let late = async {
+        away.barrier().await?;
+        away.allreduce(&mut buf, ReduceOp::Sum).await
+    };
+    let late = tokio::time::timeout(TIMEOUT + MARGIN, late)
+        .await
+        .expect("the late rank's collectives ended");
+    match late {
+        Err(e @ GroupError::Rank { .. }) => {
+            assert!(e.to_string().contains("timed out"), "{e}");
+        }
+        other => panic!("expected the late rank's links to be closed, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_timeout_a_late_rank_is_waited_for() {
+    let mut groups = group_of("timeout-none", OnRankFailure::Fail, None).await;
+    let mut late = groups.pop().unwrap();
+    let early = join_all(groups.iter_mut().map(|g| g.barrier()));
+    let comes_later = async {
+        tokio::time::sleep(TIMEOUT * 2).await;
+        late.barrier().await
+    };
+    let (early, late) = tokio::join!(early, comes_later);
+    for r in early {
+        r.unwrap();
+    }
+    late.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_continue_a_rank_silent_past_the_timeout_is_removed() {
+    let mut groups = group_of("timeout-continue", OnRankFailure::Continue, Some(TIMEOUT)).await;
+    let mut away = groups.pop().unwrap();
+    let mut bufs = [vec![1.0f32; 64], vec![2.0f32; 64]];
+    let calls = groups
+        .iter_mut()
+        .zip(bufs.iter_mut())
+        .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
+    for r in join_all(calls).await {
+        r.unwrap();
+    }
+    for (g, b) in groups.iter().zip(&bufs) {
+        assert_eq!(g.members(), &[0, 1]);
+        assert_eq!(g.epoch(), 1);
+        assert!(
+            b.iter().all(|&v| v == 3.0),
+            "the sum of the two that stayed"
+        );
+    }
+    let mut buf = vec![3.0f32; 64];
+    let late = tokio::time::timeout(TIMEOUT + MARGIN, away.allreduce(&mut buf, ReduceOp::Sum))
+        .await
+        .expect("the removed rank's allreduce ended");
+    match late {
+        Err(GroupError::Removed { .. } | GroupError::NoQuorum { .. }) => {}
+        other => panic!("expected the silent rank to be out of the group, got {other:?}"),
+    }
+}
