@@ -35,6 +35,7 @@ Processes that use gradlane should be started with multiprocessing's
 
 from gradlane._native import (
     Group,
+    CollectiveTimeoutError,
     GroupClosedError,
     GroupError,
     GroupSetupError,
@@ -49,6 +50,7 @@ from gradlane._native import (
 
 __all__ = [
     "Group",
+    "CollectiveTimeoutError",
     "GroupClosedError",
     "GroupError",
     "GroupSetupError",

@@ -62,6 +62,15 @@ create_exception!(
 );
 create_exception!(
     gradlane,
+    CollectiveTimeoutError,
+    GroupError,
+    "A collective waited past the group's timeout (collective_timeout; \
+     torch's process group timeout) for ranks whose links are alive. \
+     `missing` lists the ranks it did not hear from; `rank` is the first. \
+     With on_rank_failure=\"fail\" the group is unusable afterwards."
+);
+create_exception!(
+    gradlane,
     GroupClosedError,
     GroupError,
     "The group was closed (close() or the end of a with block)."
@@ -82,6 +91,10 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OutOfStepError", py.get_type::<OutOfStepError>())?;
     m.add("GroupClosedError", py.get_type::<GroupClosedError>())?;
     m.add("RemovedError", py.get_type::<RemovedError>())?;
+    m.add(
+        "CollectiveTimeoutError",
+        py.get_type::<CollectiveTimeoutError>(),
+    )?;
     Ok(())
 }
 
@@ -132,6 +145,11 @@ impl CallError {
                 RustGroupError::Rank { rank, .. } | RustGroupError::Refused { rank, .. } => {
                     (RankFailedError::new_err(message), Some(rank), None)
                 }
+                RustGroupError::Timeout { missing, .. } => (
+                    CollectiveTimeoutError::new_err(message),
+                    missing.first().copied(),
+                    Some(missing),
+                ),
                 RustGroupError::OutOfStep { rank, .. } => {
                     (OutOfStepError::new_err(message), Some(rank), None)
                 }

@@ -30,7 +30,7 @@ use tokio::runtime::Runtime;
 ///       loss_tolerance=0.2, injected_loss=0.0, seed=0, idle_timeout=None,
 ///       dscp=False, lossy_carrier="adaptive", important_format="f32",
 ///       lossy_format="f32", sockets=None, port_range=None,
-///       on_rank_failure="fail", rejoin=False)
+///       on_rank_failure="fail", rejoin=False, collective_timeout=None)
 ///
 /// The constructor joins the group (the GIL is released while it waits)
 /// and returns once this rank has a link to every other rank. Give exactly
@@ -83,7 +83,13 @@ use tokio::runtime::Runtime;
 /// "fail" (a dead rank fails the others' collectives) or "continue" (the
 /// rest agree on who is left and go on: members, epoch, contributors);
 /// rejoin=True starts a replacement for a rank the others went on
-/// without, returning once they admit() it.
+/// without, returning once they admit() it. collective_timeout (seconds):
+/// how long one collective may wait for the other ranks (torch's process
+/// group timeout); past it the collective raises CollectiveTimeoutError
+/// naming the ranks it did not hear from (`missing`), and with "fail" the
+/// group is unusable (its links are closed, so the others raise too),
+/// with "continue" the silent ranks are removed as dead ones are. None
+/// (the default): no bound but idle_timeout.
 ///
 /// Every rank must call the same collectives in the same order, as in any
 /// process group; a rank that calls something else, or dies, makes the
@@ -182,6 +188,7 @@ impl PyGroup {
         port_range = None,
         on_rank_failure = "fail",
         rejoin = false,
+        collective_timeout = None,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -206,6 +213,7 @@ impl PyGroup {
         port_range: Option<&str>,
         on_rank_failure: &str,
         rejoin: bool,
+        collective_timeout: Option<f64>,
     ) -> PyResult<Self> {
         let on_rank_failure = rank_failure(on_rank_failure)?;
         let sockets = group_sockets(sockets).map_err(|e| e.into_py(py))?;
@@ -250,6 +258,9 @@ impl PyGroup {
             )));
         }
         let join_timeout = seconds("join_timeout", join_timeout)?;
+        let collective_timeout = collective_timeout
+            .map(|t| seconds("collective_timeout", t))
+            .transpose()?;
         let formats = ClassFormats {
             important: value_format("important_format", important_format)?,
             lossy: value_format("lossy_format", lossy_format)?,
@@ -295,6 +306,7 @@ impl PyGroup {
             config.sockets = sockets;
             config.port_range = port_range;
             config.on_rank_failure = on_rank_failure;
+            config.collective_timeout = collective_timeout;
             match rejoin {
                 true => Ok(runtime()?.block_on(Group::rejoin(config))?),
                 false => Ok(runtime()?.block_on(Group::join(config))?),

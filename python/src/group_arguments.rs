@@ -258,10 +258,7 @@ pub(crate) fn link_config(
     };
     if let Some(idle) = idle_timeout {
         let idle = seconds("idle_timeout", idle)?;
-        link.quic.max_idle_timeout = Some(idle);
-        // Keep-alives must come well within the idle timeout, or a
-        // quiet but healthy link (ranks between steps) would time out.
-        link.quic.keep_alive = link.quic.keep_alive.map(|k| k.min(idle / 4));
+        link.quic.fail_silent_peer_within(idle);
     }
     link.validate()
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
