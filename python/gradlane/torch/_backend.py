@@ -38,6 +38,7 @@ import ipaddress
 import math
 import os
 import socket
+import threading
 import weakref
 
 import numpy as np
@@ -49,6 +50,9 @@ from gradlane.torch._issue_order import IssueOrder
 from gradlane.torch._staging import StagedCall, Stager, future_for
 
 BACKEND_NAME = "gradlane"
+#: The least time forming a group may take, in seconds, whatever the
+#: process group's timeout (which bounds each collective).
+MIN_JOIN_TIMEOUT = 60.0
 #: The store key under which rank 0 publishes its "ip:port".
 ROOT_KEY = "gradlane/root"
 
@@ -61,16 +65,23 @@ class GradlaneWork(dist._Work):
     ``wait()`` blocks until then and raises the collective's error; on CUDA
     tensors it also makes the caller's current stream wait for the copies
     back to the device, without blocking the CPU for them, as NCCL's Work
-    does. ``is_completed()`` says whether all of that has finished. The
-    ``timeout`` of ``wait()`` is not used: a rank that goes silent fails
-    the collective after the Group's idle timeout (GRADLANE_IDLE_TIMEOUT)."""
+    does. ``is_completed()`` says whether all of that has finished.
 
-    def __init__(self, future: torch.futures.Future, result):
+    Every collective is bounded by the process group's ``timeout``
+    (``init_process_group``/``new_group``): past it, it fails with
+    :class:`gradlane.CollectiveTimeoutError` naming the ranks it did not
+    hear from. ``wait(timeout)`` bounds the wait itself: past it, a
+    CollectiveTimeoutError naming the op, and the collective goes on
+    (until the group's own timeout)."""
+
+    def __init__(self, future: torch.futures.Future, result, op: str = "collective"):
         super().__init__()
         self._future = future
         self._result = result
+        self._op = op
         self._event = None
         self._error: BaseException | None = None
+        self._done = threading.Event()
 
     def _succeed(self, staged: StagedCall | None = None) -> None:
         if staged is None:
@@ -78,12 +89,20 @@ class GradlaneWork(dist._Work):
         else:
             self._event = staged.event
             staged.complete(self._future, self._result)
+        self._done.set()
 
     def _fail(self, error: BaseException) -> None:
         self._error = error
         self._future.set_exception(error)
+        self._done.set()
 
-    def wait(self, timeout=None):  # noqa: ARG002 - see the class docs
+    def wait(self, timeout=None):
+        seconds = _wait_seconds(timeout)
+        if seconds is not None and not self._done.wait(seconds):
+            raise gradlane.CollectiveTimeoutError(
+                f"gradlane: {self._op} did not complete within {seconds:g} s "
+                "(Work.wait's timeout); it goes on, bounded by the process group's timeout"
+            )
         self._future.wait()
         return True
 
@@ -103,6 +122,17 @@ class GradlaneWork(dist._Work):
 
     def get_future(self):
         return self._future
+
+
+def _wait_seconds(timeout) -> float | None:
+    """``Work.wait``'s timeout in seconds, or None for no bound: torch
+    passes a timedelta, zero (its kNoTimeout) when none was given."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    if not math.isfinite(seconds) or seconds <= 0:
+        return None
+    return seconds
 
 
 # ------------------------------------------------------------ tensors
@@ -248,8 +278,8 @@ class GradlaneProcessGroup(dist.ProcessGroup):
         return f"GradlaneProcessGroup(rank={self._rank}, size={self._size})"
 
     # --- issuing
-    def _run(self, tensors, reads, writes, body, result) -> GradlaneWork:
-        """Issues ``body`` (the collective on CPU tensors) on ``tensors``:
+    def _run(self, op, tensors, reads, writes, body, result) -> GradlaneWork:
+        """Issues ``body`` (the collective ``op`` on CPU tensors) on ``tensors``:
         queued behind the collectives issued before it, staged through host
         buffers when they are CUDA tensors (``reads`` and ``writes`` say
         which the collective reads and writes). The Work holds ``result``."""
@@ -257,7 +287,7 @@ class GradlaneProcessGroup(dist.ProcessGroup):
         if self._stager.needs_staging(tensors):
             staged = self._stager.call(tensors, reads, writes)
         device = staged.device if staged is not None else torch.device("cpu")
-        work = GradlaneWork(future_for(device), result)
+        work = GradlaneWork(future_for(device), result, op)
 
         def job():
             try:
@@ -271,6 +301,7 @@ class GradlaneProcessGroup(dist.ProcessGroup):
                 if staged is not None:
                     staged.abandon()
                 work._fail(e)
+                self._order.failed(e)
                 return
             work._succeed(staged)
 
@@ -313,13 +344,14 @@ class GradlaneProcessGroup(dist.ProcessGroup):
                     t.mul_(self._size / contributors)
 
         every = [True] * len(tensors)
-        return self._run(tensors, every, every, body, tensors)
+        return self._run("allreduce", tensors, every, every, body, tensors)
 
     def reduce_scatter_single(self, output, input, opts=None):
         """``input`` holds ``size`` equal parts; rank r's ``output`` becomes
         the sum (or mean, ReduceOp.AVG) of every rank's part r."""
         op = self._check_reduce_scatter(output, input, opts)
         return self._run(
+            "reduce_scatter",
             [output, input],
             [False, True],
             [True, False],
@@ -382,6 +414,7 @@ class GradlaneProcessGroup(dist.ProcessGroup):
                 self._reduce_scatter_host(host[k], host[n + k], op)
 
         return self._run(
+            "reduce_scatter_coalesced",
             list(outputs) + list(inputs), [False] * n + [True] * n, [True] * n + [False] * n,
             body, outputs,
         )
@@ -410,13 +443,14 @@ class GradlaneProcessGroup(dist.ProcessGroup):
         # The root's tensors are read, every other rank's written.
         mine = [self._rank == root] * len(tensors)
         theirs = [self._rank != root] * len(tensors)
-        return self._run(tensors, mine, theirs, body, tensors)
+        return self._run("broadcast", tensors, mine, theirs, body, tensors)
 
     def all_gather_single(self, output, input, opts=None):
         """``output`` (``size`` times ``input``'s values, same dtype) becomes
         every rank's ``input`` in rank order."""
         self._check_all_gather(output, input)
         return self._run(
+            "allgather",
             [output, input], [False, True], [True, False],
             lambda h: self._all_gather_host(h[0], h[1]), [output],
         )
@@ -463,6 +497,7 @@ class GradlaneProcessGroup(dist.ProcessGroup):
                 self._all_gather_host(host[k], host[n + k])
 
         return self._run(
+            "allgather_coalesced",
             list(outputs) + list(inputs), [False] * n + [True] * n, [True] * n + [False] * n,
             body, outputs,
         )
@@ -495,6 +530,7 @@ class GradlaneProcessGroup(dist.ProcessGroup):
 
         n = len(outputs)
         return self._run(
+            "allgather",
             [input, *outputs], [True] + [False] * n, [False] + [True] * n, body, output_tensors
         )
 
@@ -502,7 +538,7 @@ class GradlaneProcessGroup(dist.ProcessGroup):
     def barrier(self, opts=None):
         """Completes once every rank has called barrier (and every
         collective issued before it has run)."""
-        return self._run([], [], [], lambda _: self.group.barrier(), [])
+        return self._run("barrier", [], [], [], lambda _: self.group.barrier(), [])
 
     def shutdown(self):
         """Runs the collectives issued so far, then closes the gradlane
@@ -641,7 +677,9 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     127.0.0.1) at a free UDP port and sets ``gradlane/root`` to that
     "ip:port"; the other ranks read it and listen on GRADLANE_RANK_ADDR
     (an "ip:port" or an IP; default 0.0.0.0:0). Certificates from
-    GRADLANE_CERT_DIR. Forming the group may take ``timeout``. GRADLANE_IDLE_TIMEOUT (seconds, default
+    GRADLANE_CERT_DIR. Forming the group may take ``timeout``, and at
+    least MIN_JOIN_TIMEOUT (its QUIC handshakes on a loaded host take
+    longer than a collective's short bound). GRADLANE_IDLE_TIMEOUT (seconds, default
     30) is how long a silent link lasts before its rank counts as dead.
     GRADLANE_ON_RANK_FAILURE says what happens then: ``fail`` (default)
     raises a GroupError naming the rank that went away on every rank;
@@ -650,12 +688,18 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     others went on without: it joins at their next
     :func:`gradlane.torch.elastic.admit` (rank 0 must be alive: it holds the
     store). GRADLANE_ASYNC=0 makes each call wait for its collective.
+    ``timeout`` also bounds every collective: one that waits longer for
+    a rank raises :class:`gradlane.CollectiveTimeoutError` naming it (with
+    ``continue``, that rank is removed instead, as a dead one is).
     """
     cert_dir = cert_dir_from_env()
     if isinstance(timeout, datetime.timedelta):
-        join_timeout = timeout.total_seconds()
+        collective_timeout = timeout.total_seconds()
     else:
-        join_timeout = float(timeout) if timeout else 60.0
+        collective_timeout = float(timeout) if timeout else None
+    if collective_timeout is not None and collective_timeout <= 0:
+        collective_timeout = None  # torch's "no timeout"
+    join_timeout = max(collective_timeout or MIN_JOIN_TIMEOUT, MIN_JOIN_TIMEOUT)
     if rank == 0:
         host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
         try:
@@ -678,6 +722,7 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
         idle_timeout=idle_timeout_from_env(),
         on_rank_failure=on_rank_failure_from_env(),
         rejoin=rejoin_from_env(),
+        collective_timeout=collective_timeout,
     )
     return GradlaneProcessGroup(group, rank, size, asynchronous=asynchronous_from_env())
 

@@ -274,6 +274,7 @@ class HookState:
             if staged is not None:
                 staged.abandon()
             fut.set_exception(e)
+            self._order.failed(e)
             return
         stats["hook_ns"] = time.perf_counter_ns() - started
         stats["wait_ns"] = started - queued_ns

@@ -17,6 +17,19 @@ after the collective whose callbacks they are, before anything issued
 later, whichever thread the callback ran on (a callback attached after
 completion runs on the caller's thread, before the caller issues the
 next collective).
+
+A collective issued during a backward pass (DDP's reducer issues one per
+bucket from autograd's hooks) also makes the end of that backward wait
+for it and raise its error. DDP's reducer reads each bucket's future in
+C++ once backward ends, and torch's ``Future.set_exception`` from Python
+completes a future with the exception as its *value*: the reducer took
+that value for the bucket's tensors and crashed the process. A callback
+queued on autograd's engine runs before the reducer's (the reducer queues
+its own after its last bucket's collective), waits for every collective
+issued so far, and raises the first error one of them reported since: the
+engine hands a Python exception raised there to the caller of
+``backward()`` as itself (a :class:`gradlane.RankFailedError`, not a
+RuntimeError), and the reducer never reads the failed future.
 """
 
 from __future__ import annotations
@@ -27,6 +40,30 @@ import threading
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+
+
+class _Backward:
+    """One backward pass that issued collectives: the first error any job
+    reported while it was watched."""
+
+    __slots__ = ("graph_task", "error")
+
+    def __init__(self, graph_task: int):
+        self.graph_task = graph_task
+        self.error: BaseException | None = None
+
+
+def _graph_task() -> int:
+    """The id of the backward pass running on this thread, or -1."""
+    import torch
+
+    return torch._C._current_graph_task_id()
+
+
+def _queue_at_backward_end(callback: Callable[[], None]) -> None:
+    from torch.autograd import Variable
+
+    Variable._execution_engine.queue_callback(callback)
 
 
 class IssueOrder:
@@ -41,6 +78,8 @@ class IssueOrder:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        #: The backward passes that issued collectives and have not ended.
+        self._backwards: list[_Backward] = []
 
     def on_thread(self) -> bool:
         """Whether the caller is this order's thread (inside a job)."""
@@ -52,6 +91,7 @@ class IssueOrder:
         if self.on_thread():
             job()
             return
+        self._watch_backward()
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"gradlane: {self._name} is shut down; no collective runs")
@@ -59,6 +99,46 @@ class IssueOrder:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
             self._jobs.put(job)
+
+    def failed(self, error: BaseException) -> None:
+        """Reports a job's error (it also failed its future): the end of
+        each backward pass being watched raises the first one."""
+        with self._lock:
+            for backward in self._backwards:
+                if backward.error is None:
+                    backward.error = error
+
+    def _watch_backward(self) -> None:
+        """Inside a backward pass, makes its end wait for the jobs issued
+        so far and raise the first error reported meanwhile (once per
+        pass)."""
+        graph_task = _graph_task()
+        if graph_task < 0:
+            return
+        with self._lock:
+            if any(b.graph_task == graph_task for b in self._backwards):
+                return
+            backward = _Backward(graph_task)
+            self._backwards.append(backward)
+        try:
+            _queue_at_backward_end(lambda: self._end_backward(backward))
+        except BaseException:
+            with self._lock:
+                self._backwards.remove(backward)
+            raise
+
+    def _end_backward(self, backward: _Backward) -> None:
+        done = threading.Event()
+        try:
+            self.submit(done.set)
+        except RuntimeError:
+            pass  # shut down: what was issued has run
+        else:
+            done.wait()
+        with self._lock:
+            self._backwards.remove(backward)
+        if backward.error is not None:
+            raise backward.error
 
     def close(self) -> None:
         """Runs the jobs submitted so far, then stops the thread (at once
