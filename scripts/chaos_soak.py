@@ -1,0 +1,355 @@
+"""Chaos soak of the torch backend: DDP over gradlane while ranks are
+killed, frozen past the failure bound or cut off from the others, at
+random steps, under both failure policies; counts what must never happen.
+
+Each schedule starts RANKS rank processes (forked from a server that
+imported torch once) that train a small MLP with DDP for --steps steps.
+A seeded plan picks one or two faults, each a victim rank, a step, a
+place in that step (before the forward, or inside backward, between two
+gradients), and a kind:
+  kill       SIGKILL (the victim's own, so it lands where planned);
+  freeze     SIGSTOP for the failure bound plus 2 s, then SIGCONT;
+  partition  every UDP packet to or from the victim's sockets dropped
+             (iptables, in the network namespace chaos_soak.sh makes)
+             for the failure bound plus 2 s, then let through again.
+With the policy "fail" every rank that meets a fault must raise a
+gradlane.GroupError; with "continue" the ranks the group went on with
+must end with the same members and bit-identical parameters, and a rank
+it left out must raise RemovedError (or NoQuorum's RemovedError) at its
+next collective. Counted per schedule:
+  crash     a rank ended by a signal the plan did not send (SIGSEGV,
+            SIGABRT), or raised something other than a GroupError;
+  hang      a rank still running --hang-after seconds after the start;
+  mismatch  ranks that finished with other parameters or other members,
+            a rank that finished although the group went on without it,
+            or, with "fail", a rank that trained through a fault.
+A failing schedule prints its seed: `--seed S --schedules 1` replays it.
+
+    sudo bash scripts/chaos_soak.sh --schedules 200 --seed 1
+    python scripts/chaos_soak.py --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+KINDS = ("kill", "freeze", "partition")
+PLACES = ("forward", "backward")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description="DDP over gradlane under random kills, freezes and partitions: "
+        "counts crashes, hangs and mismatched results.",
+        epilog="Run it through scripts/chaos_soak.sh (a network namespace of its own, "
+        "so that partitions touch nothing outside it; root).",
+    )
+    p.add_argument("--schedules", type=int, default=100, help="schedules to run (default 100)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the first schedule (default 1)")
+    p.add_argument("--ranks", type=int, default=4, help="ranks a schedule (default 4)")
+    p.add_argument("--steps", type=int, default=14, help="DDP steps a rank trains (default 14)")
+    p.add_argument(
+        "--policy",
+        choices=("fail", "continue", "both"),
+        default="both",
+        help="GRADLANE_ON_RANK_FAILURE of each schedule; both alternates (default both)",
+    )
+    p.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help="fault kinds to draw from, comma separated (default kill,freeze,partition)",
+    )
+    p.add_argument(
+        "--idle",
+        type=float,
+        default=3.0,
+        help="GRADLANE_IDLE_TIMEOUT, the failure bound in seconds (default 3)",
+    )
+    p.add_argument(
+        "--hang-after",
+        type=float,
+        default=90.0,
+        help="a rank still running this long after the start is a hang (default 90 s)",
+    )
+    p.add_argument("--json", help="write the summary and every schedule's record here")
+    p.add_argument(
+        "--cert-dir",
+        help="GRADLANE_CERT_DIR (default: certificates made for the run)",
+    )
+    args = p.parse_args(argv)
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        p.error(f"--kinds {args.kinds!r}: each of {', '.join(KINDS)}")
+    if args.ranks < 2 or args.steps < 6 or args.schedules < 1:
+        p.error("--ranks at least 2, --steps at least 6, --schedules at least 1")
+    if not (args.idle > 0 and args.hang_after > 0):
+        p.error("--idle and --hang-after must be positive")
+    args.kinds = kinds
+    return args
+
+
+def plan(seed, ranks, steps, policy, kinds):
+    """The faults of schedule `seed`: one or two, on distinct victims, at
+    steps that leave the others steps to meet them."""
+    rng = random.Random(seed)
+    count = 1 if ranks < 4 else rng.choice((1, 1, 2))
+    victims = rng.sample(range(ranks), count)
+    return {
+        "seed": seed,
+        "policy": policy,
+        "faults": [
+            {
+                "rank": v,
+                "kind": rng.choice(kinds),
+                "step": rng.randrange(2, steps - 3),
+                "place": rng.choice(PLACES),
+            }
+            for v in victims
+        ],
+    }
+
+
+# ------------------------------------------------------------------ a rank
+
+
+def rank_main(rank, env, schedule, steps, idle, results):
+    os.environ.update(env)
+    os.environ["RANK"] = str(rank)
+    try:
+        out = train(rank, schedule, steps, idle)
+    except BaseException as e:  # noqa: BLE001 - every outcome is reported
+        import gradlane
+
+        out = {
+            "error": type(e).__name__,
+            "group_error": isinstance(e, gradlane.GroupError),
+            "message": str(e)[:400],
+            "traceback": traceback.format_exc()[-2000:],
+        }
+    results.put((rank, out))
+
+
+def train(rank, schedule, steps, idle):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gradlane.torch._backend import gradlane_group_of
+
+    dist.init_process_group("gradlane")
+    group = gradlane_group_of(None)
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"chaos/ports/{rank}", json.dumps(list(group.local_ports())))
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    mine = [f for f in schedule["faults"] if f["rank"] == rank]
+    state = {"step": -1}
+
+    def strike(place):
+        for f in mine:
+            if f["step"] == state["step"] and f["place"] == place:
+                fault(f, group, idle)
+
+    weight = next(model.parameters())
+
+    def in_backward(grad):
+        strike("backward")
+        return grad
+
+    weight.register_hook(in_backward)
+    g = torch.Generator().manual_seed(1000 + rank)
+    centers = torch.randn(4, 16, generator=torch.Generator().manual_seed(7)) * 2.0
+    for step in range(steps):
+        state["step"] = step
+        strike("forward")
+        y = torch.randint(0, 4, (32,), generator=g)
+        x = centers[y] + torch.randn(32, 16, generator=g)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    params = [p.detach().numpy().tobytes().hex() for p in model.parameters()]
+    return {"steps": steps, "params": params, "members": list(group.members)}
+
+
+def fault(f, group, idle):
+    """Carries out fault `f` on this rank, now."""
+    me = os.getpid()
+    hold = idle + 2.0
+    if f["kind"] == "kill":
+        os.kill(me, signal.SIGKILL)
+    elif f["kind"] == "freeze":
+        subprocess.Popen(["sh", "-c", f"sleep {hold}; kill -CONT {me}"])
+        os.kill(me, signal.SIGSTOP)
+    else:
+        rules = []
+        for port in group.local_ports():
+            rules += [["-p", "udp", "--sport", str(port)], ["-p", "udp", "--dport", str(port)]]
+        for r in rules:
+            subprocess.run(["iptables", "-I", "INPUT", *r, "-j", "DROP"], check=True)
+        undo = "; ".join("iptables -D INPUT " + " ".join(r) + " -j DROP" for r in rules)
+        subprocess.Popen(["sh", "-c", f"sleep {hold}; {undo}"])
+
+
+# ------------------------------------------------------------------ a schedule
+
+
+def run_schedule(ctx, schedule, args, cert_dir):
+    """Runs one schedule: each rank's outcome and exit code."""
+    results = ctx.Queue()
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(args.ranks),
+        "GRADLANE_CERT_DIR": cert_dir,
+        "GRADLANE_ON_RANK_FAILURE": schedule["policy"],
+        "GRADLANE_IDLE_TIMEOUT": str(args.idle),
+        "GRADLANE_LOG": "error",
+        # c10d warns on every connect that the namespace has no hostname.
+        "TORCH_CPP_LOG_LEVEL": "ERROR",
+    }
+    procs = [
+        ctx.Process(
+            target=rank_main, args=(r, env, schedule, args.steps, args.idle, results)
+        )
+        for r in range(args.ranks)
+    ]
+    started = time.monotonic()
+    for p in procs:
+        p.start()
+    got, hung = {}, []
+    while any(p.is_alive() for p in procs) or not results.empty():
+        try:
+            rank, out = results.get(timeout=0.5)
+            got[rank] = out
+        except queue.Empty:
+            pass
+        if time.monotonic() - started > args.hang_after:
+            hung = [r for r, p in enumerate(procs) if p.is_alive()]
+            for p in procs:
+                if p.is_alive():
+                    os.kill(p.pid, signal.SIGCONT)  # a frozen one must die too
+                    p.kill()
+            break
+    for p in procs:
+        p.join()
+    subprocess.run(["iptables", "-F", "INPUT"], check=False)
+    return got, {r: p.exitcode for r, p in enumerate(procs)}, hung, time.monotonic() - started
+
+
+def judge(schedule, got, codes, hung):
+    """The schedule's verdict: lists of crashes and mismatches, by rank."""
+    crashes, mismatches = [], []
+    killed = {f["rank"] for f in schedule["faults"] if f["kind"] == "kill"}
+    for r, code in codes.items():
+        if r in hung:
+            continue
+        if code != 0 and not (r in killed and code == -signal.SIGKILL):
+            crashes.append(f"rank {r} exit code {code}")
+        out = got.get(r)
+        if code == 0 and out is None:
+            crashes.append(f"rank {r} exited without a result")
+        if out is not None and "error" in out and not out["group_error"]:
+            crashes.append(f"rank {r} raised {out['error']}: {out['message']}")
+    finished = {r: o for r, o in got.items() if "params" in o}
+    if schedule["policy"] == "fail":
+        for r in finished:
+            mismatches.append(f"rank {r} trained through a fault under fail")
+    else:
+        for r, o in finished.items():
+            if o["params"] != next(iter(finished.values()))["params"]:
+                mismatches.append(f"rank {r}'s parameters differ")
+            if sorted(finished) != o["members"]:
+                mismatches.append(f"rank {r} ended with members {o['members']}, finished {sorted(finished)}")
+        for r, o in got.items():
+            if "error" in o and o["error"] not in ("RemovedError", "RankFailedError"):
+                if o["group_error"]:
+                    mismatches.append(f"rank {r} raised {o['error']} under continue: {o['message']}")
+    return crashes, mismatches
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import gradlane
+
+    cert_dir = args.cert_dir
+    if cert_dir is None:
+        cert_dir = tempfile.mkdtemp(prefix="chaos-certs-")
+        gradlane.generate_certs(cert_dir, ["127.0.0.1"])
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["numpy", "torch", "torch.distributed", "torch.nn.functional"])
+    totals = {"schedules": 0, "crashes": 0, "hangs": 0, "mismatches": 0}
+    by_kind: dict[str, int] = {}
+    records = []
+    t0 = time.monotonic()
+    for i in range(args.schedules):
+        seed = args.seed + i
+        policy = args.policy if args.policy != "both" else ("fail", "continue")[seed % 2]
+        schedule = plan(seed, args.ranks, args.steps, policy, args.kinds)
+        got, codes, hung, took = run_schedule(ctx, schedule, args, cert_dir)
+        crashes, mismatches = judge(schedule, got, codes, hung)
+        totals["schedules"] += 1
+        totals["crashes"] += bool(crashes)
+        totals["hangs"] += bool(hung)
+        totals["mismatches"] += bool(mismatches)
+        for f in schedule["faults"]:
+            by_kind[f"{policy}/{f['kind']}"] = by_kind.get(f"{policy}/{f['kind']}", 0) + 1
+        faults = " ".join(f"{f['kind']}:r{f['rank']}@{f['step']}{f['place'][0]}" for f in schedule["faults"])
+        ok = not (crashes or hung or mismatches)
+        outcomes = " ".join(
+            f"r{r}:{'ok' if 'params' in o else o.get('error', '?')}" for r, o in sorted(got.items())
+        )
+        print(
+            f"[{i + 1}/{args.schedules}] seed {seed} {policy:8} {faults:40} "
+            f"{took:5.1f} s  {'ok' if ok else 'FAILED'}  {outcomes}",
+            flush=True,
+        )
+        for line in crashes + mismatches + [f"rank {r} hung" for r in hung]:
+            print(f"    {line}  (replay: --seed {seed} --schedules 1 --policy {policy})", flush=True)
+        if not ok:
+            for r, o in sorted(got.items()):
+                if "traceback" in o and not o["group_error"]:
+                    print(o["traceback"], flush=True)
+        records.append(
+            {**schedule, "seconds": took, "codes": codes, "hung": hung, "crashes": crashes,
+             "mismatches": mismatches,
+             "outcomes": {r: ("finished" if "params" in o else o.get("error")) for r, o in got.items()}}
+        )
+    elapsed = time.monotonic() - t0
+    print(
+        f"\n{totals['schedules']} schedules in {elapsed:.0f} s: {totals['crashes']} with a crash, "
+        f"{totals['hangs']} with a hang, {totals['mismatches']} with a mismatch"
+    )
+    print("faults:", ", ".join(f"{k} {v}" for k, v in sorted(by_kind.items())))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"totals": totals, "faults": by_kind, "seconds": elapsed,
+                       "args": {k: v for k, v in vars(args).items()}, "schedules": records}, f, indent=1)
+    return 0 if totals["crashes"] == totals["hangs"] == totals["mismatches"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
