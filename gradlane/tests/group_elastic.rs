@@ -16,7 +16,7 @@ use common::{at_root, cert_dir, free_port, group_config};
 use futures_util::future::join_all;
 use gradlane::{
     AllreduceReport, BucketId, Faults, Group, GroupConfig, GroupError, Layout, LossRecovery,
-    LossyCarrier, OnRankFailure, ReduceOp, TensorSpec,
+    LossyCarrier, OnRankFailure, ReduceOp, SparseAllgather, SparseRows, TensorSpec,
 };
 use gradlane_core::rng::SplitMix64;
 use std::net::SocketAddr;
@@ -522,4 +522,53 @@ async fn a_rank_that_is_still_a_member_cannot_rejoin() {
         other => panic!("expected a refusal, got {other:?}"),
     }
     assert_eq!(groups[0].members(), &[0, 1, 2, 3]);
+}
+
+/// A rank's sparse rows: `count` rows of a 40 × 3 matrix, seeded by rank
+/// and step.
+fn sparse_rows(rank: usize, step: usize, count: usize) -> SparseRows {
+    let mut rng = SplitMix64::new(500 + 10 * step as u64 + rank as u64);
+    SparseRows {
+        height: 40,
+        width: 3,
+        rows: (0..count).map(|_| rng.next_u64() % 40).collect(),
+        values: (0..count * 3).map(|_| rng.next_f64() as f32).collect(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sparse_allgather_goes_on_with_the_survivors_rows() {
+    let mut groups = elastic_group("elastic-sparse", 0.0).await;
+    // Rank 3 is cut off before it calls: the others' call meets its death,
+    // and ends with their own rows, in rank order, on each of them.
+    let dead = groups.pop().unwrap();
+    cut_off(&dead);
+    for (step, unequal) in [
+        SparseAllgather::Allgatherv,
+        SparseAllgather::BroadcastInOrder,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mine: Vec<SparseRows> = (0..3).map(|r| sparse_rows(r, step, 2 + r)).collect();
+        let calls = groups
+            .iter_mut()
+            .zip(&mine)
+            .map(|(g, m)| g.sparse_allgather(m, unequal));
+        let want = SparseRows {
+            height: 40,
+            width: 3,
+            rows: mine.iter().flat_map(|m| m.rows.clone()).collect(),
+            values: mine.iter().flat_map(|m| m.values.clone()).collect(),
+        };
+        for (r, result) in join_all(calls).await.into_iter().enumerate() {
+            let (got, _) = result.unwrap_or_else(|e| panic!("step {step} rank {r}: {e}"));
+            assert_eq!(got, want, "step {step} rank {r}");
+        }
+    }
+    for g in &groups {
+        assert_eq!(g.members(), &[0, 1, 2]);
+        assert_eq!(g.epoch(), 1);
+    }
+    drop(dead);
 }

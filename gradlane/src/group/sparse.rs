@@ -123,17 +123,21 @@ impl Group {
     /// Gathers every rank's sparse rows (same `height` and `width` on every
     /// rank): the result holds all of them in rank order. See the module
     /// docs for the two phases; `unequal` chooses phase 2 when the counts
-    /// differ.
+    /// differ. With [`OnRankFailure::Continue`](super::OnRankFailure) a
+    /// death ends it with the survivors' rows, in the order of the new
+    /// view, on every survivor.
     pub async fn sparse_allgather(
         &mut self,
         mine: &SparseRows,
         unequal: SparseAllgather,
     ) -> Result<(SparseRows, SparseReport), GroupError> {
         mine.check()?;
-        self.begin_collective("sparse_allgather")?;
-        let result = self.sparse_allgather_within(mine, unequal).await;
-        self.end_collective();
-        result
+        self.resilient(
+            "sparse_allgather",
+            &mut [0u8; 0],
+            async |g: &mut Group, _: &mut [u8]| g.sparse_allgather_within(mine, unequal).await,
+        )
+        .await
     }
 
     async fn sparse_allgather_within(
