@@ -37,8 +37,8 @@
 # GRADLANE_ON_RANK_FAILURE=continue and admit cost alone), gloo-bbr and
 # gloo-cubic (gloo, nobody dies), gloo-cubic-restart (C over cubic).
 # HOOK (none, fp16 or bf16; default none) puts that torch DDP hook on
-# every run (the variant's name gets +HOOK). PowerSGD is left out: neither
-# the checkpoint nor elastic.catch_up carries its state.
+# every run (the variant's name gets +HOOK). PowerSGD is left out: the
+# restart variants' checkpoint does not carry its state.
 #
 # The clock: rank 0's train_s (train_tta.py --clock) is the wall time since
 # the first step of the run began, evaluations excluded (as tta_bench's

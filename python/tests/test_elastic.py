@@ -148,12 +148,15 @@ def finish(model, out):
     return out
 
 
-def scenario_killed_and_replaced(rank, kill_rank, kill_step):
+def scenario_killed_and_replaced(rank, kill_rank, kill_step, powersgd=False):
     """Members: train, calling elastic.admit at every step's end; rank
     `kill_rank` SIGKILLs itself at step `kill_step`. Once a replacement is
     admitted, every rank trains AFTER more steps. A replacement
     (GRADLANE_REJOIN=1): catches up from the members' state, then trains
-    the same steps."""
+    the same steps. With `powersgd`, every DDP runs torch's PowerSGD hook
+    (compressing from step 2 on): the replacement must take the members'
+    step count and bases, or it would run the full allreduce beside their
+    compressed ones."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -166,6 +169,13 @@ def scenario_killed_and_replaced(rank, kill_rank, kill_step):
         # Other weights than the members', to show they are replaced.
         torch.nn.init.normal_(model[0].weight)
     ddp = DDP(model, init_sync=not replacement)
+    if powersgd:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+        ps = psgd.PowerSGDState(
+            process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2
+        )
+        ddp.register_comm_hook(ps, psgd.powerSGD_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     out = {"replacement": replacement}
     if replacement:
@@ -194,10 +204,28 @@ def scenario_killed_and_replaced(rank, kill_rank, kill_step):
         if end is None and step > 5000:
             raise RuntimeError("no replacement was admitted")
         step += 1
+    if powersgd:
+        out["powersgd_iter"] = ps.iter
+        out["q"] = {k: v.numpy().copy() for k, v in ps.q_memory_dict.items()}
     return finish(model, out)
 
 
 def test_a_killed_rank_is_replaced_and_ends_with_the_same_parameters(cert_dir):
+    replace_a_killed_rank(cert_dir, powersgd=False)
+
+
+def test_a_replacement_takes_the_members_powersgd_state(cert_dir):
+    got = replace_a_killed_rank(cert_dir, powersgd=True)
+    victim = RANKS - 1
+    assert got[victim]["powersgd_iter"] == got[0]["powersgd_iter"]
+    assert got[0]["powersgd_iter"] > 2, "PowerSGD compressed"
+    for r in range(RANKS):
+        assert sorted(got[r]["q"]) == sorted(got[0]["q"])
+        for k, q in got[r]["q"].items():
+            assert np.array_equal(bits(q), bits(got[0]["q"][k])), f"rank {r} bucket {k}"
+
+
+def replace_a_killed_rank(cert_dir, powersgd):
     ctx = rank_context()
     results = ctx.Queue()
     env = {
@@ -209,7 +237,7 @@ def test_a_killed_rank_is_replaced_and_ends_with_the_same_parameters(cert_dir):
         "GRADLANE_IDLE_TIMEOUT": IDLE,
     }
     victim = RANKS - 1
-    args = (scenario_killed_and_replaced, victim, KILL_STEP)
+    args = (scenario_killed_and_replaced, victim, KILL_STEP, powersgd)
 
     def start(rank, extra):
         p = ctx.Process(
@@ -252,6 +280,7 @@ def test_a_killed_rank_is_replaced_and_ends_with_the_same_parameters(cert_dir):
         for what in ("params_at_admission", "momentum_at_admission", "params"):
             for a, b in zip(out[what], got[0][what], strict=True):
                 assert np.array_equal(bits(a), bits(b)), f"{what}: rank {r} vs rank 0"
+    return got
 
 
 def test_a_bad_on_rank_failure_is_a_clear_error(monkeypatch):

@@ -16,7 +16,9 @@ it, and takes their state before it trains:
     extra = elastic.catch_up(ddp, optimizer)      # the members' state
     step = extra["step"] + 1
 
-``admit`` costs nothing on the network while nobody waits. When a rank is
+``admit`` costs nothing on the network while nobody waits. Register the
+DDP's comm hook before ``catch_up``: a PowerSGD hook's step count and
+warm-started bases are handed over too. When a rank is
 admitted, the lowest member that was already in the group sends the
 model's and the optimizer's state (and ``extra``) to every rank: one
 broadcast of their bytes. Where ``model`` is a DDP, every rank's reducer
@@ -83,6 +85,36 @@ def _same_buckets(ddp):
     ddp._has_rebuilt_buckets = True
 
 
+#: What a new rank takes of a PowerSGDState: what must be the same on
+#: every rank (the step count, which picks between the full allreduce and
+#: the compressed one; the warm-started Q of each bucket, and the
+#: generator that draws new ones) and the compression counts. Not its
+#: error_dict: each rank's error feedback is its own compression error,
+#: and a new rank has made none (likewise gradlane's hook keeps each
+#: rank's own lost chunks, which died with the rank it replaces).
+_POWERSGD_SHARED = (
+    "iter",
+    "rng",
+    "q_memory_dict",
+    "total_numel_before_compression",
+    "total_numel_after_compression",
+    "next_stats_report",
+)
+
+
+def _powersgd_states(model):
+    """The PowerSGDStates of ``model``'s comm hooks (a DDP's, torch's
+    powerSGD_hook or gradlane's powersgd_hook), in registration order."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+    states = []
+    for _hook, state in getattr(model, "_comm_hooks", []):
+        state = getattr(state, "powersgd", state)
+        if isinstance(state, PowerSGDState):
+            states.append(state)
+    return states
+
+
 def _hand_state(g, joined, model, optimizer, extra):
     """The broadcast of the state from the lowest member not among
     ``joined``, loaded where it is new; returns the sender's ``extra``."""
@@ -94,6 +126,9 @@ def _hand_state(g, joined, model, optimizer, extra):
                 "model": model.state_dict(),
                 "optimizer": None if optimizer is None else optimizer.state_dict(),
                 "extra": extra,
+                "powersgd": [
+                    {k: getattr(s, k) for k in _POWERSGD_SHARED} for s in _powersgd_states(model)
+                ],
             },
             buf,
         )
@@ -108,5 +143,19 @@ def _hand_state(g, joined, model, optimizer, extra):
         model.load_state_dict(state["model"])
         if optimizer is not None and state["optimizer"] is not None:
             optimizer.load_state_dict(state["optimizer"])
+        mine = _powersgd_states(model)
+        if len(mine) != len(state["powersgd"]):
+            raise RuntimeError(
+                f"gradlane: the members' DDP has {len(state['powersgd'])} PowerSGD hook "
+                f"states, this rank's {len(mine)}: register the same comm hook before "
+                "catch_up"
+            )
+        device = next(model.parameters()).device
+        for s, shared in zip(mine, state["powersgd"], strict=True):
+            for k, v in shared.items():
+                if k == "q_memory_dict":
+                    # On this rank's device, not the donor's.
+                    v = {bucket: q.to(device) for bucket, q in v.items()}
+                setattr(s, k, v)
         return state["extra"]
     return extra
