@@ -14,6 +14,7 @@ torchrun's environment); each returns what it saw through a queue.
 import datetime
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -39,6 +40,9 @@ MARGIN = 3.0
 #: The step in whose backward the victim dies or freezes.
 FAIL_STEP = 5
 STEPS = 12
+#: What torch's own distributed tests look for in a timeout's message
+#: (distributed_test.py, _test_barrier_timeout).
+TORCH_SUITE_TIMEOUT = " (Timed out|closed|timeout) "
 #: How long the test waits for every rank's word.
 RESULT_TIMEOUT = 180.0
 
@@ -367,11 +371,13 @@ def test_a_collective_whose_peer_never_comes_raises_within_the_groups_timeout(ce
         assert e["type"] == "CollectiveTimeoutError", e
         assert e["missing"] == [1], e
         assert op in e["message"], e
+        assert re.search(TORCH_SUITE_TIMEOUT, e["message"]), e
         assert timeout * 0.9 <= e["after"] <= timeout + MARGIN, e
         print(f"\n{op}: {e['type']} after {e['after']:.2f} s (timeout {timeout} s)")
     e = out["wait"]
     assert e["type"] == "CollectiveTimeoutError", e
     assert "allreduce" in e["message"], e
+    assert re.search(TORCH_SUITE_TIMEOUT, e["message"]), e
     assert timeout * 0.9 <= e["after"] <= timeout + MARGIN, e
     # The collective went on past wait()'s timeout, and completed.
     assert out["sum"] == [2.0] * 8

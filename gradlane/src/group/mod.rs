@@ -294,8 +294,8 @@ pub enum GroupError {
     /// whose links are alive. With [`OnRankFailure::Fail`] every later
     /// collective returns this error again: the group is unusable.
     #[error(
-        "{op} timed out after {waited:?}, the group's timeout: nothing came from ranks \
-         {missing:?}; the group is unusable"
+        "{op} waited past the group's timeout ({waited:?}) for ranks {missing:?}, \
+         whose links are alive; the group is unusable"
     )]
     Timeout {
         /// The collective.

@@ -100,8 +100,8 @@ class GradlaneWork(dist._Work):
         seconds = _wait_seconds(timeout)
         if seconds is not None and not self._done.wait(seconds):
             raise gradlane.CollectiveTimeoutError(
-                f"gradlane: {self._op} did not complete within {seconds:g} s "
-                "(Work.wait's timeout); it goes on, bounded by the process group's timeout"
+                f"gradlane: {self._op}: Work.wait's timeout of {seconds:g} s passed; the "
+                "collective goes on, bounded by the process group's timeout"
             )
         self._future.wait()
         return True
