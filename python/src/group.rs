@@ -411,6 +411,18 @@ impl PyGroup {
         })
     }
 
+    /// Where every rank listens ("ip:port"), by the rank it joined as, as
+    /// this rank knows it: the addresses= a restarted rank may rejoin
+    /// through (any member that answers admits it); empty once closed.
+    #[getter]
+    fn addresses(&self, py: Python<'_>) -> Vec<String> {
+        self.peek(py, |s| {
+            s.map_or_else(Vec::new, |s| {
+                s.group.addresses().iter().map(|a| a.to_string()).collect()
+            })
+        })
+    }
+
     /// Returns once every rank has called barrier().
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         self.with_state(py, |s, rt| Ok(rt.block_on(s.group.barrier())?))

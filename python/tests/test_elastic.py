@@ -148,7 +148,7 @@ def finish(model, out):
     return out
 
 
-def scenario_killed_and_replaced(rank, kill_rank, kill_step, powersgd=False):
+def scenario_killed_and_replaced(rank, kill_rank, kill_step, powersgd=False, store_file=None):
     """Members: train, calling elastic.admit at every step's end; rank
     `kill_rank` SIGKILLs itself at step `kill_step`. Once a replacement is
     admitted, every rank trains AFTER more steps. A replacement
@@ -156,14 +156,20 @@ def scenario_killed_and_replaced(rank, kill_rank, kill_step, powersgd=False):
     the same steps. With `powersgd`, every DDP runs torch's PowerSGD hook
     (compressing from step 2 on): the replacement must take the members'
     step count and bases, or it would run the full allreduce beside their
-    compressed ones."""
+    compressed ones. With `store_file`, the ranks meet through a file
+    store (which outlives rank 0) instead of rank 0's TCP store."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from gradlane.torch import elastic
 
     replacement = os.environ.get("GRADLANE_REJOIN") == "1"
-    dist.init_process_group("gradlane")
+    if store_file is None:
+        dist.init_process_group("gradlane")
+    else:
+        dist.init_process_group(
+            "gradlane", init_method=f"file://{store_file}", rank=rank, world_size=RANKS
+        )
     model = mlp()
     if replacement:
         # Other weights than the members', to show they are replaced.
@@ -214,6 +220,10 @@ def test_a_killed_rank_is_replaced_and_ends_with_the_same_parameters(cert_dir):
     replace_a_killed_rank(cert_dir, powersgd=False)
 
 
+def test_rank_0_killed_is_replaced_through_another_member(cert_dir, tmp_path):
+    replace_a_killed_rank(cert_dir, powersgd=False, victim=0, store_file=str(tmp_path / "store"))
+
+
 def test_a_replacement_takes_the_members_powersgd_state(cert_dir):
     got = replace_a_killed_rank(cert_dir, powersgd=True)
     victim = RANKS - 1
@@ -225,7 +235,7 @@ def test_a_replacement_takes_the_members_powersgd_state(cert_dir):
             assert np.array_equal(bits(q), bits(got[0]["q"][k])), f"rank {r} bucket {k}"
 
 
-def replace_a_killed_rank(cert_dir, powersgd):
+def replace_a_killed_rank(cert_dir, powersgd, victim=RANKS - 1, store_file=None):
     ctx = rank_context()
     results = ctx.Queue()
     env = {
@@ -236,8 +246,7 @@ def replace_a_killed_rank(cert_dir, powersgd):
         "GRADLANE_ON_RANK_FAILURE": "continue",
         "GRADLANE_IDLE_TIMEOUT": IDLE,
     }
-    victim = RANKS - 1
-    args = (scenario_killed_and_replaced, victim, KILL_STEP, powersgd)
+    args = (scenario_killed_and_replaced, victim, KILL_STEP, powersgd, store_file)
 
     def start(rank, extra):
         p = ctx.Process(
@@ -267,7 +276,9 @@ def replace_a_killed_rank(cert_dir, powersgd):
                 p.kill()
     assert sorted(got) == list(range(RANKS))
     assert got[victim]["replacement"]
-    admitted_at = got[0]["admitted_at"]
+    # A member that was never replaced, to compare the others with.
+    ref = 1 if victim == 0 else 0
+    admitted_at = got[ref]["admitted_at"]
     assert got[victim]["caught_up_at"] == admitted_at
     for r in range(RANKS):
         out = got[r]
@@ -278,8 +289,8 @@ def replace_a_killed_rank(cert_dir, powersgd):
             assert out["admitted"] == [victim] and out["admitted_at"] == admitted_at
         # The state it took, and where training left it: the members'.
         for what in ("params_at_admission", "momentum_at_admission", "params"):
-            for a, b in zip(out[what], got[0][what], strict=True):
-                assert np.array_equal(bits(a), bits(b)), f"{what}: rank {r} vs rank 0"
+            for a, b in zip(out[what], got[ref][what], strict=True):
+                assert np.array_equal(bits(a), bits(b)), f"{what}: rank {r} vs rank {ref}"
     return got
 
 

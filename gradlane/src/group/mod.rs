@@ -440,6 +440,14 @@ impl Group {
         self.membership.joined_world
     }
 
+    /// Where every rank of the group listens, by the rank it joined as, as
+    /// this rank knows it (a replacement's address once it is admitted):
+    /// the table a restarted rank may rejoin through
+    /// ([`Rendezvous::Addresses`]), any member that answers admitting it.
+    pub fn addresses(&self) -> &[SocketAddr] {
+        &self.membership.addresses
+    }
+
     /// The endpoint under the links (statistics, faults).
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint

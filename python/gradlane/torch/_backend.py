@@ -55,6 +55,27 @@ BACKEND_NAME = "gradlane"
 MIN_JOIN_TIMEOUT = 60.0
 #: The store key under which rank 0 publishes its "ip:port".
 ROOT_KEY = "gradlane/root"
+#: The store keys (ADDRESS_KEY/RANK) under which every rank publishes the
+#: "ip:port" it listens on, for a replacement to rejoin through.
+ADDRESS_KEY = "gradlane/address"
+
+
+def _addresses_from_store(store, rank: int, size: int) -> list[str]:
+    """Every rank's address for a rank that rejoins: the others' as they
+    published them, this rank's own where it listens (GRADLANE_RANK_ADDR;
+    port 0 is any)."""
+    table = []
+    for r in range(size):
+        key = f"{ADDRESS_KEY}/{r}"
+        if r == rank:
+            table.append(rank_listen_from_env())
+        elif store.check([key]):
+            table.append(store.get(key).decode())
+        else:
+            # Never published (it died before the group formed): an
+            # address no one answers at.
+            table.append("127.0.0.1:9")
+    return table
 
 
 class GradlaneWork(dist._Work):
@@ -686,8 +707,10 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     ``continue`` goes on with the survivors (docs/DESIGN.md, "Elastic
     membership"). GRADLANE_REJOIN=1 starts a replacement for a rank the
     others went on without: it joins at their next
-    :func:`gradlane.torch.elastic.admit` (rank 0 must be alive: it holds the
-    store). GRADLANE_ASYNC=0 makes each call wait for its collective.
+    :func:`gradlane.torch.elastic.admit`, through whichever member answers
+    at the address it published in the store (so the store must outlive
+    the rank replaced: with torch's default env:// store, rank 0 holds it;
+    a file store or torchrun's rendezvous does not need it). GRADLANE_ASYNC=0 makes each call wait for its collective.
     ``timeout`` also bounds every collective: one that waits longer for
     a rank raises :class:`gradlane.CollectiveTimeoutError` naming it (with
     ``continue``, that rank is removed instead, as a dead one is).
@@ -700,7 +723,15 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     if collective_timeout is not None and collective_timeout <= 0:
         collective_timeout = None  # torch's "no timeout"
     join_timeout = max(collective_timeout or MIN_JOIN_TIMEOUT, MIN_JOIN_TIMEOUT)
-    if rank == 0:
+    rejoin = rejoin_from_env()
+    root = addresses = None
+    if rejoin:
+        # Through every member's address, not rank 0's alone: any member
+        # that answers admits this rank, so rank 0 may be the one it
+        # replaces (where the store outlives it).
+        addresses = _addresses_from_store(store, rank, size)
+        listen = None
+    elif rank == 0:
         host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
         try:
             ip = socket.gethostbyname(host)
@@ -716,14 +747,16 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
         rank,
         size,
         root=root,
-        listen=listen,
+        addresses=addresses,
+        listen=listen or "0.0.0.0:0",
         cert_dir=cert_dir,
         join_timeout=join_timeout,
         idle_timeout=idle_timeout_from_env(),
         on_rank_failure=on_rank_failure_from_env(),
-        rejoin=rejoin_from_env(),
+        rejoin=rejoin,
         collective_timeout=collective_timeout,
     )
+    store.set(f"{ADDRESS_KEY}/{rank}", group.addresses[rank])
     return GradlaneProcessGroup(group, rank, size, asynchronous=asynchronous_from_env())
 
 
