@@ -16,7 +16,13 @@ With the policy "fail" every rank that meets a fault must raise a
 gradlane.GroupError; with "continue" the ranks the group went on with
 must end with the same members and bit-identical parameters, and a rank
 it left out must raise RemovedError (or NoQuorum's RemovedError) at its
-next collective. Counted per schedule:
+next collective. Under "continue" a killed rank is replaced, as a user
+would: a process with its RANK and GRADLANE_REJOIN=1 starts once it is
+dead, the members admit it (gradlane.torch.elastic.admit after every
+step, training on past --steps until it comes) and it trains with them
+to the end, which must again find every member with the same bits. The
+ranks meet through a file store, which outlives rank 0, so rank 0 is
+replaced as any other. Counted per schedule:
   crash     a rank ended by a signal the plan did not send (SIGSEGV,
             SIGABRT), or raised something other than a GroupError;
   hang      a rank still running --hang-after seconds after the start;
@@ -45,6 +51,10 @@ import time
 import traceback
 
 KINDS = ("kill", "freeze", "partition")
+#: Steps the members train after the last replacement is admitted.
+AFTER_ADMISSION = 3
+#: Steps past --steps the members train on waiting for a replacement.
+CAP_STEPS = 200
 PLACES = ("forward", "backward")
 
 
@@ -149,17 +159,33 @@ def train(rank, schedule, steps, idle):
 
     from gradlane.torch._backend import gradlane_group_of
 
-    dist.init_process_group("gradlane")
+    from gradlane.torch import elastic
+
+    replacement = os.environ.get("GRADLANE_REJOIN") == "1"
+    # A file store, which outlives any rank: rank 0 can be replaced too.
+    dist.init_process_group(
+        "gradlane",
+        init_method=f"file://{os.environ['CHAOS_STORE_FILE']}",
+        rank=rank,
+        world_size=int(os.environ["WORLD_SIZE"]),
+    )
     group = gradlane_group_of(None)
-    store = dist.distributed_c10d._get_default_store()
-    store.set(f"chaos/ports/{rank}", json.dumps(list(group.local_ports())))
     torch.manual_seed(0)
     nn = torch.nn
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
-    ddp = DDP(model)
+    ddp = DDP(model, init_sync=not replacement)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    mine = [f for f in schedule["faults"] if f["rank"] == rank]
+    mine = [] if replacement else [f for f in schedule["faults"] if f["rank"] == rank]
     state = {"step": -1}
+    elastic_run = schedule["policy"] == "continue"
+    if replacement:
+        extra = elastic.catch_up(ddp, opt)
+        first, end = extra["step"] + 1, extra["end"]
+    else:
+        first, end = 0, steps
+    # The members wait (train on) for the replacements planned, up to a cap.
+    waiting = 0 if replacement else len(replaced(schedule))
+    cap = steps + CAP_STEPS
 
     def strike(place):
         for f in mine:
@@ -175,7 +201,8 @@ def train(rank, schedule, steps, idle):
     weight.register_hook(in_backward)
     g = torch.Generator().manual_seed(1000 + rank)
     centers = torch.randn(4, 16, generator=torch.Generator().manual_seed(7)) * 2.0
-    for step in range(steps):
+    step = first
+    while step < end or (waiting > 0 and step < cap):
         state["step"] = step
         strike("forward")
         y = torch.randint(0, 4, (32,), generator=g)
@@ -183,8 +210,30 @@ def train(rank, schedule, steps, idle):
         opt.zero_grad()
         F.cross_entropy(ddp(x), y).backward()
         opt.step()
+        if elastic_run:
+            # Every member ends AFTER_ADMISSION steps after the last rank
+            # was admitted; the ones admitted learn it from the state.
+            later = max(end, step + 1 + AFTER_ADMISSION)
+            joined = elastic.admit(ddp, opt, extra={"step": step, "end": later})
+            if joined:
+                waiting -= len(joined)
+                end = later
+        step += 1
     params = [p.detach().numpy().tobytes().hex() for p in model.parameters()]
-    return {"steps": steps, "params": params, "members": list(group.members)}
+    return {
+        "steps": step,
+        "params": params,
+        "members": list(group.members),
+        "replacement": replacement,
+    }
+
+
+def replaced(schedule):
+    """The ranks a schedule starts replacements for: those it kills under
+    "continue"."""
+    if schedule["policy"] != "continue":
+        return []
+    return [f["rank"] for f in schedule["faults"] if f["kind"] == "kill"]
 
 
 def fault(f, group, idle):
@@ -202,14 +251,17 @@ def fault(f, group, idle):
             rules += [["-p", "udp", "--sport", str(port)], ["-p", "udp", "--dport", str(port)]]
         for r in rules:
             subprocess.run(["iptables", "-I", "INPUT", *r, "-j", "DROP"], check=True)
-        undo = "; ".join("iptables -D INPUT " + " ".join(r) + " -j DROP" for r in rules)
+        # The schedule's end may have flushed them already.
+        undo = "; ".join(
+            "iptables -D INPUT " + " ".join(r) + " -j DROP 2>/dev/null" for r in rules
+        )
         subprocess.Popen(["sh", "-c", f"sleep {hold}; {undo}"])
 
 
 # ------------------------------------------------------------------ a schedule
 
 
-def run_schedule(ctx, schedule, args, cert_dir):
+def run_schedule(ctx, schedule, args, cert_dir, store_dir):
     """Runs one schedule: each rank's outcome and exit code."""
     results = ctx.Queue()
     env = {
@@ -220,8 +272,7 @@ def run_schedule(ctx, schedule, args, cert_dir):
         "GRADLANE_ON_RANK_FAILURE": schedule["policy"],
         "GRADLANE_IDLE_TIMEOUT": str(args.idle),
         "GRADLANE_LOG": "error",
-        # c10d warns on every connect that the namespace has no hostname.
-        "TORCH_CPP_LOG_LEVEL": "ERROR",
+        "CHAOS_STORE_FILE": os.path.join(store_dir, f"store-{schedule['seed']}"),
     }
     procs = [
         ctx.Process(
@@ -232,6 +283,8 @@ def run_schedule(ctx, schedule, args, cert_dir):
     started = time.monotonic()
     for p in procs:
         p.start()
+    names = [str(r) for r in range(args.ranks)]
+    to_replace = set(replaced(schedule))
     got, hung = {}, []
     while any(p.is_alive() for p in procs) or not results.empty():
         try:
@@ -239,8 +292,20 @@ def run_schedule(ctx, schedule, args, cert_dir):
             got[rank] = out
         except queue.Empty:
             pass
+        for r in sorted(to_replace):
+            if procs[r].exitcode == -signal.SIGKILL:
+                # The command a user runs: the same environment and RANK,
+                # GRADLANE_REJOIN=1. It reports under the dead rank's number.
+                to_replace.discard(r)
+                again = ctx.Process(
+                    target=rank_main,
+                    args=(r, {**env, "GRADLANE_REJOIN": "1"}, schedule, args.steps, args.idle, results),
+                )
+                again.start()
+                procs.append(again)
+                names.append(f"{r}'")
         if time.monotonic() - started > args.hang_after:
-            hung = [r for r, p in enumerate(procs) if p.is_alive()]
+            hung = [names[i] for i, p in enumerate(procs) if p.is_alive()]
             for p in procs:
                 if p.is_alive():
                     os.kill(p.pid, signal.SIGCONT)  # a frozen one must die too
@@ -249,22 +314,27 @@ def run_schedule(ctx, schedule, args, cert_dir):
     for p in procs:
         p.join()
     subprocess.run(["iptables", "-F", "INPUT"], check=False)
-    return got, {r: p.exitcode for r, p in enumerate(procs)}, hung, time.monotonic() - started
+    codes = {names[i]: p.exitcode for i, p in enumerate(procs)}
+    return got, codes, hung, time.monotonic() - started
 
 
 def judge(schedule, got, codes, hung):
     """The schedule's verdict: lists of crashes and mismatches, by rank."""
     crashes, mismatches = [], []
-    killed = {f["rank"] for f in schedule["faults"] if f["kind"] == "kill"}
-    for r, code in codes.items():
-        if r in hung:
+    killed = {str(f["rank"]) for f in schedule["faults"] if f["kind"] == "kill"}
+    for name, code in codes.items():
+        if name in hung:
             continue
-        if code != 0 and not (r in killed and code == -signal.SIGKILL):
-            crashes.append(f"rank {r} exit code {code}")
-        out = got.get(r)
-        if code == 0 and out is None:
-            crashes.append(f"rank {r} exited without a result")
-        if out is not None and "error" in out and not out["group_error"]:
+        if code != 0 and not (name in killed and code == -signal.SIGKILL):
+            crashes.append(f"rank {name} exit code {code}")
+    for r in range(len(codes)):
+        # A replacement reports under its rank, as the rank it replaces
+        # never did.
+        if codes.get(str(r)) == 0 or codes.get(f"{r}'") == 0:
+            if r not in got:
+                crashes.append(f"rank {r} exited without a result")
+    for r, out in got.items():
+        if "error" in out and not out["group_error"]:
             crashes.append(f"rank {r} raised {out['error']}: {out['message']}")
     finished = {r: o for r, o in got.items() if "params" in o}
     if schedule["policy"] == "fail":
@@ -299,6 +369,10 @@ def main(argv=None):
     if cert_dir is None:
         cert_dir = tempfile.mkdtemp(prefix="chaos-certs-")
         gradlane.generate_certs(cert_dir, ["127.0.0.1"])
+    # c10d warns on every connect that the namespace has no hostname; its
+    # level is read once, when torch loads, in the server the ranks fork from.
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    store_dir = tempfile.mkdtemp(prefix="chaos-stores-")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["numpy", "torch", "torch.distributed", "torch.nn.functional"])
     totals = {"schedules": 0, "crashes": 0, "hangs": 0, "mismatches": 0}
@@ -309,7 +383,7 @@ def main(argv=None):
         seed = args.seed + i
         policy = args.policy if args.policy != "both" else ("fail", "continue")[seed % 2]
         schedule = plan(seed, args.ranks, args.steps, policy, args.kinds)
-        got, codes, hung, took = run_schedule(ctx, schedule, args, cert_dir)
+        got, codes, hung, took = run_schedule(ctx, schedule, args, cert_dir, store_dir)
         crashes, mismatches = judge(schedule, got, codes, hung)
         totals["schedules"] += 1
         totals["crashes"] += bool(crashes)
@@ -320,7 +394,9 @@ def main(argv=None):
         faults = " ".join(f"{f['kind']}:r{f['rank']}@{f['step']}{f['place'][0]}" for f in schedule["faults"])
         ok = not (crashes or hung or mismatches)
         outcomes = " ".join(
-            f"r{r}:{'ok' if 'params' in o else o.get('error', '?')}" for r, o in sorted(got.items())
+            f"r{r}{chr(39) if o.get('replacement') else ''}:"
+            f"{'ok' if 'params' in o else o.get('error', '?')}"
+            for r, o in sorted(got.items())
         )
         print(
             f"[{i + 1}/{args.schedules}] seed {seed} {policy:8} {faults:40} "
