@@ -72,9 +72,11 @@ def _addresses_from_store(store, rank: int, size: int) -> list[str]:
         elif store.check([key]):
             table.append(store.get(key).decode())
         else:
-            # Never published (it died before the group formed): an
-            # address no one answers at.
-            table.append("127.0.0.1:9")
+            raise gradlane.GroupSetupError(
+                f"gradlane: GRADLANE_REJOIN=1, but rank {r} never published its address "
+                f"in the store ({key}): no group formed there to rejoin (start the job "
+                "without GRADLANE_REJOIN, or give the job's own store)"
+            )
     return table
 
 
@@ -700,8 +702,9 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     (an "ip:port" or an IP; default 0.0.0.0:0). Certificates from
     GRADLANE_CERT_DIR. Forming the group may take ``timeout``, and at
     least MIN_JOIN_TIMEOUT (its QUIC handshakes on a loaded host take
-    longer than a collective's short bound). GRADLANE_IDLE_TIMEOUT (seconds, default
-    30) is how long a silent link lasts before its rank counts as dead.
+    longer than a collective's short bound). GRADLANE_IDLE_TIMEOUT
+    (seconds, default 30) is how long after its last packet a rank that
+    stopped answering counts as dead.
     GRADLANE_ON_RANK_FAILURE says what happens then: ``fail`` (default)
     raises a GroupError naming the rank that went away on every rank;
     ``continue`` goes on with the survivors (docs/DESIGN.md, "Elastic
@@ -710,7 +713,8 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     :func:`gradlane.torch.elastic.admit`, through whichever member answers
     at the address it published in the store (so the store must outlive
     the rank replaced: with torch's default env:// store, rank 0 holds it;
-    a file store or torchrun's rendezvous does not need it). GRADLANE_ASYNC=0 makes each call wait for its collective.
+    a file store or torchrun's rendezvous does not need it).
+    GRADLANE_ASYNC=0 makes each call wait for its collective.
     ``timeout`` also bounds every collective: one that waits longer for
     a rank raises :class:`gradlane.CollectiveTimeoutError` naming it (with
     ``continue``, that rank is removed instead, as a dead one is).

@@ -41,6 +41,9 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+#: Backward passes watched at once, at most (see _watch_backward).
+MAX_WATCHED_BACKWARDS = 64
+
 
 class _Backward:
     """One backward pass that issued collectives: the first error any job
@@ -120,6 +123,9 @@ class IssueOrder:
                 return
             backward = _Backward(graph_task)
             self._backwards.append(backward)
+            # A pass that raised before its end never runs its callback:
+            # its entry is dropped once this many came after it.
+            del self._backwards[:-MAX_WATCHED_BACKWARDS]
         try:
             _queue_at_backward_end(lambda: self._end_backward(backward))
         except BaseException:
@@ -136,7 +142,8 @@ class IssueOrder:
         else:
             done.wait()
         with self._lock:
-            self._backwards.remove(backward)
+            if backward in self._backwards:
+                self._backwards.remove(backward)
         if backward.error is not None:
             raise backward.error
 
