@@ -6,7 +6,8 @@
 //! They live here, beside the link's own messages, so that every decoder
 //! of a peer's bytes is in the core, bounded before it allocates and
 //! fuzzed (`fuzz/fuzz_targets/group_messages.rs` and `reduced_shard.rs`).
-//! The shell (`gradlane::Group`) only sends and receives them.
+//! The shell (`gradlane::Group`) only sends and receives them, and drives
+//! the machine of the agreement on a new view ([`agreement`]).
 //!
 //! - [`MeshHello`] and [`AddressTable`]: the rendezvous.
 //! - [`PathOffer`] and [`PathHello`]: the further paths between two ranks.
@@ -15,7 +16,10 @@
 //! - [`ViewProposal`], [`ViewDecision`], [`JoinRequest`] and [`Joiners`]:
 //!   elastic membership, the next view after a rank is lost and the ranks
 //!   that ask to rejoin.
+//! - [`agreement`]: the survivors' agreement on that next view, as a
+//!   state machine.
 
+pub mod agreement;
 mod error;
 mod membership;
 mod mesh;
