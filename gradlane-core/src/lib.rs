@@ -45,7 +45,8 @@
 //! - [`control`]: the messages of a link's control stream.
 //! - [`group`]: the messages of a group's ranks outside the rounds: the
 //!   rendezvous, the further paths, a sparse allgather's shapes, an
-//!   owner's summed shard.
+//!   owner's summed shard, a new view; the survivors' agreement on that
+//!   view as a state machine, and its deterministic simulation.
 //! - [`protocol`]: the round protocol as state machines: release, report,
 //!   confirmation, delivery, close.
 //! - [`bytes`]: the one byte reader and length-prefixed framing they use.

@@ -17,7 +17,7 @@
 //!   elastic membership, the next view after a rank is lost and the ranks
 //!   that ask to rejoin.
 //! - [`agreement`]: the survivors' agreement on that next view, as a
-//!   state machine.
+//!   state machine, and its deterministic simulation.
 
 pub mod agreement;
 mod error;

@@ -1,6 +1,8 @@
 //! The survivors' agreement on the next view of a group that lost a rank
 //! (docs/DESIGN.md §4.1), as a state machine with no socket and no
-//! clock: the shell (`gradlane::Group`) drives it over its links.
+//! clock: the shell (`gradlane::Group`) drives it over its links, and
+//! [`sim`] drives many at once over a seeded model of a network that
+//! cuts, partitions, kills and freezes.
 //!
 //! Every survivor proposes (whom it lost, which collective it is in,
 //! whether it holds its result) to every rank it still reaches; the
@@ -12,11 +14,14 @@
 //! - [`Agreement`]: one rank's machine ([`Event`] in, [`Transmit`] out,
 //!   then its [`Outcome`]).
 //! - [`decide`], [`is_quorum`], [`outcome`]: the coordinator's rule.
+//! - [`sim`]: the deterministic simulation of N ranks agreeing, and the
+//!   invariants it checks.
 
 mod error;
 mod machine;
 mod rule;
 mod seat;
+pub mod sim;
 
 #[cfg(test)]
 mod tests;
