@@ -16,14 +16,18 @@
 //! coordinator, which decides once it has a proposal from every rank it
 //! has not lost, and every rank passes the decision on. A decision needs a
 //! quorum of the last view (a majority, or exactly half with its lowest
-//! rank), so two sides of a partition never both go on.
+//! rank), so two sides of a partition never both go on. The rule and the
+//! exchange are the core's machine
+//! (`gradlane_core::group::agreement::Agreement`); this module only
+//! carries its messages over the links and acts on its outcome.
 
 use super::{tag, BucketOptions, Group, GroupConfig, GroupError, Kind};
 use crate::link::LinkError;
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use gradlane_core::control::codes;
-use gradlane_core::group::{Joiners, ViewDecision, ViewOutcome, ViewProposal};
+use gradlane_core::group::agreement::{Agreement, Event, MessageKind, Outcome, Seat, Transmit};
+use gradlane_core::group::{Joiners, ViewDecision, ViewOutcome};
 use gradlane_core::layout::Layout;
 use quinn::VarInt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -119,11 +123,23 @@ impl Membership {
     }
 }
 
-/// What one link said during an agreement.
+/// What one link said during an agreement, as it came: the core's
+/// machine reads it.
 enum ViewEvent {
-    Proposal(ViewProposal),
-    Decision(ViewDecision),
+    Proposal(Bytes),
+    Decision(Bytes),
     Lost,
+}
+
+impl ViewEvent {
+    /// The machine's event, from the rank at place `from`.
+    fn as_event(&self, from: usize) -> Event<'_> {
+        match self {
+            ViewEvent::Proposal(body) => Event::Proposal { from, body },
+            ViewEvent::Decision(body) => Event::Decision { from, body },
+            ViewEvent::Lost => Event::Lost { from },
+        }
+    }
 }
 
 /// What a failed attempt at a collective means for the group.
@@ -366,259 +382,158 @@ impl Group {
         Ok(decision.outcome)
     }
 
-    /// The agreement on the next view (the module's header): returns the
-    /// decision, once this rank has it and has passed it on.
+    /// The agreement on the next view (the module's header): drives the
+    /// core's machine over the links and returns the decision, once this
+    /// rank has it and has passed it on.
     async fn agree(
         &mut self,
-        mut suspects: BTreeSet<usize>,
+        suspects: BTreeSet<usize>,
         alarms: BTreeMap<usize, Bytes>,
         has_result: bool,
     ) -> Result<ViewDecision, GroupError> {
-        let epoch = self.membership.epoch + 1;
-        let (me, n) = (self.rank, self.world);
-        let joined = self.membership.members.clone();
-        let world = self.membership.joined_world;
-        let mut proposals = BTreeMap::new();
-        for (p, body) in alarms {
-            match ViewProposal::decode(&body, world) {
-                Ok(prop) if prop.epoch == epoch => {
-                    proposals.insert(p, prop);
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(rank = joined[p], %e, "a malformed proposal: that rank counts as lost");
-                    suspects.insert(p);
-                }
-            }
-        }
-        let calls = self.membership.calls;
-        let proposal = |suspects: &BTreeSet<usize>| ViewProposal {
+        let m = &self.membership;
+        let epoch = m.epoch + 1;
+        let seat = Seat::new(
+            self.rank,
+            m.members.clone(),
+            m.joined_world,
             epoch,
-            call: calls,
+            m.calls,
             has_result,
-            suspects: suspects.iter().map(|&p| joined[p]).collect(),
-        };
-        let mut told = suspects.clone();
-        self.send_view(
-            tag(epoch, Kind::ViewProposal),
-            proposal(&suspects).encode().into(),
-            &mut suspects,
-            None,
         )
-        .await;
+        .map_err(|e| GroupError::Setup(format!("agreeing on view {epoch}: {e}")))?;
+        let mut agreement = Agreement::new(seat, suspects, alarms);
         loop {
-            if suspects != told {
-                // What this rank lost since it last said: say it again, to
-                // the coordinator it now has among the rest.
-                told = suspects.clone();
-                let body = proposal(&suspects).encode().into();
-                self.send_view(tag(epoch, Kind::ViewProposal), body, &mut suspects, None)
-                    .await;
-            }
-            let coordinator = (0..n).find(|p| !suspects.contains(p)).unwrap_or(me);
-            let heard_all =
-                (0..n).all(|p| p == me || suspects.contains(&p) || proposals.contains_key(&p));
-            if coordinator == me && heard_all {
-                let decision = self.decide(epoch, &mut suspects, &proposals, has_result);
-                let body: Bytes = decision.encode().into();
-                let t = tag(epoch, Kind::ViewDecision);
-                let mut left_out = suspects.clone();
-                self.send_view(t, body.clone(), &mut left_out, None).await;
-                // The ranks left out hear it too, where they still can, so
-                // that they stop at once with a clear error; a dead one's
-                // stream may be out of credit, so none holds this up long.
-                let members: BTreeSet<usize> = (0..n).filter(|p| !suspects.contains(p)).collect();
-                let _ = tokio::time::timeout(
-                    LEFT_OUT_WAIT,
-                    self.send_view(t, body, &mut members.clone(), None),
-                )
-                .await;
-                return self.take_decision(decision, self.membership.joined_rank);
-            }
-            let (p, event) = self.next_view_event(epoch, &suspects).await;
-            match event {
-                ViewEvent::Proposal(prop) => {
-                    proposals.insert(p, prop);
-                }
-                ViewEvent::Lost if p != me => {
-                    suspects.insert(p);
-                }
-                ViewEvent::Lost => {}
-                ViewEvent::Decision(decision) => {
-                    let body: Bytes = decision.encode().into();
-                    self.send_view(tag(epoch, Kind::ViewDecision), body, &mut suspects, Some(p))
-                        .await;
-                    return self.take_decision(decision, joined[p]);
+            while let Some(transmit) = agreement.poll_transmit() {
+                for p in self.send_view(epoch, &transmit).await {
+                    agreement.send_failed(p);
                 }
             }
-        }
-    }
-
-    /// The coordinator's decision from every proposal it has: a rank any
-    /// survivor lost is left out (the mesh needs every pair), as is a rank
-    /// that lost the coordinator.
-    fn decide(
-        &self,
-        epoch: u64,
-        suspects: &mut BTreeSet<usize>,
-        proposals: &BTreeMap<usize, ViewProposal>,
-        has_result: bool,
-    ) -> ViewDecision {
-        let (me, n) = (self.rank, self.world);
-        let joined = &self.membership.members;
-        let before = suspects.clone();
-        for (&p, prop) in proposals.iter().filter(|(p, _)| !before.contains(p)) {
-            for s in &prop.suspects {
-                match self.place_of(*s) {
-                    Some(s) if s == me => suspects.insert(p),
-                    Some(s) => suspects.insert(s),
-                    None => false,
-                };
+            if let Some(outcome) = agreement.outcome() {
+                return self.take_decision(outcome.clone());
             }
-        }
-        let alive: Vec<usize> = (0..n).filter(|p| !suspects.contains(p)).collect();
-        let members: Vec<usize> = alive.iter().map(|&p| joined[p]).collect();
-        let quorum = 2 * alive.len() > n || (2 * alive.len() == n && alive.first() == Some(&0));
-        if !quorum {
-            return ViewDecision {
-                epoch,
-                outcome: ViewOutcome::NoQuorum,
-                members,
+            let Some((p, event)) = self.next_view_event(epoch, agreement.suspects()).await else {
+                return Err(GroupError::Setup(format!(
+                    "no link left to hear view {epoch} from"
+                )));
             };
-        }
-        // Where each member is: the collective it is in, and whether it
-        // holds that collective's result.
-        let mut at: Vec<(u64, bool)> = vec![(self.membership.calls, has_result)];
-        at.extend(
-            alive
-                .iter()
-                .filter_map(|p| proposals.get(p))
-                .map(|prop| (prop.call, prop.has_result)),
-        );
-        let first = at.iter().map(|a| a.0).min().unwrap_or(0);
-        // A member one collective on has returned the first, which it
-        // could only do once every rank held its result.
-        let complete = at.iter().all(|&(call, held)| call > first || held);
-        ViewDecision {
-            epoch,
-            outcome: match complete {
-                true => ViewOutcome::Complete { call: first },
-                false => ViewOutcome::Rerun { call: first },
-            },
-            members,
+            agreement.handle(event.as_event(p));
         }
     }
 
-    /// Takes a decision from the rank that joined as `from`: this rank's
-    /// next view, or why it has none.
-    fn take_decision(
-        &mut self,
-        decision: ViewDecision,
-        from: usize,
-    ) -> Result<ViewDecision, GroupError> {
+    /// Takes the agreement's outcome: this rank's next view, or why it
+    /// has none.
+    fn take_decision(&mut self, outcome: Outcome) -> Result<ViewDecision, GroupError> {
         let me = self.membership.joined_rank;
-        self.membership.epoch = decision.epoch;
-        if decision.outcome == ViewOutcome::NoQuorum {
-            return Err(GroupError::NoQuorum {
+        self.membership.epoch = outcome.decision().epoch;
+        match outcome {
+            Outcome::Member { decision, .. } => Ok(decision),
+            Outcome::NoQuorum { decision, .. } => Err(GroupError::NoQuorum {
                 rank: me,
                 reached: decision.members,
                 members: self.membership.members.clone(),
-            });
-        }
-        if !decision.members.contains(&me) {
-            return Err(GroupError::Removed {
+            }),
+            Outcome::Removed { decision, from } => Err(GroupError::Removed {
                 rank: me,
                 epoch: decision.epoch,
                 why: format!(
                     "rank {from} decided the view without it (members {:?})",
                     decision.members
                 ),
-            });
+            }),
         }
-        Ok(decision)
     }
 
-    /// Sends `body` to every rank of the view but this one, those in
-    /// `skip` and `except`; a rank its send fails to is added to `skip`.
-    async fn send_view(
-        &mut self,
-        tag: u64,
-        body: Bytes,
-        skip: &mut BTreeSet<usize>,
-        except: Option<usize>,
-    ) {
+    /// Sends the agreement's `transmit` for view `epoch` to each of its
+    /// ranks at once, and returns those it failed to reach. The decision
+    /// for the ranks left out gets [`LEFT_OUT_WAIT`], and its failures
+    /// are not told.
+    async fn send_view(&mut self, epoch: u64, transmit: &Transmit) -> Vec<usize> {
+        let kind = match transmit.kind {
+            MessageKind::Proposal => Kind::ViewProposal,
+            MessageKind::Decision => Kind::ViewDecision,
+        };
+        let t = tag(epoch, kind);
         let sends = self.senders.iter_mut().enumerate().filter_map(|(p, s)| {
             let s = s.as_mut()?;
-            if skip.contains(&p) || except == Some(p) {
+            if !transmit.to.contains(&p) {
                 return None;
             }
-            let body = body.clone();
-            Some(async move { (p, s.send_message(tag, body).await) })
+            let body = transmit.body.clone();
+            Some(async move { (p, s.send_message(t, body).await) })
         });
-        for (p, sent) in futures_util::future::join_all(sends).await {
-            if let Err(e) = sent {
-                tracing::info!(rank = p, %e, "a view message did not go out");
-                skip.insert(p);
-            }
-        }
+        let sends = futures_util::future::join_all(sends);
+        let sent = match transmit.left_out {
+            false => sends.await,
+            // A dead rank's stream may be out of credit: none holds this
+            // up long.
+            true => tokio::time::timeout(LEFT_OUT_WAIT, sends)
+                .await
+                .unwrap_or_default(),
+        };
+        sent.into_iter()
+            .filter_map(|(p, sent)| match sent {
+                Ok(()) => None,
+                Err(e) => {
+                    tracing::info!(rank = p, %e, "a view message did not go out");
+                    Some(p)
+                }
+            })
+            .collect()
     }
 
-    /// The next thing any rank not in `suspects` says about view `epoch`:
-    /// its proposal, the decision, or that its link failed. Everything
-    /// else on the links (the failed collective's messages) is dropped.
+    /// The next thing any rank not in `suspects` says about view `epoch`,
+    /// as it came: its proposal, the decision, or that its link failed (a
+    /// rank with no link at all is lost at once). Everything else on the
+    /// links (the failed collective's messages) is dropped. `None` when
+    /// there is no rank left to hear from.
     async fn next_view_event(
         &mut self,
         epoch: u64,
         suspects: &BTreeSet<usize>,
-    ) -> (usize, ViewEvent) {
-        let world = self.membership.joined_world;
+    ) -> Option<(usize, ViewEvent)> {
+        let me = self.rank;
+        let unlinked = (0..self.world)
+            .find(|&p| p != me && !suspects.contains(&p) && self.receivers[p].is_none());
+        if let Some(p) = unlinked {
+            return Some((p, ViewEvent::Lost));
+        }
         let joined = self.membership.members.clone();
         let mut waiting: FuturesUnordered<_> = self
             .receivers
             .iter_mut()
             .enumerate()
-            .filter(|(p, r)| r.is_some() && !suspects.contains(p))
+            .filter(|(p, _)| !suspects.contains(p))
             .filter_map(|(p, r)| Some((p, r.as_mut()?)))
             .map(|(p, receiver)| {
                 let joined = &joined;
                 async move {
-                loop {
-                    let (t, body) = match receiver.recv_message().await {
-                        Ok(m) => m,
-                        Err(e) => {
-                            tracing::info!(rank = joined[p], %e, "lost during the agreement");
-                            return (p, ViewEvent::Lost);
+                    loop {
+                        let (t, body) = match receiver.recv_message().await {
+                            Ok(m) => m,
+                            Err(e) => {
+                                tracing::info!(rank = joined[p], %e, "lost during the agreement");
+                                return (p, ViewEvent::Lost);
+                            }
+                        };
+                        let (number, kind) = (t >> 8, t & 0xff);
+                        if number != epoch {
+                            continue;
                         }
-                    };
-                    let (number, kind) = (t >> 8, t & 0xff);
-                    if number != epoch {
-                        continue;
+                        match kind {
+                            k if k == Kind::ViewProposal as u64 => {
+                                return (p, ViewEvent::Proposal(body))
+                            }
+                            k if k == Kind::ViewDecision as u64 => {
+                                return (p, ViewEvent::Decision(body))
+                            }
+                            _ => continue,
+                        }
                     }
-                    let event = match kind {
-                        k if k == Kind::ViewProposal as u64 => {
-                            ViewProposal::decode(&body, world).map(ViewEvent::Proposal)
-                        }
-                        k if k == Kind::ViewDecision as u64 => {
-                            ViewDecision::decode(&body, world).map(ViewEvent::Decision)
-                        }
-                        _ => continue,
-                    };
-                    return match event {
-                        Ok(event) => (p, event),
-                        Err(e) => {
-                            tracing::warn!(rank = joined[p], %e, "a malformed view message: that rank counts as lost");
-                            (p, ViewEvent::Lost)
-                        }
-                    };
-                }
                 }
             })
             .collect();
-        match waiting.next().await {
-            Some(event) => event,
-            // Nobody left to hear from: this rank is alone.
-            None => (self.rank, ViewEvent::Lost),
-        }
+        waiting.next().await
     }
 
     /// Forms the mesh of `decision`'s view among its members on this
