@@ -145,6 +145,7 @@ impl CallError {
                 RustGroupError::Rank { rank, .. } | RustGroupError::Refused { rank, .. } => {
                     (RankFailedError::new_err(message), Some(rank), None)
                 }
+                RustGroupError::Interrupted { .. } => (GroupError::new_err(message), None, None),
                 RustGroupError::Timeout { missing, .. } => (
                     CollectiveTimeoutError::new_err(message),
                     missing.first().copied(),

@@ -10,23 +10,39 @@ use std::sync::atomic::{AtomicBool, Ordering};
 impl Group {
     /// Starts collective `op`: its deadline, where the group has a
     /// timeout. A group that timed out before ([`OnRankFailure::Fail`])
-    /// runs nothing more: the same error again.
+    /// runs nothing more: the same error again; nor does one whose last
+    /// collective never ended (its future was dropped).
     pub(super) fn begin_collective(&mut self, op: &'static str) -> Result<(), GroupError> {
         if let Some(t) = &self.timed_out {
             return Err(t.error());
         }
+        if let Some(op) = self.unfinished {
+            return Err(GroupError::Interrupted { op });
+        }
+        self.unfinished = Some(op);
+        self.restart_deadline(op);
+        Ok(())
+    }
+
+    /// Ends the running collective.
+    pub(super) fn end_collective(&mut self) {
+        self.running = None;
+        self.unfinished = None;
+    }
+
+    /// Lifts the running collective's deadline while the survivors agree
+    /// on a new view, which has bounds of its own.
+    pub(super) fn pause_deadline(&mut self) {
+        self.running = None;
+    }
+
+    /// A fresh deadline for collective `op`, run again in a new view.
+    pub(super) fn restart_deadline(&mut self, op: &'static str) {
         self.running = self
             .membership
             .config
             .collective_timeout
             .map(|t| (op, tokio::time::Instant::now() + t));
-        Ok(())
-    }
-
-    /// Ends the running collective's deadline (also while the survivors
-    /// agree on a new view, which has bounds of its own).
-    pub(super) fn end_collective(&mut self) {
-        self.running = None;
     }
 
     /// The error of an exchange cut at the deadline, the ranks of `heard`

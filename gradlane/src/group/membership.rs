@@ -262,9 +262,9 @@ impl Group {
             };
             // The agreement has bounds of its own; a rerun gets a fresh
             // deadline.
-            self.end_collective();
+            self.pause_deadline();
             let outcome = self.recover(failure, held.is_some()).await?;
-            self.begin_collective(op)?;
+            self.restart_deadline(op);
             match (outcome, held) {
                 (ViewOutcome::Complete { call: c }, Some(r)) if c == call => {
                     self.membership.contributors = world;

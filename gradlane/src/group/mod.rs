@@ -308,6 +308,18 @@ pub enum GroupError {
         /// The timeout.
         waited: Duration,
     },
+    /// An earlier collective on this rank was cancelled before it ended
+    /// (its future dropped, say by a timeout around it): its messages may
+    /// be half sent or unread, so the links are out of step with the
+    /// other ranks. Close the group and join a new one.
+    #[error(
+        "an earlier {op} was cancelled before it ended: the links are out of step; close the \
+         group and join a new one"
+    )]
+    Interrupted {
+        /// The collective that was cancelled.
+        op: &'static str,
+    },
     /// Too few ranks are left to go on without risking a split group: the
     /// ranks this one still reaches are not a majority of the last view
     /// (or exactly half without its lowest rank).
@@ -353,6 +365,9 @@ pub struct Group {
     /// The collective running now and when its time is up (the group's
     /// `collective_timeout`), if it has one.
     running: Option<(&'static str, tokio::time::Instant)>,
+    /// The collective begun and not ended, if any: one still set when the
+    /// next begins was cancelled.
+    unfinished: Option<&'static str>,
     /// The timeout that made this group unusable
     /// ([`OnRankFailure::Fail`]): every later collective returns it.
     timed_out: Option<TimedOut>,

@@ -144,6 +144,7 @@ impl Group {
             stripes: (0..world).map(|_| Vec::new()).collect(),
             extra_endpoints: Vec::new(),
             running: None,
+            unfinished: None,
             timed_out: None,
         }
     }

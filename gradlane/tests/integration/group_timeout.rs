@@ -131,3 +131,20 @@ async fn with_continue_a_rank_silent_past_the_timeout_is_removed() {
         other => panic!("expected the silent rank to be out of the group, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collective_cancelled_halfway_leaves_the_group_refusing_calls() {
+    let mut groups = group_of("timeout-cancelled", OnRankFailure::Fail, None).await;
+    let mut buf = vec![1.0f32; 1 << 16];
+    // The others never come: the caller's own timeout drops the future.
+    let cut = tokio::time::timeout(
+        Duration::from_millis(200),
+        groups[0].allreduce(&mut buf, ReduceOp::Sum),
+    )
+    .await;
+    assert!(cut.is_err(), "the allreduce cannot end without the others");
+    match groups[0].barrier().await {
+        Err(GroupError::Interrupted { op }) => assert_eq!(op, "allreduce"),
+        other => panic!("expected the cancelled allreduce named, got {other:?}"),
+    }
+}
