@@ -38,6 +38,7 @@ A failing schedule prints its seed: `--seed S --schedules 1` replays it.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import multiprocessing
 import os
@@ -53,8 +54,12 @@ import traceback
 KINDS = ("kill", "freeze", "partition")
 #: Steps the members train after the last replacement is admitted.
 AFTER_ADMISSION = 3
-#: Steps past --steps the members train on waiting for a replacement.
-CAP_STEPS = 200
+#: Seconds past --steps the members train on waiting for a replacement.
+WAIT_FOR_REPLACEMENT = 40.0
+#: The process group's timeout: a bound on each collective, and on how long
+#: a replacement waits to be admitted (far above a step, and the failure
+#: bound plus the freezes and partitions, which last it plus 2 s).
+GROUP_TIMEOUT = 60.0
 PLACES = ("forward", "backward")
 
 
@@ -89,8 +94,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--hang-after",
         type=float,
-        default=90.0,
-        help="a rank still running this long after the start is a hang (default 90 s)",
+        default=150.0,
+        help="a rank still running this long after the start is a hang (default 150 s: "
+        "above the wait for a replacement and the group's timeout)",
     )
     p.add_argument("--json", help="write the summary and every schedule's record here")
     p.add_argument(
@@ -168,6 +174,7 @@ def train(rank, schedule, steps, idle):
         init_method=f"file://{os.environ['CHAOS_STORE_FILE']}",
         rank=rank,
         world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=datetime.timedelta(seconds=GROUP_TIMEOUT),
     )
     group = gradlane_group_of(None)
     torch.manual_seed(0)
@@ -183,9 +190,9 @@ def train(rank, schedule, steps, idle):
         first, end = extra["step"] + 1, extra["end"]
     else:
         first, end = 0, steps
-    # The members wait (train on) for the replacements planned, up to a cap.
+    # The members wait (train on) for the replacements planned, for a while.
     waiting = 0 if replacement else len(replaced(schedule))
-    cap = steps + CAP_STEPS
+    give_up = None
 
     def strike(place):
         for f in mine:
@@ -202,7 +209,14 @@ def train(rank, schedule, steps, idle):
     g = torch.Generator().manual_seed(1000 + rank)
     centers = torch.randn(4, 16, generator=torch.Generator().manual_seed(7)) * 2.0
     step = first
-    while step < end or (waiting > 0 and step < cap):
+    while True:
+        if step >= end:
+            if waiting <= 0:
+                break
+            if give_up is None:
+                give_up = time.monotonic() + WAIT_FOR_REPLACEMENT
+            elif time.monotonic() > give_up:
+                break
         state["step"] = step
         strike("forward")
         y = torch.randint(0, 4, (32,), generator=g)
