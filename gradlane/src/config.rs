@@ -18,6 +18,9 @@ use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
+/// [`Config::connect_timeout`]'s default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Everything a link end can be configured with.
 ///
 /// **Tune** the first seven: [`loss_tolerance`](Self::loss_tolerance),
@@ -88,6 +91,15 @@ pub struct Config {
     /// On a server: how long a client that completed the QUIC handshake
     /// may take to send its layout before it is closed (default 10 s).
     pub hello_timeout: Duration,
+    /// On a client: how long [`Endpoint::connect`](crate::Endpoint::connect)
+    /// keeps trying before it gives up with
+    /// [`LinkError::ConnectTimeout`](crate::LinkError::ConnectTimeout)
+    /// (default [`DEFAULT_CONNECT_TIMEOUT`], 30 s: as long as the default
+    /// idle timeout lets a single handshake wait). Under heavy loss a
+    /// connect runs several QUIC handshakes within it, the first to
+    /// finish being the link. More than zero. A [`Group`](crate::Group)
+    /// ignores it: its join timeout bounds its connects.
+    pub connect_timeout: Duration,
 }
 
 impl Default for Config {
@@ -107,6 +119,7 @@ impl Default for Config {
             quic: QuicSettings::default(),
             expect_layout: None,
             hello_timeout: Duration::from_secs(10),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
     }
 }
@@ -312,6 +325,9 @@ impl Config {
         if self.receiver.max_open_rounds == 0 {
             return Err(ConfigError::OpenRounds);
         }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::ConnectTimeout);
+        }
         let (min, max) = self.packets.bounds();
         if !(MIN_UDP_PAYLOAD <= min && min <= max && max <= MAX_UDP_PAYLOAD) {
             return Err(ConfigError::Packets { min, max });
@@ -423,6 +439,10 @@ mod tests {
         assert_eq!(
             bad(|c| c.receiver.max_open_rounds = 0),
             ConfigError::OpenRounds
+        );
+        assert_eq!(
+            bad(|c| c.connect_timeout = Duration::ZERO),
+            ConfigError::ConnectTimeout
         );
         assert_eq!(
             bad(|c| c.packets = Packets::Custom {

@@ -61,6 +61,9 @@ pub enum ConfigError {
     /// `receiver.max_open_rounds` is 0.
     #[error("max open rounds must be at least 1")]
     OpenRounds,
+    /// `connect_timeout` is zero: a connect could not even start.
+    #[error("connect timeout must be more than zero")]
+    ConnectTimeout,
     /// The chunk options cannot cut tensors (a block of 0 values).
     #[error("chunking: blocks must hold at least one value")]
     Chunking,

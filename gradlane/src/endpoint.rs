@@ -7,6 +7,7 @@
 //! handshake: the layout and chunk options travel to the server, which
 //! accepts them, or refuses them when it was told which layout to expect.
 
+use crate::attempts::{self, Windows};
 use crate::config::{Config, ConfigError};
 use crate::link::{read_control, write_control, Carrier, Link, LinkError};
 use crate::socket::batching::BatchCounts;
@@ -22,8 +23,13 @@ use gradlane_core::layout::Layout;
 use quinn::VarInt;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use thiserror::Error;
+use tokio::sync::Mutex;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 /// Why an endpoint could not be made.
 #[derive(Debug, Error)]
@@ -55,6 +61,9 @@ pub struct Endpoint {
     /// Its TLS configurations, from which each connection's own is made
     /// (MTU discovery up to what the route to that peer carries).
     per_peer: PerPeer,
+    /// The handshakes [`accept`](Self::accept) started that it has not
+    /// returned yet. Dropped with the endpoint, which ends them.
+    handshakes: Mutex<JoinSet<Result<Link, IncomingError>>>,
 }
 
 /// An endpoint's TLS configurations and transport settings, from which
@@ -190,6 +199,7 @@ impl Endpoint {
             job: None,
             refusal: None,
             per_peer,
+            handshakes: Mutex::new(JoinSet::new()),
         }
     }
 
@@ -230,23 +240,166 @@ impl Endpoint {
         self.stack.marking.as_ref().map(|m| m.counts())
     }
 
-    /// Connects to a server and runs the handshake with `layout`.
+    /// Connects to the server at `addr` and runs the gradlane handshake
+    /// with `layout`, within [`Config::connect_timeout`].
+    ///
+    /// Under heavy loss one QUIC handshake can stall past the idle
+    /// timeout: quinn doubles its retransmission timeout on every loss.
+    /// So a new handshake starts beside the earlier ones when none has
+    /// got through after 2 s, then after 4 s, 8 s and every 16 s; the
+    /// earlier ones go on, since one that is getting through may still
+    /// finish first. The first to get through carries the gradlane
+    /// handshake and is the link. The others are closed at once, before
+    /// any hello, so the server sees one gradlane handshake per connect
+    /// (its [`accept`](Self::accept) runs handshakes side by side and
+    /// skips the abandoned ones). A handshake that needed retransmissions
+    /// has got through only once the server shows that its side is done
+    /// too: the client's side can end with quinn's retransmission timer
+    /// backed off past any timeout, and its last packet lost. If the
+    /// server gives up waiting for the hello ([`Config::hello_timeout`]),
+    /// it made no link, and the handshakes start again.
+    ///
+    /// Where none gets through (no server at `addr`, a path that drops
+    /// everything) the error is [`LinkError::ConnectTimeout`], at the
+    /// timeout. A refusal (another CA, a layout the server does not
+    /// take) ends the connect at once.
     pub async fn connect(
         &self,
         addr: SocketAddr,
         server_name: &str,
         layout: &Layout,
     ) -> Result<Link, LinkError> {
-        let own = self
-            .per_peer
+        let waited = self.config.connect_timeout;
+        // A timeout too long to add is no timeout.
+        let deadline = Instant::now().checked_add(waited);
+        let own = self.own_client_config(addr)?;
+        let attempts = AtomicUsize::new(0);
+        let race = || {
+            attempts::overlapping(
+                Windows::HANDSHAKE,
+                || {
+                    attempts.fetch_add(1, Ordering::Relaxed);
+                    self.handshake_through(own.clone(), addr, server_name)
+                },
+                |e| match e {
+                    LinkError::Connection(quinn::ConnectionError::TimedOut) => None,
+                    e => Some(e),
+                },
+                |window, running| {
+                    tracing::info!(%addr, ?window, running, "no handshake through yet; starting another");
+                },
+            )
+        };
+        let handshakes = race();
+        tokio::pin!(handshakes);
+        let timed_out = || LinkError::ConnectTimeout {
+            addr,
+            waited,
+            attempts: attempts.load(Ordering::Relaxed),
+        };
+        loop {
+            let conn = before(deadline, &mut handshakes)
+                .await
+                .ok_or_else(timed_out)??;
+            match before(deadline, self.greet(conn, layout)).await {
+                None => return Err(timed_out()),
+                // The server gave up on this connection before our hello
+                // reached it (quinn's recovery of a handshake's end under
+                // loss can stall that long): it made no link of it, so
+                // another handshake may.
+                Some(Err(LinkError::Rejected { code, reason }))
+                    if code == u64::from(codes::BAD_HELLO) && reason.starts_with(NO_HELLO) =>
+                {
+                    tracing::info!(%addr, %reason, "the server gave up waiting for our hello; connecting again");
+                    handshakes.set(race());
+                }
+                Some(r) => return r,
+            }
+        }
+    }
+
+    /// One QUIC handshake and the gradlane handshake on it, with no
+    /// retry and no timeout but the idle timeout: for the group, whose
+    /// dial retries on its own ([`attempts`]) and whose further paths are
+    /// accepted one at a time, within the join's timeout.
+    pub(crate) async fn connect_once(
+        &self,
+        addr: SocketAddr,
+        server_name: &str,
+        layout: &Layout,
+    ) -> Result<Link, LinkError> {
+        let own = self.own_client_config(addr)?;
+        let conn = self.handshake(own, addr, server_name).await?;
+        self.greet(conn, layout).await
+    }
+
+    /// This endpoint's client configuration for a server at `addr`, if it
+    /// has its own for it (else quinn's default client configuration
+    /// applies).
+    fn own_client_config(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<Option<quinn::ClientConfig>, LinkError> {
+        self.per_peer
             .client_for(addr)
-            .map_err(|e| LinkError::Protocol(format!("connect: {e}")))?;
+            .map_err(|e| LinkError::Protocol(format!("connect: {e}")))
+    }
+
+    /// One QUIC handshake with the server at `addr`.
+    async fn handshake(
+        &self,
+        own: Option<quinn::ClientConfig>,
+        addr: SocketAddr,
+        server_name: &str,
+    ) -> Result<quinn::Connection, LinkError> {
         let connecting = match own {
             Some(client) => self.stack.quinn.connect_with(client, addr, server_name),
             None => self.stack.quinn.connect(addr, server_name),
         }
         .map_err(|e| LinkError::Protocol(format!("connect: {e}")))?;
-        let conn = connecting.await.map_err(LinkError::from_conn)?;
+        connecting.await.map_err(LinkError::from_conn)
+    }
+
+    /// One QUIC handshake that got through: its connection, once the
+    /// client's side is done and, if that needed retransmissions, the
+    /// server has shown that its side is done too. An attempt the server
+    /// shows nothing of within [`CONFIRM_WITHIN`] is given up (closed, no
+    /// hello sent on it) as timed out, so that another can win.
+    ///
+    /// Why: quinn backs its probe timer off on every probe of a handshake
+    /// and, until the server has acknowledged one of the client's later
+    /// packets, never resets it. A handshake that took several probes
+    /// ends, on the client, with that timer backed off to minutes; if the
+    /// client's Finished is then lost, neither side sends anything more
+    /// (the server waits for the Finished and drops the client's other
+    /// packets) until the idle timeout.
+    async fn handshake_through(
+        &self,
+        own: Option<quinn::ClientConfig>,
+        addr: SocketAddr,
+        server_name: &str,
+    ) -> Result<quinn::Connection, LinkError> {
+        let start = Instant::now();
+        let conn = self.handshake(own, addr, server_name).await?;
+        if start.elapsed() < PROBED_HANDSHAKE {
+            return Ok(conn);
+        }
+        // At least a few round trips, however long this path's are.
+        let within = CONFIRM_WITHIN.max(conn.rtt() * 3);
+        match server_done(&conn, within).await {
+            Ok(true) => Ok(conn),
+            Ok(false) => {
+                tracing::info!(%addr, "the server showed nothing of a slow handshake; giving it up");
+                conn.close(VarInt::from_u32(codes::CLOSED), b"handshake given up");
+                Err(LinkError::Connection(quinn::ConnectionError::TimedOut))
+            }
+            Err(e) => Err(LinkError::from_conn(e)),
+        }
+    }
+
+    /// The gradlane handshake on `conn`: the hello with `layout`, then the
+    /// server's welcome.
+    async fn greet(&self, conn: quinn::Connection, layout: &Layout) -> Result<Link, LinkError> {
         let (mut send, mut recv) = conn.open_bi().await.map_err(LinkError::from_conn)?;
         let hello = Hello {
             layout: layout.clone(),
@@ -258,7 +411,7 @@ impl Endpoint {
             // The server closes with a reason when it refuses us.
             _ => return Err(LinkError::from_conn(conn.closed().await)),
         }
-        tracing::info!(remote = %addr, tensors = layout.len(), "link up");
+        tracing::info!(remote = %conn.remote_address(), tensors = layout.len(), "link up");
         let mark = connection_mark(&self.stack.marks, &self.config, &conn);
         let carrier = Carrier {
             conn,
@@ -271,19 +424,38 @@ impl Endpoint {
 
     /// Accepts the next link. Returns `None` once the endpoint is closed.
     ///
-    /// Handshakes run one after the other here; a server that must not let
-    /// one slow client hold up the next uses [`Endpoint::incoming`] and
-    /// finishes each [`Incoming`] in its own task.
+    /// The handshakes of the clients knocking run side by side, each in a
+    /// task of its own, and the first to finish is the link: a slow or
+    /// abandoned one (a [`connect`](Self::connect)'s earlier attempt,
+    /// given up for another that finished first) holds up no other.
+    /// Those still running when it returns go on, and a later call
+    /// returns them. A client that never began the gradlane handshake (a
+    /// failed QUIC handshake, a client gone or silent before its hello:
+    /// [`IncomingError::Quic`], [`IncomingError::Silent`]) is skipped; a
+    /// client that breaks the gradlane handshake (a bad hello, a layout
+    /// the server does not take, a hello begun and not finished within
+    /// [`Config::hello_timeout`]) is an error. Take clients
+    /// with this or with [`incoming`](Self::incoming), not both: the
+    /// handshakes this started are only ever returned by it.
     pub async fn accept(&self) -> Option<Result<Link, LinkError>> {
+        let mut handshakes = self.handshakes.lock().await;
         loop {
-            match self.incoming().await?.finish().await {
-                Err(IncomingError::Quic(e)) => {
-                    // A failed QUIC handshake (wrong CA, a scan) is that
-                    // peer's problem; keep listening.
-                    tracing::info!(%e, "incoming connection failed");
+            tokio::select! {
+                biased;
+                Some(done) = handshakes.join_next(), if !handshakes.is_empty() => match done {
+                    Ok(Ok(link)) => return Some(Ok(link)),
+                    Ok(Err(IncomingError::Link(e))) => return Some(Err(e)),
+                    Ok(Err(e)) => {
+                        // A client that never began the gradlane handshake
+                        // (wrong CA, a scan, an attempt its client gave up
+                        // on) is that peer's problem; keep listening.
+                        tracing::info!(%e, "incoming connection failed");
+                    }
+                    Err(e) => return Some(Err(LinkError::Internal(format!("handshake task: {e}")))),
+                },
+                incoming = self.incoming() => {
+                    handshakes.spawn(incoming?.finish());
                 }
-                Err(IncomingError::Link(e)) => return Some(Err(e)),
-                Ok(link) => return Some(Ok(link)),
             }
         }
     }
@@ -311,6 +483,56 @@ impl Endpoint {
     /// Waits until every connection of this endpoint is closed.
     pub async fn wait_idle(&self) {
         self.stack.quinn.wait_idle().await;
+    }
+}
+
+/// How the reason of a server's close begins when the client's hello did
+/// not come within [`Config::hello_timeout`] (its code is
+/// [`codes::BAD_HELLO`], which a malformed hello shares).
+const NO_HELLO: &str = "no hello within";
+
+/// A client handshake that took this long probed at least once (quinn's
+/// first probe comes about a second after the first flight): its probe
+/// timer may be backed off, and the server's side is waited for.
+const PROBED_HANDSHAKE: Duration = Duration::from_millis(500);
+
+/// How long a probed handshake may wait for the server to show its side
+/// is done before [`Endpoint::connect`] gives it up for another.
+const CONFIRM_WITHIN: Duration = Duration::from_secs(3);
+
+/// How often [`server_done`] looks: quinn raises no event for it.
+const CONFIRM_POLL: Duration = Duration::from_millis(10);
+
+/// Whether the server shows, within `within`, that it finished its side of
+/// `conn`'s handshake: a HANDSHAKE_DONE frame, or an acknowledgement of a
+/// packet sent after the client's side was done (it also resets quinn's
+/// probe timer). The connection's error if it closes first.
+async fn server_done(
+    conn: &quinn::Connection,
+    within: Duration,
+) -> Result<bool, quinn::ConnectionError> {
+    let acks = conn.stats().frame_rx.acks;
+    let until = Instant::now() + within;
+    loop {
+        if let Some(e) = conn.close_reason() {
+            return Err(e);
+        }
+        let rx = conn.stats().frame_rx;
+        if rx.handshake_done > 0 || rx.acks > acks {
+            return Ok(true);
+        }
+        if Instant::now() >= until {
+            return Ok(false);
+        }
+        tokio::time::sleep(CONFIRM_POLL).await;
+    }
+}
+
+/// `work`'s output, if it comes before `deadline` (always, with none).
+async fn before<F: std::future::Future>(deadline: Option<Instant>, work: F) -> Option<F::Output> {
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at, work).await.ok(),
+        None => Some(work.await),
     }
 }
 
@@ -348,9 +570,19 @@ pub struct Incoming {
 /// Why an incoming client did not become a link.
 #[derive(Debug, Error)]
 pub enum IncomingError {
-    /// The QUIC/TLS handshake failed.
+    /// The QUIC/TLS handshake failed, or the client went away before it
+    /// began the gradlane handshake.
     #[error("quic handshake: {0}")]
     Quic(quinn::ConnectionError),
+    /// The client opened no control stream within
+    /// [`Config::hello_timeout`] after the QUIC handshake: it never began
+    /// the gradlane handshake (a stray QUIC client, or a connect's attempt
+    /// whose close was lost). The connection was closed.
+    #[error("no gradlane handshake begun within {waited:?}")]
+    Silent {
+        /// The hello timeout.
+        waited: Duration,
+    },
     /// The gradlane handshake failed (bad hello, layout mismatch, no hello
     /// in time).
     #[error(transparent)]
@@ -364,7 +596,8 @@ impl Incoming {
     }
 
     /// Runs both handshakes; the client has [`Config::hello_timeout`] after
-    /// the QUIC handshake to send its hello.
+    /// the QUIC handshake to send its hello (one that has not even opened
+    /// its control stream by then is [`IncomingError::Silent`]).
     pub async fn finish(self) -> Result<Link, IncomingError> {
         let connecting = match self.server {
             Some(server) => self.incoming.accept_with(server),
@@ -375,12 +608,25 @@ impl Incoming {
             .await
             .map_err(IncomingError::Quic)?;
         let config = self.config;
-        let welcome = welcome(&config, &self.marks, conn.clone());
-        match tokio::time::timeout(config.hello_timeout, welcome).await {
-            Ok(r) => Ok(r?),
-            Err(_) => {
-                let why = format!("no hello within {:?}", config.hello_timeout);
-                conn.close(VarInt::from_u32(codes::BAD_HELLO), why.as_bytes());
+        let waited = config.hello_timeout;
+        let close = |why: &str| conn.close(VarInt::from_u32(codes::BAD_HELLO), why.as_bytes());
+        let deadline = Instant::now().checked_add(waited);
+        // A client that goes away before it opens the control stream
+        // never began the gradlane handshake (a connect that gave up on
+        // this attempt for another): the connection failed, as a QUIC
+        // handshake does.
+        let control = match before(deadline, conn.accept_bi()).await {
+            Some(control) => control.map_err(IncomingError::Quic)?,
+            None => {
+                close(&format!("{NO_HELLO} {waited:?}"));
+                return Err(IncomingError::Silent { waited });
+            }
+        };
+        let welcome = welcome(&config, &self.marks, conn.clone(), control);
+        match before(deadline, welcome).await {
+            Some(r) => Ok(r?),
+            None => {
+                close(&format!("{NO_HELLO} {waited:?}"));
                 Err(LinkError::Handshake(HandshakeError::Timeout).into())
             }
         }
@@ -398,12 +644,15 @@ fn connection_mark(
     Some(registry.register(conn.remote_address(), dscp))
 }
 
+/// The server's half of the gradlane handshake on `conn`, whose client
+/// opened `control`: its hello read and checked, then the welcome.
 async fn welcome(
     config: &Config,
     marks: &Option<Arc<MarkRegistry>>,
     conn: quinn::Connection,
+    control: (quinn::SendStream, quinn::RecvStream),
 ) -> Result<Link, LinkError> {
-    let (mut send, mut recv) = conn.accept_bi().await.map_err(LinkError::from_conn)?;
+    let (mut send, mut recv) = control;
     let hello = match read_control(&mut recv).await {
         Ok(Some(body)) => Hello::decode(&body),
         Ok(None) => Err(gradlane_core::control::HandshakeError::Truncated),

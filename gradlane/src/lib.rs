@@ -87,6 +87,9 @@
 //! - `endpoint`: [`Endpoint`], where links come from: the gradlane
 //!   handshake, each connection's own transport settings (the MTU of its
 //!   route), and [`Incoming`], a client before its handshakes.
+//! - `attempts`: attempts that overlap, a new one each window while the
+//!   earlier ones go on: a connect's QUIC handshakes under heavy loss, and
+//!   a rank's dial.
 //! - `link/`: a [`Link`] over one QUIC connection, driving the core's round
 //!   protocol machines (`gradlane_core::protocol`): `send` (a round from
 //!   classing to the peer's confirmation), `lanes` (framing pipelined with
@@ -117,6 +120,7 @@
 
 #![warn(unreachable_pub)]
 
+mod attempts;
 mod config;
 mod config_error;
 mod congestion;
@@ -136,8 +140,8 @@ mod tuning;
 mod tests;
 
 pub use config::{
-    Config, ConfigError, Packets, QuicSettings, ReceiverLimits, Scoring, ETHERNET_UDP_PAYLOAD,
-    JUMBO_UDP_PAYLOAD, MAX_UDP_PAYLOAD, MIN_UDP_PAYLOAD,
+    Config, ConfigError, Packets, QuicSettings, ReceiverLimits, Scoring, DEFAULT_CONNECT_TIMEOUT,
+    ETHERNET_UDP_PAYLOAD, JUMBO_UDP_PAYLOAD, MAX_UDP_PAYLOAD, MIN_UDP_PAYLOAD,
 };
 pub use congestion::{controller_state, Congestion, ControllerState};
 pub use endpoint::{Endpoint, Incoming, IncomingError, SetupError};

@@ -318,8 +318,10 @@ async fn connect_paths(
                 source,
             };
             let name = server_name(config, endpoint, remote);
+            // One handshake, as every path's accepting rank takes them one
+            // at a time; the join's deadline bounds it.
             let mut link = endpoint
-                .connect(remote, &name, layout)
+                .connect_once(remote, &name, layout)
                 .await
                 .map_err(failed)?;
             let hello = PathHello {

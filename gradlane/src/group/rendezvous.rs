@@ -4,6 +4,7 @@
 
 use super::port_range::open_in;
 use super::{server_name, tag, Group, GroupConfig, GroupError, Kind};
+use crate::attempts::{self, Windows};
 use crate::endpoint::{Endpoint, IncomingError};
 use crate::handshake_failure::HandshakeFailure;
 use crate::link::{Link, LinkError};
@@ -31,15 +32,6 @@ pub enum Rendezvous {
         listen: SocketAddr,
     },
 }
-
-/// How long the first attempt to reach a rank may take: a rank that is
-/// not listening yet (it starts later) is tried again this soon.
-const FIRST_CONNECT_ATTEMPT: Duration = Duration::from_secs(2);
-
-/// The longest any attempt may take: quinn backs its handshake
-/// retransmissions off exponentially, so under heavy loss a handshake
-/// that is getting through needs a longer window than the first.
-const LAST_CONNECT_ATTEMPT: Duration = Duration::from_secs(16);
 
 /// The handshake layout of a group's links: their rounds register their
 /// own layouts; this one only opens the link.
@@ -321,32 +313,25 @@ pub(super) async fn dial(
     // the handshake's idle timeout), because under heavy loss a handshake
     // that is getting through is worth more than a fresh one, which would
     // start its retransmission backoff again.
-    let mut attempts = FuturesUnordered::new();
-    let mut attempt_for = FIRST_CONNECT_ATTEMPT;
     // A refusal left by an earlier dial is not this one's.
     endpoint.take_refusal();
-    loop {
-        attempts.push(endpoint.connect(addr, &name, &layout));
-        let window = tokio::time::sleep(attempt_for);
-        tokio::pin!(window);
-        loop {
-            tokio::select! {
-                Some(attempt) = attempts.next() => match attempt {
-                    Ok(link) => return Ok(link),
-                    Err(LinkError::Connection(quinn::ConnectionError::TimedOut)) => {}
-                    // Its certificate was refused in the handshake, before
-                    // any message: say why, in the error's type.
-                    Err(e) => match endpoint.take_refusal() {
-                        Some(reason) => return Err(GroupError::Refused { rank, addr, reason }),
-                        None => return Err(failed(e)),
-                    },
-                },
-                () = &mut window => break,
-            }
-        }
-        tracing::info!(rank, %addr, ?attempt_for, attempts = attempts.len(), "no answer yet; trying again");
-        attempt_for = (attempt_for * 2).min(LAST_CONNECT_ATTEMPT);
-    }
+    attempts::overlapping(
+        Windows::HANDSHAKE,
+        || endpoint.connect_once(addr, &name, &layout),
+        |e| match e {
+            LinkError::Connection(quinn::ConnectionError::TimedOut) => None,
+            // Its certificate was refused in the handshake, before any
+            // message: say why, in the error's type.
+            e => Some(match endpoint.take_refusal() {
+                Some(reason) => GroupError::Refused { rank, addr, reason },
+                None => failed(e),
+            }),
+        },
+        |attempt_for, attempts| {
+            tracing::info!(rank, %addr, ?attempt_for, attempts, "no answer yet; trying again");
+        },
+    )
+    .await
 }
 
 /// Where this rank listens, as the peer at `addr` reaches it over `link`:
@@ -431,7 +416,7 @@ async fn accept_into(
                 Err((remote, e)) => {
                     let why = match &e {
                         IncomingError::Quic(e) => HandshakeFailure::of(e),
-                        IncomingError::Link(e) => HandshakeFailure::Other(e.to_string()),
+                        e => HandshakeFailure::Other(e.to_string()),
                     };
                     // A few say why; a scan of the port must not grow it,
                     // nor fill the log.

@@ -91,6 +91,20 @@ pub enum LinkError {
     /// The connection is gone (closed by either side, timed out, reset).
     #[error("connection: {0}")]
     Connection(#[from] ConnectionError),
+    /// [`Endpoint::connect`](crate::Endpoint::connect) got no link to
+    /// `addr` within [`Config::connect_timeout`](crate::Config::connect_timeout):
+    /// no handshake it started there finished (no server there, or
+    /// nothing got through), or the server did not welcome the one that
+    /// did in time.
+    #[error("no link to {addr} within {waited:?} ({attempts} handshakes tried)")]
+    ConnectTimeout {
+        /// The server's address.
+        addr: std::net::SocketAddr,
+        /// How long the connect tried: the connect timeout.
+        waited: Duration,
+        /// How many QUIC handshakes it started.
+        attempts: usize,
+    },
     /// The peer closed the link in order ([`Link::close`], or dropped it).
     /// With `round`: before that round's important part was complete there,
     /// so the round was not delivered (a round the peer had is never

@@ -168,8 +168,11 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
-    /// Connects to the server at `addr` with the model's `layout`, opens
-    /// the request stream and says hello without a name.
+    /// Connects to the server at `addr` with the model's `layout` (as
+    /// [`Endpoint::connect`] does: trying within the endpoint's
+    /// [`connect_timeout`](crate::Config::connect_timeout), several
+    /// handshakes under heavy loss), opens the request stream and says
+    /// hello without a name.
     pub async fn join(
         endpoint: &Endpoint,
         addr: SocketAddr,
