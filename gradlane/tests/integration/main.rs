@@ -12,6 +12,7 @@
 
 mod common;
 
+mod connect;
 mod dscp;
 mod group;
 mod group_differentiated;
