@@ -7,7 +7,8 @@
 use clap::ValueEnum;
 use gradlane::ps::SamplePolicy;
 use gradlane::{
-    presets, Config, Congestion, DscpMarks, Endpoint, Faults, Layout, Link, Packets, SetupError,
+    presets, Config, Congestion, DscpMarks, Endpoint, Faults, Layout, Link, LinkError, Packets,
+    SetupError, DEFAULT_CONNECT_TIMEOUT,
 };
 use std::future::Future;
 use std::net::SocketAddr;
@@ -424,37 +425,47 @@ pub struct ClientFlags {
     /// CA certificate that signed the server's certificate (PEM).
     #[arg(long, default_value = "certs/ca.pem")]
     pub ca: PathBuf,
-    /// Give up connecting after this many seconds.
-    #[arg(long, default_value_t = 10)]
+    /// Give up connecting after this many seconds. Until then a connect
+    /// that has not got through starts another QUIC handshake beside the
+    /// earlier ones (after 2 s, 4 s, 8 s, then every 16 s): under heavy
+    /// loss one handshake's retransmissions can back off past any wait.
+    #[arg(long, default_value_t = DEFAULT_CONNECT_TIMEOUT.as_secs())]
     pub connect_timeout_secs: u64,
 }
 
 impl ClientFlags {
-    /// A client endpoint with `config`, trusting the flags' CA.
+    /// A client endpoint with `config`, trusting the flags' CA, whose
+    /// connects give up after the flags' connect timeout.
     pub fn endpoint(&self, config: Config) -> Result<Endpoint, BoxError> {
+        let config = Config {
+            connect_timeout: Duration::from_secs(self.connect_timeout_secs),
+            ..config
+        };
         Endpoint::client(&self.ca, config).map_err(|e| match e {
             SetupError::Config(e) => format!("invalid setting: {e}").into(),
             e => format!("cannot set up with CA {}: {}", self.ca.display(), chain(&e)).into(),
         })
     }
 
-    /// Connects `endpoint` to the flags' server with `layout`, saying so
-    /// first, within the connect timeout.
+    /// Connects `endpoint` (made by [`endpoint`](Self::endpoint), whose
+    /// connect timeout is the flags') to the flags' server with `layout`,
+    /// saying so first.
     pub async fn connect(&self, endpoint: &Endpoint, layout: &Layout) -> Result<Link, BoxError> {
         let addr = resolve(&self.connect).await?;
-        let wait = Duration::from_secs(self.connect_timeout_secs);
         eprintln!("connecting to {addr} as {:?}...", self.server_name);
-        match tokio::time::timeout(wait, endpoint.connect(addr, &self.server_name, layout)).await {
-            Ok(Ok(link)) => Ok(link),
-            Ok(Err(e)) => Err(format!(
+        match endpoint.connect(addr, &self.server_name, layout).await {
+            Ok(link) => Ok(link),
+            Err(LinkError::ConnectTimeout {
+                waited, attempts, ..
+            }) => Err(format!(
+                "no answer from {addr} within {waited:?}, {attempts} handshakes tried \
+                 (is the server running and reachable? --connect-timeout-secs waits longer)"
+            )
+            .into()),
+            Err(e) => Err(format!(
                 "cannot connect to {addr} as {:?}: {}",
                 self.server_name,
                 chain(&e)
-            )
-            .into()),
-            Err(_) => Err(format!(
-                "no answer from {addr} within {wait:?} (is the server running and reachable? \
-                 --connect-timeout-secs waits longer)"
             )
             .into()),
         }
