@@ -216,8 +216,14 @@ def scenario_death_seen_through_futures(rank, victim):
 
     dist.init_process_group("gradlane")
     dist.barrier()
+    store = dist.distributed_c10d._get_default_store()
     if rank == victim:
+        # Once every other rank has passed the barrier: the victim's last
+        # packets of it could die with it.
+        others = [f"passed/{r}" for r in range(RANKS) if r != victim]
+        store.wait(others, datetime.timedelta(seconds=120))
         os.kill(os.getpid(), signal.SIGKILL)
+    store.set(f"passed/{rank}", "1")
     work = dist.all_reduce(torch.ones(16), async_op=True)
     seen = {}
 

@@ -936,12 +936,12 @@ def test_a_rank_killed_under_the_hook_fails_backward_on_the_others(cert_dir, ove
         "killed_hook", cert_dir, overlap, expect=1, extra_env={"GRADLANE_IDLE_TIMEOUT": "10"}
     )
     out = got[0]
-    # DDP raises the hook's error as a RuntimeError that names it.
-    assert out["type"] == "RuntimeError", out
-    assert "RankFailedError: rank 1" in out["message"], out
-    # The Group is not used again: the next backward fails with the same
-    # error, without another idle timeout.
-    assert out["again"] is not None and "RankFailedError: rank 1" in out["again"], out
+    # backward() raises the hook's error itself.
+    assert out["type"] == "RankFailedError", out
+    assert "rank 1" in out["message"], out
+    # A backward after that fails at once, without another idle timeout
+    # (DDP's reducer, whose last backward never finished, refuses it).
+    assert out["again"] is not None, out
     assert out["again_s"] < 5, out
 
 
