@@ -20,7 +20,7 @@ torch = pytest.importorskip(
 )
 
 from rank_processes import rank_context  # noqa: E402
-from test_torch import bits, free_port, params_of, rank_main, run_ranks  # noqa: E402
+from test_torch import bits, params_of, rank_env, rank_main, run_ranks  # noqa: E402
 
 RANKS = 3
 STEPS = 40
@@ -238,14 +238,11 @@ def test_a_replacement_takes_the_members_powersgd_state(cert_dir):
 def replace_a_killed_rank(cert_dir, powersgd, victim=RANKS - 1, store_file=None):
     ctx = rank_context()
     results = ctx.Queue()
-    env = {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": str(RANKS),
-        "GRADLANE_CERT_DIR": cert_dir,
-        "GRADLANE_ON_RANK_FAILURE": "continue",
-        "GRADLANE_IDLE_TIMEOUT": IDLE,
-    }
+    env = rank_env(
+        cert_dir,
+        RANKS,
+        {"GRADLANE_ON_RANK_FAILURE": "continue", "GRADLANE_IDLE_TIMEOUT": IDLE},
+    )
     args = (scenario_killed_and_replaced, victim, KILL_STEP, powersgd, store_file)
 
     def start(rank, extra):
@@ -295,7 +292,7 @@ def replace_a_killed_rank(cert_dir, powersgd, victim=RANKS - 1, store_file=None)
 
 
 def test_a_bad_on_rank_failure_is_a_clear_error(monkeypatch):
-    from gradlane.torch._backend import on_rank_failure_from_env
+    from gradlane.torch._environment import on_rank_failure_from_env
 
     monkeypatch.setenv("GRADLANE_ON_RANK_FAILURE", "retry")
     with pytest.raises(ValueError, match="GRADLANE_ON_RANK_FAILURE 'retry'"):
@@ -307,7 +304,7 @@ def test_a_bad_on_rank_failure_is_a_clear_error(monkeypatch):
 
 
 def test_rejoin_without_continue_is_a_clear_error(monkeypatch):
-    from gradlane.torch._backend import rejoin_from_env
+    from gradlane.torch._environment import rejoin_from_env
 
     monkeypatch.setenv("GRADLANE_REJOIN", "1")
     monkeypatch.delenv("GRADLANE_ON_RANK_FAILURE", raising=False)

@@ -16,7 +16,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import time
 
@@ -29,7 +28,7 @@ torch = pytest.importorskip(
 
 from rank_processes import rank_context  # noqa: E402
 from test_elastic import blobs, mlp  # noqa: E402
-from test_torch import bits, free_port, params_of  # noqa: E402
+from test_torch import bits, params_of, rank_env  # noqa: E402
 
 RANKS = 3
 #: A silent link is a dead rank after this long (GRADLANE_IDLE_TIMEOUT).
@@ -53,14 +52,7 @@ def run_world(scenario, cert_dir, *args, world=RANKS, extra_env=None):
     code, once every process has ended."""
     ctx = rank_context()
     results = ctx.Queue()
-    env = {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": str(world),
-        "GRADLANE_CERT_DIR": cert_dir,
-        "GRADLANE_PORT": str(free_port(socket.SOCK_DGRAM)),
-        **(extra_env or {}),
-    }
+    env = rank_env(cert_dir, world, extra_env)
     procs = [
         ctx.Process(target=_rank_main, args=(scenario, r, env, args, results)) for r in range(world)
     ]

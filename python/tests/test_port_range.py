@@ -52,7 +52,7 @@ def test_every_socket_of_every_rank_is_bound_inside_the_range(cert_dir):
 
 def test_an_exhausted_or_bad_range_is_a_clear_error(cert_dir, monkeypatch):
     import gradlane
-    from gradlane.torch._backend import _free_udp_port, port_range_from_env
+    from gradlane.torch._environment import _free_udp_port, port_range_from_env
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as held:
         held.bind(("127.0.0.1", 0))

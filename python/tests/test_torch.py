@@ -578,11 +578,10 @@ def rank_main(scenario, rank, env, args, results):
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(scenario, cert_dir, *args, expect=None, extra_env=None, world=WORLD):
-    ctx = rank_context()
-    results = ctx.Queue()
-    expect = world if expect is None else expect
-    env = {
+def rank_env(cert_dir, world, extra_env=None):
+    """torchrun's environment for `world` ranks on loopback (less RANK),
+    with the job's certificates and `extra_env`."""
+    return {
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
         "WORLD_SIZE": str(world),
@@ -590,6 +589,13 @@ def run_ranks(scenario, cert_dir, *args, expect=None, extra_env=None, world=WORL
         "GRADLANE_PORT": str(free_port(socket.SOCK_DGRAM)),
         **(extra_env or {}),
     }
+
+
+def run_ranks(scenario, cert_dir, *args, expect=None, extra_env=None, world=WORLD):
+    ctx = rank_context()
+    results = ctx.Queue()
+    expect = world if expect is None else expect
+    env = rank_env(cert_dir, world, extra_env)
     procs = [
         ctx.Process(target=rank_main, args=(scenario, r, env, args, results), daemon=True)
         for r in range(world)
@@ -946,7 +952,7 @@ def test_a_rank_killed_under_the_hook_fails_backward_on_the_others(cert_dir, ove
 
 
 def test_rank_listen_address_takes_ip_or_ip_and_port(monkeypatch):
-    from gradlane.torch._backend import rank_listen_from_env
+    from gradlane.torch._environment import rank_listen_from_env
 
     for given, want in [
         (None, "0.0.0.0:0"),
@@ -963,7 +969,7 @@ def test_rank_listen_address_takes_ip_or_ip_and_port(monkeypatch):
 
 
 def test_a_bad_gradlane_variable_is_a_clear_error_naming_it(monkeypatch, tmp_path):
-    from gradlane.torch._backend import (
+    from gradlane.torch._environment import (
         asynchronous_from_env,
         cert_dir_from_env,
         idle_timeout_from_env,

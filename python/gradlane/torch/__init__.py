@@ -28,10 +28,10 @@ rank (GRADLANE_REJOIN=1) and hands it the members' state.
 from gradlane.torch._backend import (
     BACKEND_NAME,
     GradlaneProcessGroup,
-    GradlaneWork,
     _register,
     create_process_group,
 )
+from gradlane.torch._work import GradlaneWork
 from gradlane.torch._hook import HookState, ddp_hook
 from gradlane.torch._powersgd import PowerSGDWarmup, powersgd_hook
 from gradlane.torch import elastic

@@ -11,14 +11,16 @@ import torch.distributed as dist
 import gradlane
 from gradlane.torch._backend import (
     REDUCED_DTYPES,
-    cert_dir_from_env,
     gradlane_group_of,
-    idle_timeout_from_env,
     issue_order_of,
+    values_view,
+)
+from gradlane.torch._environment import (
+    cert_dir_from_env,
+    idle_timeout_from_env,
     on_rank_failure_from_env,
     port_from_env,
     rank_listen_from_env,
-    values_view,
 )
 from gradlane.torch._issue_order import IssueOrder
 from gradlane.torch._staging import Stager, future_for

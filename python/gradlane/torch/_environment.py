@@ -1,0 +1,176 @@
+"""The environment a gradlane process group reads: certificates, the
+addresses and ports its ranks listen on, and the failure policy. Each
+variable is checked where it is read, and a bad value is a ValueError
+naming it and saying what it takes."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import socket
+
+
+def _free_udp_port(host: str) -> int:
+    """A UDP port on `host` that was free a moment ago (rank 0 listens
+    there right after, and publishes it through the store): where
+    GRADLANE_PORT_RANGE is set, the last free one of the range, so that a
+    firewall can pass exactly the range, else any. From the top: every
+    other socket takes the first free one from the bottom, and one of
+    them could take this port between this probe and rank 0's bind."""
+    lo, hi = port_range_from_env() or (0, 0)
+    for port in range(hi, lo - 1, -1):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise ValueError(
+        f"gradlane: no free UDP port on {host} in GRADLANE_PORT_RANGE {lo}-{hi}: "
+        "every port of it is in use; widen it (a rank takes one port per socket)"
+    )
+
+
+def port_range_from_env() -> tuple[int, int] | None:
+    """GRADLANE_PORT_RANGE as (lo, hi), or None where unset; anything but
+    "lo-hi" with 1 <= lo <= hi <= 65535 is a ValueError naming it (the
+    Group reads the same variable for its own sockets)."""
+    value = os.environ.get("GRADLANE_PORT_RANGE", "").strip()
+    if not value:
+        return None
+    lo, sep, hi = value.partition("-")
+    try:
+        lo_port, hi_port = int(lo), int(hi)
+    except ValueError:
+        lo_port = hi_port = -1
+    if not sep or not 1 <= lo_port <= hi_port <= 65535:
+        raise ValueError(
+            f"gradlane: GRADLANE_PORT_RANGE {value!r} is not a port range lo-hi with "
+            "1 <= lo <= hi <= 65535 (such as 50000-50100): the UDP ports every socket "
+            "of a rank takes, for a firewall; unset, any free port"
+        )
+    return lo_port, hi_port
+
+
+CERT_FILES = ("ca.pem", "server.pem", "server.key")
+
+
+def cert_dir_from_env() -> str:
+    """GRADLANE_CERT_DIR, or a ValueError saying how to set it: unset, or
+    a directory without the three files every rank needs."""
+    how = (
+        "gradlane.generate_job_certs(dir, job) or `certs --job JOB` makes them for "
+        "any address, gradlane.generate_certs(dir, [hosts]) for those hosts; every "
+        "rank uses the same files"
+    )
+    d = os.environ.get("GRADLANE_CERT_DIR")
+    if not d:
+        raise ValueError(
+            f"gradlane: set GRADLANE_CERT_DIR to a directory with ca.pem, server.pem "
+            f"and server.key ({how})"
+        )
+    missing = [f for f in CERT_FILES if not os.path.isfile(os.path.join(d, f))]
+    if missing:
+        raise ValueError(
+            f"gradlane: GRADLANE_CERT_DIR {d!r} has no {', '.join(missing)} ({how})"
+        )
+    return d
+
+
+def rank_listen_from_env() -> str:
+    """Where a rank other than 0 listens: GRADLANE_RANK_ADDR, an "ip:port"
+    or a bare IP (as scripts/testbed.sh and allreduce_bench have it; a
+    free port then), default 0.0.0.0:0. Anything else is a ValueError
+    naming the variable."""
+    given = os.environ.get("GRADLANE_RANK_ADDR")
+    addr = given or "0.0.0.0:0"
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        pass
+    else:
+        return f"[{ip}]:0" if ip.version == 6 else f"{ip}:0"
+    host, sep, port = addr.rpartition(":")
+    try:
+        ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+        ok = sep == ":" and port.isdigit() and 0 <= int(port) <= 65535
+        if ok and ":" in host and not host.startswith("["):
+            ok = False  # an IPv6 address with a port is written [ip]:port
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"gradlane: GRADLANE_RANK_ADDR {given!r} is not an IP address or ip:port "
+            "(e.g. 10.0.0.2, 10.0.0.2:4000 or [fd00::2]:4000): the address this rank "
+            "listens on, reachable from the other ranks; unset, 0.0.0.0 and a free port"
+        )
+    return addr
+
+
+def port_from_env(name: str) -> int:
+    """The port in environment variable ``name``, or a ValueError naming it."""
+    value = os.environ[name]
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise ValueError(f"gradlane: {name} {value!r} is not a port (1-65535)")
+    return port
+
+
+def rejoin_from_env() -> bool:
+    """GRADLANE_REJOIN: 1 for a replacement rank, 0 (default) otherwise."""
+    value = os.environ.get("GRADLANE_REJOIN", "0").strip() or "0"
+    if value not in ("0", "1"):
+        raise ValueError(
+            f"gradlane: GRADLANE_REJOIN {value!r} is not 0 or 1 (1 starts a replacement "
+            "for a rank the others went on without; unset, 0)"
+        )
+    if value == "1" and on_rank_failure_from_env() != "continue":
+        raise ValueError(
+            "gradlane: GRADLANE_REJOIN=1 needs GRADLANE_ON_RANK_FAILURE=continue "
+            "(a group that fails on a death has no one to rejoin)"
+        )
+    return value == "1"
+
+
+def on_rank_failure_from_env() -> str:
+    """GRADLANE_ON_RANK_FAILURE: ``fail`` (default) or ``continue``."""
+    value = os.environ.get("GRADLANE_ON_RANK_FAILURE", "fail").strip().lower() or "fail"
+    if value not in ("fail", "continue"):
+        raise ValueError(
+            f"gradlane: GRADLANE_ON_RANK_FAILURE {value!r} is not fail or continue "
+            "(continue goes on with the ranks left when one dies; unset, fail)"
+        )
+    return value
+
+
+def asynchronous_from_env() -> bool:
+    """GRADLANE_ASYNC: 1 (default) returns each collective's Work at once,
+    0 returns it done (for comparing the two; DDP cannot overlap then)."""
+    value = os.environ.get("GRADLANE_ASYNC", "1")
+    if value not in ("0", "1"):
+        raise ValueError(
+            f"gradlane: GRADLANE_ASYNC {value!r} is not 0 or 1 (1 returns each "
+            "collective's Work at once, 0 once it is done; unset, 1)"
+        )
+    return value == "1"
+
+
+def idle_timeout_from_env() -> float | None:
+    """GRADLANE_IDLE_TIMEOUT in seconds, or None (the Group's default)."""
+    idle = os.environ.get("GRADLANE_IDLE_TIMEOUT")
+    if not idle:
+        return None
+    try:
+        seconds = float(idle)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"gradlane: GRADLANE_IDLE_TIMEOUT {idle!r} is not a positive number of seconds "
+            "(how long a silent link lasts before the ranks raise; unset, 30)"
+        )
+    return seconds
