@@ -572,3 +572,102 @@ async fn the_sparse_allgather_goes_on_with_the_survivors_rows() {
     }
     drop(dead);
 }
+
+/// Every pair of `groups` has `paths` paths, and a striped allreduce
+/// (`n` values, more than a stripe piece on each path) gives every rank the
+/// mean, with bytes on every path.
+async fn striped_allreduce(groups: &mut [&mut Group], paths: usize, step: usize, what: &str) {
+    let members = groups[0].members().to_vec();
+    for g in groups.iter() {
+        for &peer in members.iter().filter(|&&p| p != g.rank()) {
+            let got = g.path_connections(peer).len();
+            assert_eq!(got, paths, "{what}: rank {} to {peer}", g.rank());
+        }
+    }
+    let sent_before: Vec<Vec<u64>> = groups
+        .iter()
+        .map(|g| {
+            let peer = members.iter().copied().find(|&p| p != g.rank()).unwrap();
+            let c = g.path_connections(peer);
+            c.iter().map(|c| c.stats().udp_tx.bytes).collect()
+        })
+        .collect();
+    let n = 400_000;
+    let inputs: Vec<Vec<f32>> = (0..groups.len()).map(|r| values(r, step, n)).collect();
+    let want = mean_of(&inputs.iter().collect::<Vec<_>>());
+    for (r, (res, buf)) in allreduce_mean(groups, &inputs).await.iter().enumerate() {
+        assert!(res.is_ok(), "{what}: rank {r}: {res:?}");
+        same_bits(buf, &want, &format!("{what}: rank {r}"));
+    }
+    for (g, before) in groups.iter().zip(sent_before) {
+        let peer = members.iter().copied().find(|&p| p != g.rank()).unwrap();
+        for (path, (c, b)) in g.path_connections(peer).iter().zip(before).enumerate() {
+            let moved = c.stats().udp_tx.bytes - b;
+            assert!(
+                moved > 100_000,
+                "{what}: rank {} path {path} to {peer} sent {moved} B",
+                g.rank()
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_are_striped_again_after_a_death_and_after_a_rejoin() {
+    logs();
+    let dir = cert_dir("elastic-stripes");
+    let root = free_port();
+    // Four sockets a rank: two paths to each of three peers, and still
+    // two to each of two.
+    let config = |r| {
+        let mut c = elastic_config(&dir, r, root, 0.0);
+        c.sockets = 4;
+        c
+    };
+    let joins = (0..WORLD).map(|r| Group::join(config(r)));
+    let mut groups: Vec<Group> = join_all(joins)
+        .await
+        .into_iter()
+        .map(|g| g.unwrap())
+        .collect();
+    let mut all: Vec<&mut Group> = groups.iter_mut().collect();
+    striped_allreduce(&mut all, 2, 0, "all four").await;
+    let dead = groups.pop().unwrap();
+    let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
+
+    for e in dead.endpoints() {
+        assert!(e.sever(true), "the fault injector is on");
+    }
+    // The first allreduce after the death changes the view; the second
+    // runs on the new view's paths.
+    let inputs: Vec<Vec<f32>> = (0..3).map(|r| values(r, 1, 1000)).collect();
+    for (res, _) in allreduce_mean(&mut alive, &inputs).await {
+        res.unwrap();
+    }
+    assert!(alive.iter().all(|g| g.members() == [0, 1, 2]));
+    striped_allreduce(&mut alive, 2, 2, "after the death").await;
+    drop(dead);
+
+    let restarted = Group::rejoin(config(3));
+    // The members run a step (a barrier: who waits to rejoin is announced
+    // at a collective's end) and admit, until the restarted rank's request
+    // has come.
+    let members_admit = async {
+        for _ in 0..400 {
+            for res in join_all(alive.iter_mut().map(|g| g.barrier())).await {
+                res.unwrap();
+            }
+            let admitted = join_all(alive.iter_mut().map(|g| g.admit())).await;
+            let admitted: Vec<Vec<usize>> = admitted.into_iter().map(|a| a.unwrap()).collect();
+            if !admitted[0].is_empty() {
+                return;
+            }
+        }
+        panic!("rank 3 was not admitted");
+    };
+    let (restarted, ()) = tokio::join!(restarted, members_admit);
+    let mut restarted = restarted.unwrap();
+    alive.push(&mut restarted);
+    assert!(alive.iter().all(|g| g.members() == [0, 1, 2, 3]));
+    striped_allreduce(&mut alive, 2, 3, "after the rejoin").await;
+}

@@ -33,6 +33,7 @@ use quinn::VarInt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// How long the coordinator tries to tell the ranks it left out.
 const LEFT_OUT_WAIT: Duration = Duration::from_secs(1);
@@ -611,6 +612,11 @@ impl Group {
         self.next_round = vec![0; members.len()];
         self.stripes = (0..members.len()).map(|_| Vec::new()).collect();
         self.membership.members = members;
+        // Every member, and a rank rejoining, stripes the new view's pairs
+        // at this point, before anything else is sent on them.
+        let config = self.membership.config.clone();
+        self.form_paths(&config, Instant::now() + config.join_timeout)
+            .await?;
         let old = std::mem::take(&mut self.buckets);
         let specs = self.membership.buckets.clone();
         for ((layout, options), old) in specs.iter().zip(old) {

@@ -199,9 +199,10 @@ struct Planned {
 }
 
 impl Group {
-    /// After the mesh is formed: tells every peer what this rank offers,
-    /// opens the further sockets, and connects or accepts the further
-    /// paths, before `deadline`.
+    /// After the mesh is formed, at the join and after each view change:
+    /// tells every peer what this rank offers, opens the further sockets
+    /// (once), and connects or accepts the further paths, before
+    /// `deadline`.
     pub(super) async fn form_paths(
         &mut self,
         config: &GroupConfig,
@@ -218,8 +219,10 @@ impl Group {
             .endpoint
             .local_addr()
             .map_err(|e| GroupError::Setup(e.to_string()))?;
-        let mut extra = Vec::new();
-        if offered > 1 {
+        // After a view change the sockets of the join are used again: the
+        // old paths on them closed with the old view.
+        let mut extra = std::mem::take(&mut self.extra_endpoints);
+        if offered > 1 && extra.is_empty() {
             for _ in 1..sockets {
                 let endpoint = open_in(config.port_range, SocketAddr::new(local.ip(), 0), |a| {
                     Endpoint::peer(
@@ -264,7 +267,9 @@ impl Group {
                                 what: format!("path {path} on a socket it did not offer"),
                             }
                         })?;
-                        let ip = self.connection(peer).map(|c| c.remote_address().ip());
+                        let ip = self.senders[peer]
+                            .as_ref()
+                            .map(|s| s.connection().remote_address().ip());
                         Some(SocketAddr::new(ip.unwrap_or(local.ip()), port))
                     }
                     false => None,

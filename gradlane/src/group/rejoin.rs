@@ -162,7 +162,13 @@ impl Group {
         };
         membership.joined = joiners;
         tracing::info!(rank, epoch = membership.epoch, members = ?membership.members, "rejoined");
-        Ok(Group::assemble(place, membership, links, endpoint))
+        let mut group = Group::assemble(place, membership, links, endpoint);
+        // As the members do once the view's mesh is up (`form_view`).
+        let config = group.membership.config.clone();
+        group
+            .form_paths(&config, tokio::time::Instant::now() + config.join_timeout)
+            .await?;
+        Ok(group)
     }
 
     /// Admits the ranks waiting to rejoin, if any: every member calls it at
