@@ -161,13 +161,15 @@ pub use gradlane_core::reassembly::{
 pub use gradlane_core::score::GradientError;
 pub use group::{
     core_share, default_sockets, paths_per_peer, AllreduceReport, BucketId, BucketOptions, Group,
-    GroupConfig, GroupError, LossRecovery, OnRankFailure, PortRange, PortRangeError, ReduceOp,
-    Rendezvous, SparseAllgather, SparsePath, SparseReport, SparseRows, MAX_SOCKETS,
+    GroupConfig, GroupError, LossRecovery, OnRankFailure, PointToPoint, PortRange, PortRangeError,
+    ReduceOp, Rendezvous, SparseAllgather, SparsePath, SparseReport, SparseRows, MAILBOX_BYTES,
+    MAX_SOCKETS,
 };
 pub use handshake_failure::{HandshakeFailure, Refuser};
 pub use link::{
     DatagramSize, LayoutId, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,
-    RoundArrival, RoundTiming, SendReport, CLOSE_WAIT, MAX_MESSAGE_BYTES,
+    PointToPointReceiver, PointToPointSender, RoundArrival, RoundTiming, SendReport, CLOSE_WAIT,
+    MAX_MESSAGE_BYTES,
 };
 pub use socket::batching::BatchCounts;
 pub use socket::faults::{FaultStats, Faults};

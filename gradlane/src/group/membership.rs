@@ -612,6 +612,7 @@ impl Group {
         self.next_round = vec![0; members.len()];
         self.stripes = (0..members.len()).map(|_| Vec::new()).collect();
         self.membership.members = members;
+        self.open_point_to_point();
         // Every member, and a rank rejoining, stripes the new view's pairs
         // at this point, before anything else is sent on them.
         let config = self.membership.config.clone();

@@ -26,6 +26,7 @@ mod differentiated;
 mod exact;
 mod membership;
 mod paths;
+mod point_to_point;
 mod port_range;
 mod rejoin;
 mod rendezvous;
@@ -34,6 +35,7 @@ mod sparse;
 pub use differentiated::{AllreduceReport, BucketId, BucketOptions, LossRecovery};
 pub use membership::OnRankFailure;
 pub use paths::{core_share, default_sockets, paths_per_peer, MAX_SOCKETS};
+pub use point_to_point::{PointToPoint, MAILBOX_BYTES};
 pub use port_range::{PortRange, PortRangeError};
 pub use rendezvous::Rendezvous;
 pub use sparse::{SparseAllgather, SparsePath, SparseReport, SparseRows};
@@ -49,6 +51,7 @@ use gradlane_core::format::Element;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -371,6 +374,8 @@ pub struct Group {
     /// The timeout that made this group unusable
     /// ([`OnRankFailure::Fail`]): every later collective returns it.
     timed_out: Option<TimedOut>,
+    /// The current view's point-to-point messages.
+    point_to_point: Arc<PointToPoint>,
 }
 
 /// What [`GroupError::Timeout`] says, kept to say it again.
@@ -500,6 +505,36 @@ impl Group {
             .into_iter()
             .chain(more.map(|p| p.sender.connection()))
             .collect()
+    }
+
+    /// The current view's point-to-point messages (send and receive
+    /// between two ranks, beside the collectives): shared, usable from
+    /// any task while collectives run. A view change makes a new one.
+    pub fn point_to_point(&self) -> Arc<PointToPoint> {
+        self.point_to_point.clone()
+    }
+
+    /// Makes the point-to-point messages of the links of the current
+    /// view (at the join and at each view change).
+    fn open_point_to_point(&mut self) {
+        let links = self
+            .senders
+            .iter()
+            .zip(self.receivers.iter_mut())
+            .map(|(s, r)| {
+                Some((
+                    s.as_ref()?.point_to_point(),
+                    r.as_mut()?.take_point_to_point()?,
+                ))
+            })
+            .collect();
+        self.point_to_point = Arc::new(PointToPoint::new(
+            self.membership.joined_rank,
+            self.membership.addresses.len(),
+            &self.membership.members,
+            links,
+            self.membership.config.collective_timeout,
+        ));
     }
 
     /// The endpoints this rank's paths run on: the first (the one it

@@ -3,7 +3,7 @@
 //! first message.
 
 use super::port_range::open_in;
-use super::{server_name, tag, Group, GroupConfig, GroupError, Kind};
+use super::{server_name, tag, Group, GroupConfig, GroupError, Kind, PointToPoint};
 use crate::attempts::{self, Windows};
 use crate::endpoint::{Endpoint, IncomingError};
 use crate::handshake_failure::HandshakeFailure;
@@ -13,6 +13,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use gradlane_core::group::{AddressTable, MeshHello};
 use gradlane_core::layout::{Layout, TensorSpec};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -116,14 +117,14 @@ impl Group {
         endpoint: Endpoint,
     ) -> Group {
         let world = links.len();
-        let (senders, receivers) = links
+        let (senders, receivers): (Vec<_>, Vec<_>) = links
             .into_iter()
             .map(|l| match l.map(Link::split) {
                 Some((s, r)) => (Some(s), Some(r)),
                 None => (None, None),
             })
             .unzip();
-        Group {
+        let mut group = Group {
             rank: place,
             world,
             membership,
@@ -138,7 +139,10 @@ impl Group {
             running: None,
             unfinished: None,
             timed_out: None,
-        }
+            point_to_point: Arc::new(PointToPoint::new(0, 0, &[], Vec::new(), None)),
+        };
+        group.open_point_to_point();
+        group
     }
 }
 

@@ -22,6 +22,9 @@ pub(super) struct ControlTx {
     /// The stream of this end's messages, once the first is sent (see
     /// `messages`): closing in order flushes it too.
     pub(super) messages: tokio::sync::Mutex<Option<SendStream>>,
+    /// The stream of this end's point-to-point messages, once the first
+    /// is sent (see `point_to_point`): flushed on close as `messages` is.
+    pub(super) point_to_point: tokio::sync::Mutex<Option<SendStream>>,
 }
 
 pub(super) type SharedControl = Arc<ControlTx>;
@@ -32,6 +35,7 @@ impl ControlTx {
             stream: tokio::sync::Mutex::new(stream),
             confirmations: Mutex::new(Confirmations::default()),
             messages: tokio::sync::Mutex::new(None),
+            point_to_point: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -90,12 +94,16 @@ pub(super) async fn close_in_order(
     // Held until the close ends: a message sent meanwhile would open a
     // second message stream.
     let mut messages = control.messages.lock().await;
-    let pending = messages.is_some();
+    let mut point_to_point = control.point_to_point.lock().await;
+    let pending = messages.is_some() || point_to_point.is_some();
     let mut close = CloseInOrder::new(Instant::now(), wait, last_confirmed, pending);
     // The messages this end sent must all be in too: quinn acknowledges
     // a finished stream's data before `stopped` returns.
     let flushed = async {
-        if let Some(send) = messages.as_mut() {
+        for send in [messages.as_mut(), point_to_point.as_mut()]
+            .into_iter()
+            .flatten()
+        {
             let _ = send.finish();
             let _ = send.stopped().await;
         }

@@ -51,29 +51,42 @@ impl LinkSender {
         tag: u64,
         body: Vec<Bytes>,
     ) -> Result<(), LinkError> {
-        let len: usize = body.iter().map(Bytes::len).sum();
-        if len > MAX_MESSAGE_BYTES {
-            return Err(LinkError::MessageTooLarge(len));
-        }
-        let mut head = [0u8; MESSAGE_HEAD];
-        head[..8].copy_from_slice(&tag.to_le_bytes());
-        head[8..].copy_from_slice(&(len as u32).to_le_bytes());
-        let mut stream = self.control.messages.lock().await;
-        let (send, magic) = match &mut *stream {
-            Some(send) => (send, Bytes::new()),
-            None => {
-                let send = self.conn.open_uni().await.map_err(LinkError::from_conn)?;
-                (stream.insert(send), Bytes::from_static(&MESSAGE_MAGIC))
-            }
-        };
-        let mut chunks = Vec::with_capacity(body.len() + 2);
-        chunks.push(magic);
-        chunks.push(Bytes::copy_from_slice(&head));
-        chunks.extend(body);
-        send.write_all_chunks(&mut chunks)
-            .await
-            .map_err(write_error)
+        write_message(&self.control.messages, &self.conn, MESSAGE_MAGIC, tag, body).await
     }
+}
+
+/// Writes one message on the stream `stream` holds, opening it (with
+/// `magic` first) if this is the first: the collectives' messages and the
+/// point-to-point ones are framed alike, each on a stream of its own.
+pub(super) async fn write_message(
+    stream: &tokio::sync::Mutex<Option<SendStream>>,
+    conn: &Connection,
+    magic: [u8; 4],
+    tag: u64,
+    body: Vec<Bytes>,
+) -> Result<(), LinkError> {
+    let len: usize = body.iter().map(Bytes::len).sum();
+    if len > MAX_MESSAGE_BYTES {
+        return Err(LinkError::MessageTooLarge(len));
+    }
+    let mut head = [0u8; MESSAGE_HEAD];
+    head[..8].copy_from_slice(&tag.to_le_bytes());
+    head[8..].copy_from_slice(&(len as u32).to_le_bytes());
+    let mut stream = stream.lock().await;
+    let (send, magic) = match &mut *stream {
+        Some(send) => (send, Bytes::new()),
+        None => {
+            let send = conn.open_uni().await.map_err(LinkError::from_conn)?;
+            (stream.insert(send), Bytes::copy_from_slice(&magic))
+        }
+    };
+    let mut chunks = Vec::with_capacity(body.len() + 2);
+    chunks.push(magic);
+    chunks.push(Bytes::copy_from_slice(&head));
+    chunks.extend(body);
+    send.write_all_chunks(&mut chunks)
+        .await
+        .map_err(write_error)
 }
 
 impl LinkReceiver {

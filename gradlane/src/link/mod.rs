@@ -63,6 +63,7 @@ mod lanes;
 mod layouts;
 mod lossy;
 mod messages;
+mod point_to_point;
 mod receive;
 mod send;
 
@@ -72,6 +73,7 @@ pub use gradlane_core::protocol::{DatagramSize, LossyCarrier, LossyRelease, Roun
 pub use layouts::LayoutId;
 use layouts::Receivers;
 pub use messages::MAX_MESSAGE_BYTES;
+pub use point_to_point::{PointToPointReceiver, PointToPointSender};
 
 use receive::{control_reader, datagram_reader, stream_acceptor};
 
@@ -301,6 +303,8 @@ struct RxShared {
     /// The peer's message stream arrived (a second one is a protocol
     /// error: messages must keep one order).
     message_stream: std::sync::atomic::AtomicBool,
+    /// The same for the peer's point-to-point stream.
+    point_to_point_stream: std::sync::atomic::AtomicBool,
 }
 
 /// State shared between the control reader and `send_round`.
@@ -364,6 +368,9 @@ pub struct LinkReceiver {
     peer_finished: tokio::sync::watch::Receiver<bool>,
     /// The peer's messages, read ahead.
     messages: mpsc::Receiver<messages::Message>,
+    /// The peer's point-to-point messages, read ahead, until
+    /// [`take_point_to_point`](Self::take_point_to_point) takes them.
+    point_to_point: Option<mpsc::Receiver<messages::Message>>,
     /// Closes the link in order once both halves are gone.
     _linger: Arc<Linger>,
 }
@@ -442,6 +449,7 @@ impl Link {
             datagrams_read: AtomicU64::new(0),
             lossy_sent: Mutex::new(LossyReports::default()),
             message_stream: std::sync::atomic::AtomicBool::new(false),
+            point_to_point_stream: std::sync::atomic::AtomicBool::new(false),
         });
         let tx = Arc::new(TxShared {
             acked: Mutex::new(HashMap::new()),
@@ -452,6 +460,7 @@ impl Link {
         let (ended_tx, ended) = mpsc::unbounded_channel();
         let control_send = ControlTx::new(control_send);
         let (message_tx, message_rx) = messages::queue();
+        let (p2p_tx, p2p_rx) = messages::queue();
         let tasks = vec![
             tokio::spawn(control_reader(
                 conn.clone(),
@@ -466,6 +475,7 @@ impl Link {
                 control_send.clone(),
                 ended_tx,
                 message_tx,
+                p2p_tx,
             )),
             tokio::spawn(datagram_reader(conn.clone(), rx.clone())),
         ];
@@ -500,6 +510,7 @@ impl Link {
                 timing,
                 peer_finished,
                 messages: message_rx,
+                point_to_point: Some(p2p_rx),
                 _linger: linger,
             },
         })

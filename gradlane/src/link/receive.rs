@@ -217,6 +217,7 @@ pub(super) async fn stream_acceptor(
     control: SharedControl,
     ended: mpsc::UnboundedSender<Result<(u32, LayoutId, Instant), String>>,
     messages: mpsc::Sender<messages::Message>,
+    point_to_point: mpsc::Sender<messages::Message>,
 ) {
     while let Ok(stream) = conn.accept_uni().await {
         tokio::spawn(round_stream_reader(
@@ -225,7 +226,7 @@ pub(super) async fn stream_acceptor(
             rx.clone(),
             control.clone(),
             ended.clone(),
-            messages.clone(),
+            [messages.clone(), point_to_point.clone()],
         ));
     }
 }
@@ -241,7 +242,7 @@ async fn round_stream_reader(
     rx: Arc<RxShared>,
     control: SharedControl,
     ended: mpsc::UnboundedSender<Result<(u32, LayoutId, Instant), String>>,
-    messages: mpsc::Sender<messages::Message>,
+    [messages, point_to_point]: [mpsc::Sender<messages::Message>; 2],
 ) {
     let mut decoder = StreamDecoder::new();
     // quinn hands over one received frame (about a packet) per piece.
@@ -275,6 +276,12 @@ async fn round_stream_reader(
                         return fail(&conn, &ended, "a second message stream".into());
                     }
                     return messages::read_messages(held, stream, messages).await;
+                }
+                if prefix.starts_with(&point_to_point::POINT_TO_POINT_MAGIC) {
+                    if rx.point_to_point_stream.swap(true, Ordering::Relaxed) {
+                        return fail(&conn, &ended, "a second point-to-point stream".into());
+                    }
+                    return messages::read_messages(held, stream, point_to_point).await;
                 }
                 if prefix.len() < wire::PREFIX_LEN {
                     continue;

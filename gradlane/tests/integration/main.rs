@@ -18,6 +18,7 @@ mod group;
 mod group_differentiated;
 mod group_job_certs;
 mod group_paths;
+mod group_point_to_point;
 mod group_timeout;
 mod link;
 mod link_close;
