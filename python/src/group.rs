@@ -10,15 +10,15 @@ use crate::group_arguments::{
 use crate::group_report::report_dict;
 use crate::runtime;
 use gradlane::{
-    bf16, f16, BucketId, BucketOptions, ClassFormats, Group, GroupConfig, ReduceOp, Rendezvous,
-    SparseAllgather, SparseRows, ValueFormat,
+    bf16, f16, BucketId, BucketOptions, ClassFormats, Group, GroupConfig, PointToPoint, ReduceOp,
+    Rendezvous, SparseAllgather, SparseRows, ValueFormat,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict, PyTuple};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use tokio::runtime::Runtime;
 
@@ -115,6 +115,9 @@ pub(crate) struct PyGroup {
     state: Mutex<Option<State>>,
     /// Bytes sent when the group was closed, for `bytes_sent` afterwards.
     bytes_at_close: AtomicU64,
+    /// The current view's point-to-point messages, outside `state`'s lock:
+    /// a send or a receive never waits for a collective to end.
+    point_to_point: Mutex<Option<Arc<PointToPoint>>>,
 }
 
 /// A joined group and what was registered with it.
@@ -136,6 +139,14 @@ struct Bucket {
 }
 
 impl PyGroup {
+    /// The current view's point-to-point messages; GroupClosedError once
+    /// closed.
+    fn point_to_point_now(&self) -> Result<Arc<PointToPoint>, PyErr> {
+        lock_point_to_point(&self.point_to_point)
+            .clone()
+            .ok_or_else(|| Python::attach(|py| CallError::Closed.into_py(py)))
+    }
+
     /// Runs `f` on the joined group with the GIL released, holding the
     /// group's lock; a closed group is a GroupClosedError.
     fn with_state<T, F>(&self, py: Python<'_>, f: F) -> PyResult<T>
@@ -147,7 +158,11 @@ impl PyGroup {
             let rt = runtime()?;
             let mut guard = self.state.lock().map_err(|_| CallError::Poisoned)?;
             let state = guard.as_mut().ok_or(CallError::Closed)?;
-            f(state, rt)
+            let out = f(state, rt);
+            // A collective may have changed the view, and with it the links.
+            let current = state.group.point_to_point();
+            *lock_point_to_point(&self.point_to_point) = Some(current);
+            out
         })
         .map_err(|e| e.into_py(py))
     }
@@ -313,6 +328,7 @@ impl PyGroup {
             }
         });
         let group = joined.map_err(|e| e.into_py(py))?;
+        let point_to_point = Mutex::new(Some(group.point_to_point()));
         Ok(Self {
             rank,
             world,
@@ -322,6 +338,7 @@ impl PyGroup {
                 formats,
             })),
             bytes_at_close: AtomicU64::new(0),
+            point_to_point,
         })
     }
 
@@ -734,6 +751,56 @@ impl PyGroup {
         PyTuple::new(py, [rows, values])
     }
 
+    /// Sends the bytes of `buf` (any C-contiguous buffer) to rank `peer`
+    /// with `tag` (a non-negative integer): they arrive whole, in order
+    /// with this rank's other sends to `peer`, beside the collectives (a
+    /// send never waits for one, nor holds one up). Returns once the
+    /// bytes are handed to the link, not once `peer` received them. Any
+    /// thread may call it while another runs a collective.
+    #[pyo3(signature = (peer, tag, buf))]
+    fn send(&self, py: Python<'_>, peer: i64, tag: i64, buf: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (peer, tag) = (rank_arg("peer", peer)?, tag_arg(tag)?);
+        let body = InBuf::<u8>::get(buf, "buf", "uint8")?;
+        let body = body.as_slice().to_vec();
+        let p2p = self.point_to_point_now()?;
+        py.detach(|| Ok(runtime()?.block_on(p2p.send(peer, tag, body))?))
+            .map_err(|e: CallError| e.into_py(py))
+    }
+
+    /// Receives the oldest message with `tag` from rank `source` (None:
+    /// from whichever rank has one) into `buf`, which must be writable and
+    /// exactly the message's size (else a ValueError, and the message is
+    /// lost); returns the rank it came from. Waits at most the group's
+    /// collective_timeout (CollectiveTimeoutError); a source that died is
+    /// a RankFailedError. Any thread may call it while another runs a
+    /// collective.
+    #[pyo3(signature = (source, tag, buf))]
+    fn recv(
+        &self,
+        py: Python<'_>,
+        source: Option<i64>,
+        tag: i64,
+        buf: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let source = source.map(|s| rank_arg("source", s)).transpose()?;
+        let tag = tag_arg(tag)?;
+        let mut out = OutBuf::<u8>::get(buf, "buf", "uint8")?;
+        let p2p = self.point_to_point_now()?;
+        let (from, body) = py
+            .detach(|| Ok(runtime()?.block_on(p2p.recv(source, tag))?))
+            .map_err(|e: CallError| e.into_py(py))?;
+        let out = out.as_mut_slice();
+        if body.len() != out.len() {
+            return Err(PyValueError::new_err(format!(
+                "recv: rank {from} sent {} bytes with tag {tag}; buf holds {}",
+                body.len(),
+                out.len()
+            )));
+        }
+        out.copy_from_slice(&body);
+        Ok(from)
+    }
+
     /// Closes every link in order (each waits for its peer to confirm, at
     /// most a few seconds) and releases the socket. Calling it again does
     /// nothing; every other call afterwards raises GroupClosedError.
@@ -743,6 +810,7 @@ impl PyGroup {
                 Ok(mut g) => g.take(),
                 Err(poisoned) => poisoned.into_inner().take(),
             };
+            lock_point_to_point(&self.point_to_point).take();
             let Some(state) = taken else {
                 return Ok(());
             };
@@ -796,4 +864,20 @@ impl Drop for PyGroup {
 /// The values as native-endian bytes.
 fn bytes_of<T: Copy, const N: usize>(values: &[T], to_bytes: fn(T) -> [u8; N]) -> Vec<u8> {
     values.iter().flat_map(|&v| to_bytes(v)).collect()
+}
+
+fn lock_point_to_point(
+    m: &Mutex<Option<Arc<PointToPoint>>>,
+) -> MutexGuard<'_, Option<Arc<PointToPoint>>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A rank argument (the group checks that it is another member).
+fn rank_arg(what: &str, rank: i64) -> PyResult<usize> {
+    usize::try_from(rank).map_err(|_| PyValueError::new_err(format!("{what} {rank} is not a rank")))
+}
+
+/// A point-to-point tag: a non-negative integer, as torch's.
+fn tag_arg(tag: i64) -> PyResult<u64> {
+    u64::try_from(tag).map_err(|_| PyValueError::new_err(format!("tag {tag} is negative")))
 }

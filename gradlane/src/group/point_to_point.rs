@@ -147,10 +147,15 @@ impl PointToPoint {
     /// Sends `body` to rank `to` with `tag`: it arrives whole and in order
     /// with this rank's other messages to `to`. Returns once quinn holds
     /// it (not once `to` received it).
-    pub async fn send(&self, to: usize, tag: u64, body: Bytes) -> Result<(), GroupError> {
+    pub async fn send(
+        &self,
+        to: usize,
+        tag: u64,
+        body: impl Into<Bytes>,
+    ) -> Result<(), GroupError> {
         let peer = self.peer("send", to)?;
         peer.sender
-            .send(tag, body)
+            .send(tag, body.into())
             .await
             .map_err(|source| GroupError::Rank { rank: to, source })
     }

@@ -53,6 +53,7 @@ from gradlane.torch._environment import (
     rejoin_from_env,
 )
 from gradlane.torch._issue_order import IssueOrder
+from gradlane.torch._p2p import PointToPointMixin
 from gradlane.torch._staging import Stager, future_for
 from gradlane.torch._work import GradlaneWork
 
@@ -182,7 +183,7 @@ def _one(tensors, what):
 # ------------------------------------------------------------- the group
 
 
-class GradlaneProcessGroup(dist.ProcessGroup):
+class GradlaneProcessGroup(PointToPointMixin, dist.ProcessGroup):
     """A torch ProcessGroup whose collectives run on a :class:`gradlane.Group`.
 
     Made by :func:`create_process_group` (the creator torch calls for
@@ -497,12 +498,14 @@ class GradlaneProcessGroup(dist.ProcessGroup):
         Group (the links to the other ranks)."""
         self._order.close()
         self.group.close()
+        self._stop_lanes()
 
     def abort(self):
         """Closes the gradlane Group as soon as the collective in flight
         (if any) ends: the queued ones fail with GroupClosedError."""
         self.group.close()
         self._order.close()
+        self._stop_lanes()
 
 
 #: Live process groups, for the hook to find the Group of one.

@@ -1,0 +1,169 @@
+"""Point-to-point for the gradlane process group: send, recv and
+recv_anysource (torch's isend, irecv, send, recv and batch_isend_irecv
+come through them), on :meth:`gradlane.Group.send` and
+:meth:`gradlane.Group.recv`.
+
+A send or a receive does not join the collectives' issue order: two ranks
+exchange whenever they choose, and torch lets a rank post an ``irecv``,
+run collectives, and wait for it later, or post sends and receives to
+each other at once (``batch_isend_irecv``, a pipeline schedule). Each
+runs on a lane of its own instead: a thread that runs, in the order they
+were posted, the sends to one peer, or the receives from one source with
+one tag. So messages keep torch's order per peer and tag, a receive
+waiting for its message holds up nothing else, and the Group's
+point-to-point messages run beside its collectives (they never take the
+Group's lock).
+
+A message is the tensor's bytes; the receiving tensor must have the same
+size in bytes (else a ValueError through the Work). Any dtype; a
+non-contiguous tensor goes through a contiguous copy; CUDA tensors are
+staged through host buffers as the collectives' are.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import torch
+
+from gradlane.torch._staging import future_for
+from gradlane.torch._work import GradlaneWork
+
+
+class PointToPointWork(GradlaneWork):
+    """A send's or a receive's Work; a receive's also says where its
+    message came from (``dist.recv`` with no source asks it)."""
+
+    def __init__(self, future, result, op):
+        super().__init__(future, result, op)
+        self.source = -1
+
+    def _source_rank(self):
+        self.wait()
+        return self.source
+
+    def source_rank(self):
+        return self._source_rank()
+
+
+class _Lane:
+    """A daemon thread that runs the jobs put to it, one at a time, in
+    order."""
+
+    def __init__(self, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def put(self, job) -> None:
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            job()
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+
+def _flat_bytes(t: torch.Tensor):
+    """A contiguous CPU tensor's bytes as a flat numpy uint8 view."""
+    return t.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+class PointToPointMixin:
+    """send, recv and recv_anysource of GradlaneProcessGroup (which gives
+    ``group``, ``_rank``, ``_size``, ``_stager`` and ``asynchronous``)."""
+
+    def _lane(self, key) -> _Lane:
+        lanes = self.__dict__.setdefault("_p2p_lanes", {})
+        lock = self.__dict__.setdefault("_p2p_lock", threading.Lock())
+        with lock:
+            lane = lanes.get(key)
+            if lane is None:
+                lane = lanes[key] = _Lane(f"gradlane-pg{self._rank}-{key[0]}")
+            return lane
+
+    def _stop_lanes(self) -> None:
+        for lane in self.__dict__.pop("_p2p_lanes", {}).values():
+            lane.stop()
+
+    def _check_peer(self, what: str, rank: int) -> None:
+        if not 0 <= rank < self._size or rank == self._rank:
+            raise ValueError(
+                f"gradlane: {what} {rank} is not another rank of this group of {self._size} "
+                f"(this is rank {self._rank})"
+            )
+
+    def _one_tensor(self, tensors, op):
+        if len(tensors) != 1:
+            raise ValueError(f"gradlane: {op} takes one tensor, not {len(tensors)}")
+        t = tensors[0]
+        if t.is_sparse or t.layout != torch.strided:
+            raise ValueError(f"gradlane: {op} tensor has layout {t.layout}; only dense tensors")
+        return t
+
+    def _point_to_point(self, op, tensor, key, body, reads, writes) -> PointToPointWork:
+        """Runs ``body(cpu_tensor, work)`` on the lane ``key``: on the
+        tensor itself, a contiguous copy of it (copied back if written), or
+        its staged host buffer."""
+        target = tensor if tensor.is_contiguous() else tensor.contiguous()
+        staged = None
+        if self._stager.needs_staging([target]):
+            staged = self._stager.call([target], reads, writes)
+        device = staged.device if staged is not None else torch.device("cpu")
+        work = PointToPointWork(future_for(device), [tensor], op)
+
+        def job():
+            try:
+                if staged is None:
+                    body(target, work)
+                else:
+                    staged.wait_copied_in()
+                    body(staged.host[0], work)
+                    staged.finish()
+                if target is not tensor and writes:
+                    tensor.copy_(target)
+            except BaseException as e:  # noqa: BLE001 - handed over through the Work
+                if staged is not None:
+                    staged.abandon()
+                work._fail(e)
+                return
+            work._succeed(staged)
+
+        self._lane(key).put(job)
+        if not self.asynchronous:
+            work.wait()
+        return work
+
+    def send(self, tensors, dstRank, tag=0):
+        """Sends the tensor's bytes to ``dstRank`` (torch's send and isend)."""
+        t = self._one_tensor(tensors, "send")
+        self._check_peer("send: destination", dstRank)
+
+        def body(host, work):
+            self.group.send(dstRank, tag, _flat_bytes(host))
+
+        return self._point_to_point("send", t, ("send", dstRank), body, [0], [])
+
+    def recv(self, tensors, srcRank, tag=0):
+        """Receives ``srcRank``'s next message with ``tag`` into the tensor
+        (torch's recv and irecv)."""
+        t = self._one_tensor(tensors, "recv")
+        self._check_peer("recv: source", srcRank)
+        return self._receive(t, srcRank, tag)
+
+    def recv_anysource(self, tensors, tag=0):
+        """Receives the next message with ``tag`` from any rank; the Work's
+        ``_source_rank()`` says which."""
+        t = self._one_tensor(tensors, "recv")
+        return self._receive(t, None, tag)
+
+    def _receive(self, t, source, tag):
+        def body(host, work):
+            work.source = self.group.recv(source, tag, _flat_bytes(host))
+
+        return self._point_to_point("recv", t, ("recv", source, tag), body, [], [0])
