@@ -75,6 +75,6 @@ pub mod protocol;
 pub mod ps;
 pub mod reassembly;
 pub mod rng;
-pub mod typed;
 pub mod score;
+pub mod typed;
 pub mod wire;
