@@ -10,6 +10,7 @@ One set of rank processes runs every check (rank processes are most of
 the time); the test functions compare what they recorded.
 """
 
+import datetime
 import os
 
 import numpy as np
@@ -180,17 +181,23 @@ def scenario_ops(rank, file_dir):
     t = torch.tensor([rank + 1], dtype=torch.int64)
     dist.all_reduce(t, group=sub)
     out["new_group"] = int(t)
-    dist.monitored_barrier(timeout=__import__("datetime").timedelta(seconds=30))
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
     out["unsupported"] = outcome(lambda: dist.send(torch.zeros(1), dst=(rank + 1) % world))
+
+    def split():
+        pairs = dist.split_group(split_ranks=[list(range(world))])
+        t = torch.tensor([rank + 1], dtype=torch.int64)
+        dist.all_reduce(t, group=pairs)
+        return int(t)
+    out["split"] = outcome(split)
 
     # Last: rank 1 stays away from a monitored barrier on a subgroup (which
     # is unusable afterwards).
-    watched = dist.new_group(ranks=list(range(world)), backend="gradlane")
-    if rank != 1:
-        for wait_all in (False,):
-            out["monitored"] = outcome(lambda: dist.monitored_barrier(
-                watched, timeout=__import__("datetime").timedelta(seconds=1),
-                wait_all_ranks=wait_all))
+    for wait_all in (False, True):
+        watched = dist.new_group(ranks=list(range(world)), backend="gradlane")
+        if rank != 1:
+            out[("monitored", wait_all)] = outcome(lambda: dist.monitored_barrier(
+                watched, timeout=datetime.timedelta(seconds=1), wait_all_ranks=wait_all))
     dist.barrier(gloo)
     dist.destroy_process_group()
 
@@ -276,9 +283,19 @@ def test_new_group_and_a_monitored_barrier_all_come_to(ops):
 
 
 def test_monitored_barrier_names_the_rank_that_stayed_away(ops):
-    kind, msg = ops[0]["monitored"]
+    kind, msg = ops[0][("monitored", False)]
     assert kind == "MonitoredBarrierError", (kind, msg)
     assert "Rank 1 failed to pass monitoredBarrier in 1000 ms" in msg, msg
+    kind, msg = ops[0][("monitored", True)]
+    assert kind == "MonitoredBarrierError", (kind, msg)
+    assert "Ranks 1 failed to pass monitoredBarrier in 1000 ms" in msg, msg
+
+
+def test_split_group(ops):
+    for r in range(WORLD):
+        kind, got = ops[r]["split"]
+        assert kind == "ok", got
+        assert got == sum(range(1, WORLD + 1))
 
 
 def test_mixed_backend_strings(ops):
