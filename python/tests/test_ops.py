@@ -79,6 +79,8 @@ def scenario_ops(rank, file_dir):
     dist.init_process_group("gradlane")
     gloo = dist.new_group(backend="gloo")
     world = dist.get_world_size()
+    stager = dist.distributed_c10d._get_default_group()._stager
+    out["staged"] = stager.needs_staging([torch.zeros(1)])
 
     def both(fn):
         """fn(group) over gradlane (the default group) and over gloo."""
@@ -310,3 +312,17 @@ def test_byte_views_cover_every_dtype():
     for dtype in DTYPES:
         t = values(0, dtype, 3)
         assert byte_view(t).nbytes == t.numel() * t.element_size()
+
+
+def test_staged_ops_give_the_same_results(ops, cert_dir, tmp_path_factory):
+    """The path CUDA tensors take (staged through host buffers), run on CPU
+    tensors: every op records what it did unstaged."""
+    d = str(tmp_path_factory.mktemp("stores-staged"))
+    staged = run_ranks(
+        scenario_ops, cert_dir, d, world=WORLD, extra_env={"GRADLANE_STAGE_CPU_TENSORS": "1"}
+    )
+    for r in range(WORLD):
+        assert staged[r].pop("staged") and not ops[r]["staged"]
+        assert staged[r].keys() == ops[r].keys() - {"staged"}
+        for key, got in staged[r].items():
+            assert got == ops[r][key], (r, key)
