@@ -137,6 +137,12 @@ def scenario_ops(rank, file_dir):
         return [bits(g) for g in got or []] + [bits(mine)]
     out["gather_scatter"] = both(gather_scatter)
 
+    def gather_single(group):
+        got = torch.zeros(world, 3, dtype=torch.float64) if rank == 0 else None
+        dist.gather_single(values(rank, torch.float64, 3), got, dst=0, group=group)
+        return bits(got) if rank == 0 else None
+    out["gather_single"] = both(gather_single)
+
     # all_to_all_single with uneven splits: rank r sends r + d + 1 rows to d.
     def a2a_single(group):
         send = [rank + d + 1 for d in range(world)]
@@ -183,6 +189,9 @@ def scenario_ops(rank, file_dir):
     out["new_group"] = int(t)
     dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
     out["unsupported"] = outcome(lambda: dist.send(torch.zeros(1), dst=(rank + 1) % world))
+    pg = dist.distributed_c10d._get_default_group()
+    out["reconfigure"] = outcome(lambda: pg.reconfigure())
+    pg._wait_for_pending_works()
 
     def split():
         pairs = dist.split_group(split_ranks=[list(range(world))])
@@ -264,6 +273,14 @@ def test_data_movement_and_reductions_equal_gloos_bit_for_bit(ops):
                 pytest.fail(f"gloo failed {what}: {got['gloo']}")
 
 
+def test_gather_into_one_tensor(ops):
+    want = torch.stack([values(r, torch.float64, 3) for r in range(WORLD)])
+    kind, got = ops[0]["gather_single"]["gradlane"]
+    assert kind == "ok" and got == bits(want), got
+    if ops[0]["gather_single"]["gloo"][0] == "ok":
+        assert ops[0]["gather_single"]["gloo"][1] == got
+
+
 def test_uneven_all_to_all_single_against_the_reference(ops):
     for r in range(WORLD):
         want = []
@@ -280,6 +297,8 @@ def test_new_group_and_a_monitored_barrier_all_come_to(ops):
         assert ops[r]["new_group"] == sum(range(1, WORLD + 1))
         kind, msg = ops[r]["unsupported"]
         assert kind == "NotImplementedError" and "gradlane" in msg and "send" in msg
+        kind, msg = ops[r]["reconfigure"]
+        assert kind == "NotImplementedError" and "reconfigure" in msg
 
 
 def test_monitored_barrier_names_the_rank_that_stayed_away(ops):

@@ -334,6 +334,41 @@ class OpsMixin:
             body, output_tensors,
         )
 
+    def gather_into_tensor(self, output, input, opts=None):
+        """Rank ``opts.rootRank``'s ``output`` (``size`` times the input's
+        values) becomes every rank's ``input`` in rank order."""
+        root = _root(opts, "rootRank", self._size)
+        _check(input, "gather input")
+        outputs = []
+        if self._rank == root:
+            _check(output, "gather output")
+            if output.dtype != input.dtype or output.numel() != input.numel() * self._size:
+                raise ValueError(
+                    f"gradlane: gather output is {output.numel()} x {output.dtype}, needs "
+                    f"{input.numel()} x {self._size} ranks of {input.dtype}"
+                )
+            outputs = [output]
+        n = len(outputs)
+
+        def body(host):
+            outs = None
+            if n:
+                whole = byte_view(host[1])
+                step = whole.size // self._size
+                outs = [whole[r * step:(r + 1) * step] for r in range(self._size)]
+            self.group.gather(root, byte_view(host[0]), outs)
+
+        return self._run(
+            "gather", [input, *outputs], [True] + [False] * n, [False] + [True] * n, body,
+            [output],
+        )
+
+    gather_single = gather_into_tensor
+
+    def _wait_for_pending_works(self):
+        """Waits for every collective issued so far."""
+        self._run("flush", [], [], [], lambda _: None, []).wait()
+
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """all_to_all_single: ``input``'s rows (dim 0) split among the ranks
         by ``input_split_sizes`` (equal parts when empty) go to them; their
@@ -476,8 +511,26 @@ class OpsMixin:
     def recv_anysource(self, tensors, tag=0):
         self._unsupported("recv_anysource")
 
-    def gather_into_tensor(self, output, input, opts=None):
-        self._unsupported("gather_into_tensor")
+    def _register_on_completion_hook(self, hook):
+        self._unsupported("completion hooks (_register_on_completion_hook)")
+
+    def reconfigure(self, *args, **kwargs):
+        self._unsupported("reconfigure")
+
+    def get_reconfigure_handle(self, *args, **kwargs):
+        self._unsupported("get_reconfigure_handle")
+
+    @property
+    def supports_abort_hooks(self):
+        return False
+
+    @property
+    def supports_completion_hooks(self):
+        return False
+
+    @property
+    def supports_window(self):
+        return False
 
     def new_window(self, *args, **kwargs):
         self._unsupported("new_window (symmetric memory windows)")
