@@ -66,6 +66,7 @@ from gradlane.torch._ops import (
     OpsMixin,
     byte_view,
     contiguous_copies,
+    delegate_cpu_ops,
     reduction_plan,
     typed_op,
 )
@@ -518,6 +519,8 @@ class GradlaneProcessGroup(OpsMixin, dist.ProcessGroup):
         self._order.close()
 
 
+delegate_cpu_ops(GradlaneProcessGroup)
+
 #: Live process groups, for the hook to find the Group of one.
 _GROUPS: weakref.WeakSet[GradlaneProcessGroup] = weakref.WeakSet()
 
@@ -599,13 +602,29 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     return pg
 
 
+def _create_extended(opts, backend_options=None) -> GradlaneProcessGroup:
+    """The creator torch calls (its extended API: the options carry the
+    group being built). Where that group already has a CPU backend of
+    another kind ("cpu:gloo,cuda:gradlane"), CPU tensors go to it."""
+    pg = create_process_group(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    outer = getattr(opts, "process_group", None)
+    if outer is not None:
+        try:
+            pg._cpu_backend = outer._get_backend(torch.device("cpu"))
+        except RuntimeError:
+            pass  # no other CPU backend: gradlane takes CPU tensors
+    return pg
+
+
 
 def _register():
     """The entry point torch calls (group ``torch.distributed.backends``,
     name "gradlane"): registers the backend for CPU and CUDA tensors."""
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(
+        BACKEND_NAME, _create_extended, extended_api=True, devices=["cpu", "cuda"]
+    )
 
 
 def issue_order_of(group: gradlane.Group) -> IssueOrder | None:

@@ -16,6 +16,7 @@ reduce and reduce_scatter_typed.
 from __future__ import annotations
 
 import datetime
+import functools
 import sys
 
 import torch
@@ -188,6 +189,11 @@ def _byte_parts(view, rows, row_bytes):
 
 class OpsMixin:
     """The ops of issue 55, for :class:`GradlaneProcessGroup`."""
+
+    #: The CPU backend of another kind the group was built beside
+    #: ("cpu:gloo,cuda:gradlane"): CPU tensors go to it
+    #: (:func:`delegate_cpu_ops`). None: gradlane takes CPU tensors too.
+    _cpu_backend = None
 
     # --- torch's plumbing
     @property
@@ -543,6 +549,55 @@ class OpsMixin:
 
     def _end_coalescing(self, device=None):
         self._unsupported("coalescing (_end_coalescing)")
+
+
+#: The ops a CPU backend of another kind takes for CPU tensors, and its
+#: name for each where it differs.
+DELEGATED = {
+    name: name for name in [
+        "allreduce", "allreduce_coalesced", "broadcast", "allgather", "_allgather_base",
+        "all_gather_single", "all_gather_single_coalesced", "allgather_coalesced", "reduce",
+        "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_single",
+        "reduce_scatter_single_coalesced", "gather", "gather_single", "gather_into_tensor",
+        "scatter", "alltoall", "alltoall_base", "all_to_all_single", "send", "recv",
+        "recv_anysource", "monitored_barrier",
+    ]
+}
+DELEGATED["allgather_into_tensor_coalesced"] = "all_gather_single_coalesced"
+DELEGATED["reduce_scatter_tensor_coalesced"] = "reduce_scatter_single_coalesced"
+
+
+def _tensors(args):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from _tensors(a)
+
+
+def delegate_cpu_ops(cls):
+    """Wraps ``cls``'s ops so that, on a group with a ``_cpu_backend``,
+    calls on CPU tensors (and monitored_barrier, a CPU op) go to it: in
+    "cpu:gloo,cuda:gradlane" torch builds gloo for CPU first, then takes
+    gradlane's Python ProcessGroup as the whole group, and gloo would
+    otherwise be dropped."""
+    for name, target in DELEGATED.items():
+        method = getattr(cls, name, None)
+        if method is None:
+            continue
+
+        def op(self, *args, _method=method, _name=name, _target=target, **kwargs):
+            cpu = self._cpu_backend
+            if cpu is not None:
+                tensors = list(_tensors(args))
+                if _name == "monitored_barrier" or (
+                    tensors and all(t.device.type == "cpu" for t in tensors)
+                ):
+                    return getattr(cpu, _target)(*args, **kwargs)
+            return _method(self, *args, **kwargs)
+
+        setattr(cls, name, functools.wraps(method)(op))
+    return cls
 
 
 class MonitoredBarrierError(gradlane.CollectiveTimeoutError):
