@@ -104,8 +104,11 @@ use tokio::runtime::Runtime;
 /// Buffers: any object with a C-contiguous float32 buffer (numpy arrays,
 /// `tensor.numpy()` of a CPU tensor, array.array("f")), used in place
 /// without copying; the reductions also take float16 (numpy) and bfloat16
-/// (16-bit integers with dtype="bfloat16"). A buffer that a call writes
-/// must be writable. A wrong element type is a TypeError; a strided view,
+/// (16-bit integers with dtype="bfloat16"). The typed reductions
+/// (allreduce_typed, reduce, reduce_scatter_typed) and the data movement
+/// (gather, scatter, all_to_all) take C-contiguous uint8 buffers, the
+/// bytes of values of any type. A buffer that a call writes must be
+/// writable. A wrong element type is a TypeError; a strided view,
 /// a read-only output, a wrong size, an unknown option a ValueError.
 ///
 /// A Group is a context manager: leaving the with block closes it.

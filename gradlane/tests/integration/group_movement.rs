@@ -196,3 +196,50 @@ async fn a_monitored_barrier_names_the_rank_that_did_not_come() {
     assert!(r1.is_err(), "rank 1 was never released: {r1:?}");
     assert!(started.elapsed() < timeout + Duration::from_secs(5));
 }
+
+/// What each rank sends is what the algorithm says, within headers: a
+/// reduce sends (N-1)/N of the buffer from every rank to the shards'
+/// owners and each owner's shard to the root alone (the root sends no
+/// shard back); a gather sends each input to the root once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reduce_and_gather_send_what_their_algorithms_say() {
+    let world = 3;
+    let mut groups = group_with("movement-bytes", world, |_, c| c).await;
+    let n = 6 << 20; // bytes: 786,432 int64 values, shards of 2 MiB
+    let before: Vec<u64> = groups.iter().map(common::bytes_not_lost).collect();
+    join_all(groups.iter_mut().map(|g| async move {
+        let mut buf = vec![1u8; n];
+        g.reduce(0, &mut buf, Dtype::I64, TypedOp::Sum)
+            .await
+            .unwrap();
+    }))
+    .await;
+    let shard = (n / world) as f64;
+    for (r, g) in groups.iter().enumerate() {
+        let sent = (common::bytes_not_lost(g) - before[r]) as f64;
+        // Two shards to their owners; a non-root's reduced shard to root.
+        let bound = shard * if r == 0 { 2.0 } else { 3.0 };
+        assert!(
+            sent >= bound && sent <= 1.1 * bound,
+            "reduce: rank {r} sent {sent} bytes, bound {bound}"
+        );
+    }
+    let before: Vec<u64> = groups.iter().map(common::bytes_not_lost).collect();
+    join_all(groups.iter_mut().map(|g| async move {
+        g.gather(1, &vec![2u8; n]).await.unwrap();
+    }))
+    .await;
+    for (r, g) in groups.iter().enumerate() {
+        let sent = (common::bytes_not_lost(g) - before[r]) as f64;
+        // The root sends no data, only acknowledgements.
+        let (low, high) = match r {
+            1 => (0.0, n as f64 / 4.0),
+            _ => (n as f64, 1.1 * n as f64),
+        };
+        assert!(
+            sent >= low && sent <= high,
+            "gather: rank {r} sent {sent} bytes, expected {low}..{high}"
+        );
+    }
+    join_all(groups.into_iter().map(|g| g.close())).await;
+}
