@@ -156,6 +156,12 @@ def scenario_ops(rank, file_dir):
         return [bits(outp), bits(even_out)]
     out["a2a_single"] = both(a2a_single)
 
+    # In place, output and input one tensor (gloo reads what it already
+    # overwrote here: against the reference only).
+    same = torch.arange(world * 2, dtype=torch.int32) + 10 * rank
+    dist.all_to_all_single(same, same)
+    out["a2a_in_place"] = bits(same)
+
     def a2a_list(group):
         ins = [torch.full((2,), 10 * rank + d, dtype=torch.int32) for d in range(world)]
         outs = [torch.zeros(2, dtype=torch.int32) for _ in range(world)]
@@ -291,6 +297,13 @@ def test_uneven_all_to_all_single_against_the_reference(ops):
             start = sum(send[:r])
             want.append(rows[start:start + send[r]])
         assert ops[r]["a2a_single"]["gradlane"][1][0] == bits(torch.cat(want))
+
+
+def test_all_to_all_single_in_place(ops):
+    for r in range(WORLD):
+        want = torch.tensor([10 * s + 2 * r + k for s in range(WORLD) for k in range(2)],
+                            dtype=torch.int32)
+        assert ops[r]["a2a_in_place"] == bits(want)
 
 
 def test_new_group_and_a_monitored_barrier_all_come_to(ops):

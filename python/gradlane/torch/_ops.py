@@ -19,6 +19,7 @@ import datetime
 import functools
 import sys
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -179,6 +180,14 @@ def _splits(sizes, rows, size, what):
     return sizes
 
 
+def _apart(ins, outs):
+    """The input views, each copied where it shares memory with an output
+    (all_to_all_single(x, x) say): the Group takes separate buffers."""
+    return [
+        i.copy() if any(np.shares_memory(i, o) for o in outs) else i for i in ins
+    ]
+
+
 def _byte_parts(view, rows, row_bytes):
     parts, at = [], 0
     for n in rows:
@@ -299,7 +308,8 @@ class OpsMixin:
 
         def body(host):
             outs = [byte_view(o) for o in host[1:]] if self._rank == root else None
-            self.group.gather(root, byte_view(host[0]), outs)
+            (mine,) = _apart([byte_view(host[0])], outs or [])
+            self.group.gather(root, mine, outs)
 
         n = len(outputs)
         return self._run(
@@ -331,8 +341,9 @@ class OpsMixin:
             raise ValueError("gradlane: scatter takes input tensors on the root rank only")
 
         def body(host):
-            ins = [byte_view(t) for t in host[1:]] if self._rank == root else None
-            self.group.scatter(root, ins, byte_view(host[0]))
+            out = byte_view(host[0])
+            ins = _apart([byte_view(t) for t in host[1:]], [out]) if self._rank == root else None
+            self.group.scatter(root, ins, out)
 
         n = len(inputs)
         return self._run(
@@ -362,7 +373,8 @@ class OpsMixin:
                 whole = byte_view(host[1])
                 step = whole.size // self._size
                 outs = [whole[r * step:(r + 1) * step] for r in range(self._size)]
-            self.group.gather(root, byte_view(host[0]), outs)
+            (mine,) = _apart([byte_view(host[0])], outs or [])
+            self.group.gather(root, mine, outs)
 
         return self._run(
             "gather", [input, *outputs], [True] + [False] * n, [False] + [True] * n, body,
@@ -396,10 +408,8 @@ class OpsMixin:
 
         def body(host):
             o, i = host
-            self.group.all_to_all(
-                _byte_parts(byte_view(i), in_rows, in_row),
-                _byte_parts(byte_view(o), out_rows, out_row),
-            )
+            outs = _byte_parts(byte_view(o), out_rows, out_row)
+            self.group.all_to_all(_apart(_byte_parts(byte_view(i), in_rows, in_row), outs), outs)
 
         return self._run("all_to_all", [output, input], [False, True], [True, False], body,
                          [output])
@@ -421,9 +431,8 @@ class OpsMixin:
         n = self._size
 
         def body(host):
-            self.group.all_to_all(
-                [byte_view(t) for t in host[n:]], [byte_view(t) for t in host[:n]]
-            )
+            outs = [byte_view(t) for t in host[:n]]
+            self.group.all_to_all(_apart([byte_view(t) for t in host[n:]], outs), outs)
 
         return self._run(
             "all_to_all", [*output_tensors, *input_tensors], [False] * n + [True] * n,
