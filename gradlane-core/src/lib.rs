@@ -54,6 +54,7 @@
 //! - [`ps`]: the parameter-server algorithms and their request messages.
 //! - [`presets`]: layouts of well-known models.
 //! - [`rng`]: the one seeded random number generator.
+//! - [`typed`]: reductions over every element type, each in its own type.
 
 #![warn(unreachable_pub)]
 
@@ -75,4 +76,5 @@ pub mod ps;
 pub mod reassembly;
 pub mod rng;
 pub mod score;
+pub mod typed;
 pub mod wire;

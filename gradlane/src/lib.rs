@@ -159,6 +159,7 @@ pub use gradlane_core::reassembly::{
     ClassStats, ReassemblyError, ReceiverCounters, Round, RoundStats,
 };
 pub use gradlane_core::score::GradientError;
+pub use gradlane_core::typed::{Dtype, Op as TypedOp, TypedError};
 pub use group::{
     core_share, default_sockets, paths_per_peer, AllreduceReport, BucketId, BucketOptions, Group,
     GroupConfig, GroupError, LossRecovery, OnRankFailure, PointToPoint, PortRange, PortRangeError,

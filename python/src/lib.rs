@@ -19,6 +19,7 @@ mod buffer;
 mod errors;
 mod group;
 mod group_arguments;
+mod group_movement;
 mod group_report;
 
 use errors::CallError;

@@ -189,9 +189,10 @@ def scenario_backend(rank):
     # checks run before any network traffic).
     out["bad"] = []
     for what, call in [
-        ("float64", lambda: dist.all_reduce(torch.zeros(4, dtype=torch.float64))),
-        ("non-contiguous", lambda: dist.all_reduce(torch.zeros(4, 4).t())),
-        ("product", lambda: dist.all_reduce(torch.zeros(4), op=dist.ReduceOp.PRODUCT)),
+        ("uint16", lambda: dist.all_reduce(torch.zeros(4, dtype=torch.uint16))),
+        ("band of floats", lambda: dist.all_reduce(torch.zeros(4), op=dist.ReduceOp.BAND)),
+        ("avg of ints", lambda: dist.all_reduce(torch.zeros(4, dtype=torch.int64),
+                                                op=dist.ReduceOp.AVG)),
         ("wrong size", lambda: dist.all_gather_into_tensor(torch.empty(5), torch.zeros(2))),
     ]:
         try:
@@ -725,10 +726,9 @@ def test_collectives_through_torch_distributed(backend):
 def test_bad_input_is_a_clear_exception(backend):
     for r in range(WORLD):
         bad = {what: (kind, msg) for what, kind, msg in backend[r]["bad"]}
-        assert bad["float64"][0] == "TypeError" and "float32" in bad["float64"][1], bad
-        assert bad["non-contiguous"][0] == "ValueError", bad
-        assert "contiguous" in bad["non-contiguous"][1], bad
-        assert bad["product"][0] == "ValueError" and "MAX" in bad["product"][1], bad
+        assert bad["uint16"][0] == "TypeError" and "float32" in bad["uint16"][1], bad
+        assert bad["band of floats"][0] == "TypeError" and "BAND" in bad["band of floats"][1], bad
+        assert bad["avg of ints"][0] == "TypeError" and "AVG" in bad["avg of ints"][1], bad
         assert bad["wrong size"][0] == "ValueError" and "needs" in bad["wrong size"][1], bad
         # The ranks stayed in step.
         np.testing.assert_array_equal(backend[r]["after_bad"], np.full(3, WORLD, np.float32))

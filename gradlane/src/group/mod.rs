@@ -13,6 +13,9 @@
 //! - `exact`: barrier, broadcast, allgather, allreduce, reduce-scatter, on
 //!   the links' exact messages. Every reduction sums in rank order, so
 //!   every rank ends with the same bits.
+//! - `movement`: gather, scatter, all-to-all, reductions over every
+//!   element type (each in its own type), reduce to one rank, and the
+//!   monitored barrier.
 //! - `sparse`: the sparse allgather with count negotiation.
 //! - `paths`: more connections per pair of ranks, over more sockets, so
 //!   that a rank's packets are sealed and opened on several cores; the
@@ -25,6 +28,7 @@ mod deadline;
 mod differentiated;
 mod exact;
 mod membership;
+mod movement;
 mod paths;
 mod point_to_point;
 mod port_range;
@@ -436,6 +440,20 @@ enum Kind {
     Join = 15,
     /// Its admission: the view, every rank's address, who joins with it.
     Admit = 16,
+    // 20-29: `movement`'s collectives.
+    Gather = 20,
+    Scatter = 21,
+    AllToAll = 22,
+    /// A typed reduction's shard to its owner.
+    TypedReduceShard = 23,
+    /// An owner's reduced shard back to every rank.
+    TypedReducedShard = 24,
+    /// An owner's reduced shard to the root of a reduce.
+    ReducedToRoot = 25,
+    /// A rank's arrival at a monitored barrier, to the lowest member.
+    MonitoredArrive = 26,
+    /// The lowest member's release of the others.
+    MonitoredRelease = 27,
 }
 
 fn tag(seq: u64, kind: Kind) -> u64 {

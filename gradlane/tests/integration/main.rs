@@ -17,6 +17,7 @@ mod dscp;
 mod group;
 mod group_differentiated;
 mod group_job_certs;
+mod group_movement;
 mod group_paths;
 mod group_point_to_point;
 mod group_timeout;

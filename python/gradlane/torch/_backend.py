@@ -20,15 +20,26 @@ side stream, the thread waits for them, reduces on the host, and queues
 the copies back on the side stream; ``wait()`` and the future then make
 the caller's stream wait for the copies back, as NCCL's do.
 
-Tensors: CPU or CUDA, contiguous. Reductions (allreduce, reduce_scatter; SUM,
-AVG, MAX, MIN) take float32, bfloat16 and float16, used in place without
-copies; a 16-bit tensor travels as itself (two bytes a value), and each
-value is combined in float32 in rank order and rounded once, so every
-rank ends with the same bits. Pure data movement (broadcast, allgather)
-takes any dtype: the bytes are moved, viewed as float32 where the size
-allows (no copy), through a padded float32 copy otherwise. Anything else
-is a TypeError or a ValueError naming the tensor and what is wrong with
-it.
+Tensors: CPU or CUDA; a non-contiguous CPU tensor is copied to a
+contiguous one and back (a non-contiguous CUDA tensor is a ValueError).
+Reductions (allreduce, allreduce_coalesced, reduce, reduce_scatter and
+its variants) take float32, bfloat16, float16, float64, int8, int16,
+int32, int64, uint8 and bool (complex as its real view, SUM and AVG), with
+ReduceOp.SUM, AVG (floats), PRODUCT, MIN, MAX, and BAND, BOR, BXOR
+(integers and bool), as gloo. Every value is combined in rank order by
+one rank, so every rank ends with the same bits: float32, bfloat16 and
+float16 in float32, rounded once (a 16-bit tensor travels as itself);
+float64 in float64; integers in their own type, wrapping as torch's do.
+Data movement (broadcast, allgather and its coalesced and into-tensor
+forms, gather, scatter, all_to_all, all_to_all_single with uneven split
+sizes) takes any dtype and moves the bytes. monitored_barrier names the
+ranks that did not come, as gloo's. The group reports devices cpu and
+cuda and splits (split_group). Those ops live in gradlane.torch._ops.
+send, recv and recv_anysource (isend, irecv, batch_isend_irecv) run
+beside the collectives, not in their order (gradlane.torch._p2p).
+What gradlane does not do (coalescing blocks, windows) is a
+NotImplementedError naming it. Bad input is a TypeError or a ValueError
+naming the tensor and what is wrong with it.
 """
 
 from __future__ import annotations
@@ -53,6 +64,14 @@ from gradlane.torch._environment import (
     rejoin_from_env,
 )
 from gradlane.torch._issue_order import IssueOrder
+from gradlane.torch._ops import (
+    OpsMixin,
+    byte_view,
+    contiguous_copies,
+    delegate_cpu_ops,
+    reduction_plan,
+    typed_op,
+)
 from gradlane.torch._p2p import PointToPointMixin
 from gradlane.torch._staging import Stager, future_for
 from gradlane.torch._work import GradlaneWork
@@ -113,10 +132,10 @@ def _check_tensor(t, what, *, reduce):
         )
     if t.is_sparse or t.layout != torch.strided:
         raise ValueError(f"gradlane: {what} has layout {t.layout}; only dense tensors")
-    if not t.is_contiguous():
+    if not t.is_contiguous() and t.device.type != "cpu":
         raise ValueError(
             f"gradlane: {what} (shape {tuple(t.shape)}, stride {t.stride()}) is not "
-            "contiguous; pass tensor.contiguous()"
+            "contiguous; pass tensor.contiguous() (CPU tensors are copied)"
         )
 
 
@@ -153,25 +172,6 @@ def _padded(t):
     return buf, raw.size
 
 
-_OPS = {
-    dist.ReduceOp.SUM: "sum",
-    dist.ReduceOp.AVG: "mean",
-    dist.ReduceOp.MAX: "max",
-    dist.ReduceOp.MIN: "min",
-}
-
-
-def _op_name(op, what):
-    for known, name in _OPS.items():
-        if op == known:
-            return name
-    # A ReduceOp's repr is an object address; its RedOpType has the name.
-    name = getattr(getattr(op, "op", op), "name", op)
-    raise ValueError(
-        f"gradlane: {what} supports ReduceOp.SUM, AVG, MAX and MIN, not {name}"
-    )
-
-
 def _one(tensors, what):
     if len(tensors) != 1:
         raise ValueError(
@@ -183,7 +183,7 @@ def _one(tensors, what):
 # ------------------------------------------------------------- the group
 
 
-class GradlaneProcessGroup(PointToPointMixin, dist.ProcessGroup):
+class GradlaneProcessGroup(OpsMixin, PointToPointMixin, dist.ProcessGroup):
     """A torch ProcessGroup whose collectives run on a :class:`gradlane.Group`.
 
     Made by :func:`create_process_group` (the creator torch calls for
@@ -202,6 +202,9 @@ class GradlaneProcessGroup(PointToPointMixin, dist.ProcessGroup):
         self._group_name = ""
         self._group_desc = ""
         self._stager = Stager()
+        #: The store the group was made with (create_process_group sets
+        #: it), for split_group.
+        self._store = None
         self._order = IssueOrder(f"gradlane-pg{rank}")
         _GROUPS.add(self)
 
@@ -236,6 +239,9 @@ class GradlaneProcessGroup(PointToPointMixin, dist.ProcessGroup):
         queued behind the collectives issued before it, staged through host
         buffers when they are CUDA tensors (``reads`` and ``writes`` say
         which the collective reads and writes). The Work holds ``result``."""
+        # Non-contiguous CPU tensors run as contiguous copies, copied back
+        # into the ones the collective writes once it is done.
+        tensors, back = contiguous_copies(tensors, writes)
         staged = None
         if self._stager.needs_staging(tensors):
             staged = self._stager.call(tensors, reads, writes)
@@ -250,6 +256,8 @@ class GradlaneProcessGroup(PointToPointMixin, dist.ProcessGroup):
                     staged.wait_copied_in()
                     body(staged.host)
                     staged.finish()
+                for original, copy in back:
+                    original.copy_(copy)
             except BaseException as e:  # noqa: BLE001 - handed over through the Work
                 if staged is not None:
                     staged.abandon()
@@ -270,26 +278,29 @@ class GradlaneProcessGroup(PointToPointMixin, dist.ProcessGroup):
 
     # --- reductions (float32, bfloat16, float16)
     def allreduce(self, tensors, opts=None):
-        """Reduces each tensor over the ranks in place (ReduceOp.SUM, AVG,
-        MAX, MIN); every rank ends with the same bits."""
-        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
-        for i, t in enumerate(tensors):
-            _check_tensor(t, f"allreduce tensor {i}", reduce=True)
-        return self._allreduce(tensors, op)
+        """Reduces each tensor over the ranks in place (any dtype and op of
+        the module's list); every rank ends with the same bits."""
+        return self._reduce_any(tensors, opts, "allreduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
-        op = _op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
-        for i, t in enumerate(tensors):
-            _check_tensor(t, f"allreduce_coalesced tensor {i}", reduce=True)
-        return self._allreduce(tensors, op)
+        return self._reduce_any(tensors, opts, "allreduce_coalesced", coalesced=True)
 
     def _allreduce(self, tensors, op):
+        plans = [(None, op)] * len(tensors)
+        return self._allreduce_planned(tensors, plans, op, tensors)
+
+    def _allreduce_planned(self, tensors, plans, op, result):
+        """Reduces each tensor as its plan (_ops.reduction_plan) says: the
+        float path (None, op) or the typed one (dtype, op)."""
         def body(host):
-            for t in host:
+            for t, (typed, name) in zip(host, plans, strict=True):
+                if typed is not None:
+                    self.group.allreduce_typed(byte_view(t), typed, name)
+                    continue
                 view, dtype = values_view(t)
-                self.group.allreduce(view, op=op, dtype=dtype)
+                self.group.allreduce(view, op=name, dtype=dtype)
                 contributors = self.group.contributors
-                if op == "sum" and contributors < self._size:
+                if name == "sum" and contributors < self._size:
                     # Ranks died (GRADLANE_ON_RANK_FAILURE=continue): DDP
                     # divided every gradient by the world it started with,
                     # so the sum of the survivors' is scaled to the world's,
@@ -297,7 +308,7 @@ class GradlaneProcessGroup(PointToPointMixin, dist.ProcessGroup):
                     t.mul_(self._size / contributors)
 
         every = [True] * len(tensors)
-        return self._run("allreduce", tensors, every, every, body, tensors)
+        return self._run("allreduce", tensors, every, every, body, result)
 
     def reduce_scatter_single(self, output, input, opts=None):
         """``input`` holds ``size`` equal parts; rank r's ``output`` becomes
@@ -315,11 +326,9 @@ class GradlaneProcessGroup(PointToPointMixin, dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def _check_reduce_scatter(self, output, input, opts):
-        op = _op_name(
-            opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter"
-        )
-        _check_tensor(input, "reduce_scatter input", reduce=True)
-        _check_tensor(output, "reduce_scatter output", reduce=True)
+        op = typed_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter")
+        _check_tensor(input, "reduce_scatter input", reduce=False)
+        _check_tensor(output, "reduce_scatter output", reduce=False)
         if input.dtype != output.dtype:
             raise TypeError(
                 f"gradlane: reduce_scatter input is {input.dtype}, its output {output.dtype}"
@@ -329,9 +338,16 @@ class GradlaneProcessGroup(PointToPointMixin, dist.ProcessGroup):
                 f"gradlane: reduce_scatter input has {input.numel()} values, needs "
                 f"{output.numel()} x {self._size} ranks = {output.numel() * self._size}"
             )
-        return op
+        return reduction_plan(output, op, "reduce_scatter output")
 
-    def _reduce_scatter_host(self, output, input, op):
+    def _reduce_scatter_host(self, output, input, plan):
+        typed, op = plan
+        if typed is not None:
+            inb, outb = byte_view(input), byte_view(output)
+            if np.shares_memory(inb, outb):
+                inb = inb.copy()
+            self.group.reduce_scatter_typed(inb, outb, typed, op)
+            return
         (inv, dtype), (outv, _) = values_view(input), values_view(output)
         if np.shares_memory(inv, outv):
             inv = inv.copy()  # in place: the Group takes separate buffers
@@ -343,13 +359,13 @@ class GradlaneProcessGroup(PointToPointMixin, dist.ProcessGroup):
         parts are concatenated into one buffer (a copy)."""
         output = _one(output_tensors, "reduce_scatter")
         inputs = _one(input_tensors, "reduce_scatter")
-        _check_tensor(output, "reduce_scatter output", reduce=True)
+        _check_tensor(output, "reduce_scatter output", reduce=False)
         if len(inputs) != self._size:
             raise ValueError(
                 f"gradlane: reduce_scatter takes {self._size} input tensors, got {len(inputs)}"
             )
         for i, t in enumerate(inputs):
-            _check_tensor(t, f"reduce_scatter input {i}", reduce=True)
+            _check_tensor(t, f"reduce_scatter input {i}", reduce=False)
             if t.numel() != output.numel():
                 raise ValueError(
                     f"gradlane: reduce_scatter input {i} has {t.numel()} values, "
@@ -508,6 +524,8 @@ class GradlaneProcessGroup(PointToPointMixin, dist.ProcessGroup):
         self._stop_lanes()
 
 
+delegate_cpu_ops(GradlaneProcessGroup)
+
 #: Live process groups, for the hook to find the Group of one.
 _GROUPS: weakref.WeakSet[GradlaneProcessGroup] = weakref.WeakSet()
 
@@ -584,7 +602,23 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
         collective_timeout=collective_timeout,
     )
     store.set(f"{ADDRESS_KEY}/{rank}", group.addresses[rank])
-    return GradlaneProcessGroup(group, rank, size, asynchronous=asynchronous_from_env())
+    pg = GradlaneProcessGroup(group, rank, size, asynchronous=asynchronous_from_env())
+    pg._store = store
+    return pg
+
+
+def _create_extended(opts, backend_options=None) -> GradlaneProcessGroup:
+    """The creator torch calls (its extended API: the options carry the
+    group being built). Where that group already has a CPU backend of
+    another kind ("cpu:gloo,cuda:gradlane"), CPU tensors go to it."""
+    pg = create_process_group(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    outer = getattr(opts, "process_group", None)
+    if outer is not None:
+        try:
+            pg._cpu_backend = outer._get_backend(torch.device("cpu"))
+        except RuntimeError:
+            pass  # no other CPU backend: gradlane takes CPU tensors
+    return pg
 
 
 
@@ -593,7 +627,9 @@ def _register():
     name "gradlane"): registers the backend for CPU and CUDA tensors."""
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(
+        BACKEND_NAME, _create_extended, extended_api=True, devices=["cpu", "cuda"]
+    )
 
 
 def issue_order_of(group: gradlane.Group) -> IssueOrder | None:
