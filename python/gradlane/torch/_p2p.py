@@ -109,7 +109,8 @@ class PointToPointMixin:
     def _point_to_point(self, op, tensor, key, body, reads, writes) -> PointToPointWork:
         """Runs ``body(cpu_tensor, work)`` on the lane ``key``: on the
         tensor itself, a contiguous copy of it (copied back if written), or
-        its staged host buffer."""
+        its staged host buffer. ``reads`` and ``writes`` (one flag each)
+        say whether the op reads or writes the tensor."""
         target = tensor if tensor.is_contiguous() else tensor.contiguous()
         staged = None
         if self._stager.needs_staging([target]):
@@ -125,7 +126,7 @@ class PointToPointMixin:
                     staged.wait_copied_in()
                     body(staged.host[0], work)
                     staged.finish()
-                if target is not tensor and writes:
+                if target is not tensor and writes[0]:
                     tensor.copy_(target)
             except BaseException as e:  # noqa: BLE001 - handed over through the Work
                 if staged is not None:
@@ -147,7 +148,7 @@ class PointToPointMixin:
         def body(host, work):
             self.group.send(dstRank, tag, _flat_bytes(host))
 
-        return self._point_to_point("send", t, ("send", dstRank), body, [0], [])
+        return self._point_to_point("send", t, ("send", dstRank), body, [True], [False])
 
     def recv(self, tensors, srcRank, tag=0):
         """Receives ``srcRank``'s next message with ``tag`` into the tensor
@@ -166,4 +167,4 @@ class PointToPointMixin:
         def body(host, work):
             work.source = self.group.recv(source, tag, _flat_bytes(host))
 
-        return self._point_to_point("recv", t, ("recv", source, tag), body, [], [0])
+        return self._point_to_point("recv", t, ("recv", source, tag), body, [False], [True])
