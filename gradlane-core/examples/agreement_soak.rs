@@ -92,11 +92,11 @@ fn main() -> ExitCode {
         tally.messages as f64 / tally.schedules.max(1) as f64,
     );
     println!(
-        "ranks deciding: {} members of the next view, {} removed, {} no quorum",
-        tally.members, tally.removed, tally.no_quorum
+        "ranks deciding: {} members of the next view, {} removed, {} no quorum, {} abandoned",
+        tally.members, tally.removed, tally.no_quorum, tally.abandoned
     );
     println!(
-        "known gap, two decisions for one view: {} schedules{}",
+        "disagreements, two views installed for one epoch: {} schedules{}",
         tally.disagreements,
         tally
             .first_disagreement

@@ -433,6 +433,15 @@ impl Group {
                 reached: decision.members,
                 members: self.membership.members.clone(),
             }),
+            Outcome::Abandoned { decision, from } => Err(GroupError::Removed {
+                rank: me,
+                epoch: decision.epoch,
+                why: format!(
+                    "it accepted view {:?} but rank {from} showed that not every member \
+                     can install it",
+                    decision.members
+                ),
+            }),
             Outcome::Removed { decision, from } => Err(GroupError::Removed {
                 rank: me,
                 epoch: decision.epoch,
