@@ -106,7 +106,10 @@ fn two_coordinators_never_install_two_views() {
         .map(|i| schedule_seed(7, i))
         .filter(|&seed| run(seed, &settings).disagreed())
         .collect();
-    assert!(found.is_empty(), "seeds with two views installed: {found:?}");
+    assert!(
+        found.is_empty(),
+        "seeds with two views installed: {found:?}"
+    );
 }
 
 /// The acceptance round is what closes the gap: a member that installs
@@ -124,7 +127,10 @@ fn a_member_that_installs_before_every_member_accepted_is_caught() {
         ..Settings::default()
     };
     let again = trace(seed, &settings);
-    assert!(again.violations.contains(&violation), "seed {seed} does not replay");
+    assert!(
+        again.violations.contains(&violation),
+        "seed {seed} does not replay"
+    );
     println!(
         "seed {seed}: {violation}\n  replay: {}",
         replay_test(seed, Some(Flaw::Hasty))
