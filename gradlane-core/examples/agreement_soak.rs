@@ -37,7 +37,7 @@ struct Args {
     /// The most faults during one agreement.
     #[arg(long, default_value_t = 4)]
     max_faults: usize,
-    /// Count the known gap (two decisions for one view) as a failure.
+    /// Kept for old command lines: a disagreement (two views installed for one epoch) always fails.
     #[arg(long)]
     strict: bool,
     /// Replay one schedule by its own seed, every event written out.
