@@ -31,7 +31,8 @@
 //! detector says); [`Violation::Disagreement`], a member of one view
 //! installing another, is a failure like the others: a member installs
 //! only a view every member accepted, and each rank accepts one. The
-//! tally counts disagreements apart too, so that a flawed machine's show.
+//! tally counts disagreements apart too, so that a flawed machine's
+//! count shows.
 //!
 //! A failing seed replays alone: [`trace`] runs it with every event
 //! written out, and [`replay_command`] says how.
