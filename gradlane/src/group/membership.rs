@@ -579,6 +579,7 @@ impl Group {
             place,
             table,
             decision.epoch,
+            &decision.members,
             wait,
         )
         .await
