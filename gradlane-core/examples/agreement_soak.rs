@@ -37,7 +37,7 @@ struct Args {
     /// The most faults during one agreement.
     #[arg(long, default_value_t = 4)]
     max_faults: usize,
-    /// Count the known gap (two decisions for one view) as a failure.
+    /// Kept for old command lines: a disagreement (two views installed for one epoch) always fails.
     #[arg(long)]
     strict: bool,
     /// Replay one schedule by its own seed, every event written out.
@@ -92,11 +92,11 @@ fn main() -> ExitCode {
         tally.messages as f64 / tally.schedules.max(1) as f64,
     );
     println!(
-        "ranks deciding: {} members of the next view, {} removed, {} no quorum",
-        tally.members, tally.removed, tally.no_quorum
+        "ranks deciding: {} members of the next view, {} removed, {} no quorum, {} abandoned",
+        tally.members, tally.removed, tally.no_quorum, tally.abandoned
     );
     println!(
-        "known gap, two decisions for one view: {} schedules{}",
+        "disagreements, two views installed for one epoch: {} schedules{}",
         tally.disagreements,
         tally
             .first_disagreement

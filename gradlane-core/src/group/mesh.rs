@@ -15,8 +15,8 @@ pub const MAX_WORLD: usize = 1 << 16;
 /// The kind and version word both messages start with.
 const KIND: &str = "gradlane-group/1";
 
-/// The longest hello: the kind, two ranks, an IPv6 address with port and
-/// an epoch (at most 108 bytes as encoded).
+/// The longest hello: the kind, two ranks, an IPv6 address with port, an
+/// epoch and a view digest (at most 125 bytes as encoded).
 const MAX_HELLO_BYTES: usize = 128;
 
 /// The longest text of one address in a table (`[v6%scope]:port`).
@@ -25,6 +25,12 @@ pub(super) const MAX_ADDRESS_BYTES: usize = 64;
 /// The first message on every link of a group: who is speaking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MeshHello {
+    /// The digest of the view's members ([`view_digest`]) for a view
+    /// after the first: two ranks forming one epoch's mesh for different
+    /// member lists of the same size must not link up (an admission and
+    /// an agreement that overlapped). `None` for the first mesh, and from
+    /// a rank of the hello's first versions.
+    pub view: Option<u64>,
     /// The speaker's rank.
     pub rank: usize,
     /// The size of the group it joins.
@@ -43,8 +49,9 @@ impl MeshHello {
             .listen
             .map(|a| a.to_string())
             .unwrap_or_else(|| "-".into());
+        let view = self.view.map(|d| format!(" {d:016x}")).unwrap_or_default();
         format!(
-            "{KIND} {} {} {listen} {}",
+            "{KIND} {} {} {listen} {}{view}",
             self.rank, self.world, self.epoch
         )
         .into_bytes()
@@ -78,18 +85,44 @@ impl MeshHello {
                 field: "epoch",
             })?,
         };
+        let view = match words.next() {
+            None => None,
+            Some(d) => {
+                Some(
+                    u64::from_str_radix(d, 16).map_err(|_| GroupMessageError::BadField {
+                        message: MESSAGE,
+                        field: "view digest",
+                    })?,
+                )
+            }
+        };
         end(&mut words, MESSAGE)?;
         check_world(world)?;
         if rank >= world {
             return Err(GroupMessageError::Rank { rank, world });
         }
         Ok(Self {
+            view,
             rank,
             world,
             listen,
             epoch,
         })
     }
+}
+
+/// The digest a [`MeshHello`] names its view by: FNV-1a over the epoch
+/// and the members (as they joined, in the view's order). Two views of
+/// one epoch with different members differ in it but by a 64-bit
+/// collision.
+pub fn view_digest(epoch: u64, members: &[usize]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let words = std::iter::once(epoch).chain(members.iter().map(|&m| m as u64));
+    for byte in words.flat_map(u64::to_le_bytes) {
+        h ^= u64::from(byte);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 /// The address table rank 0 hands every other rank: rank `r` listens at
@@ -156,12 +189,21 @@ mod tests {
             world: 4,
             listen: Some("10.0.0.4:4433".parse().unwrap()),
             epoch: 0,
+            view: None,
         };
         assert_eq!(MeshHello::decode(&h.encode()), Ok(h));
         let none = MeshHello { listen: None, ..h };
         assert_eq!(MeshHello::decode(&none.encode()), Ok(none));
         let later = MeshHello { epoch: 7, ..h };
         assert_eq!(MeshHello::decode(&later.encode()), Ok(later));
+        let named = MeshHello {
+            epoch: 7,
+            view: Some(view_digest(7, &[0, 2, 3])),
+            ..h
+        };
+        assert_eq!(MeshHello::decode(&named.encode()), Ok(named));
+        assert_ne!(view_digest(7, &[0, 2, 3]), view_digest(7, &[1, 2, 3]));
+        assert!(MeshHello::decode(b"gradlane-group/1 3 4 - 7 zz").is_err());
         // The longest a hello can be still fits its bound.
         let longest = MeshHello {
             rank: MAX_WORLD - 1,
@@ -172,6 +214,7 @@ mod tests {
                     .unwrap(),
             ),
             epoch: u64::MAX,
+            view: Some(u64::MAX),
         };
         assert!(longest.encode().len() <= MAX_HELLO_BYTES);
         assert_eq!(MeshHello::decode(&longest.encode()), Ok(longest));
@@ -208,6 +251,13 @@ mod tests {
         ));
         assert!(matches!(
             bad(b"gradlane-group/1 1 2 - 3 extra"),
+            GroupMessageError::BadField {
+                field: "view digest",
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad(b"gradlane-group/1 1 2 - 3 0a extra"),
             GroupMessageError::Trailing { .. }
         ));
         assert!(matches!(
@@ -246,6 +296,7 @@ mod tests {
                 world: 2,
                 listen: Some("127.0.0.1:9".parse().unwrap()),
                 epoch: 0,
+                view: None,
             })
         );
         assert_eq!(

@@ -29,7 +29,7 @@ mod sparse_shape;
 
 pub use error::GroupMessageError;
 pub use membership::{JoinRequest, Joiners, ViewDecision, ViewOutcome, ViewProposal};
-pub use mesh::{AddressTable, MeshHello, MAX_WORLD};
+pub use mesh::{view_digest, AddressTable, MeshHello, MAX_WORLD};
 pub use paths::{PathHello, PathOffer, MAX_SOCKETS};
 pub use reduced_shard::{encode_reduced_shard, ReducedShard, NO_LOSSY_RETURN};
 pub use sparse_shape::SparseShape;

@@ -14,9 +14,13 @@
 //! sends its proposal (whom it lost, which collective it is in) to every
 //! rank it still reaches; the lowest rank a survivor reaches is its
 //! coordinator, which decides once it has a proposal from every rank it
-//! has not lost, and every rank passes the decision on. A decision needs a
-//! quorum of the last view (a majority, or exactly half with its lowest
-//! rank), so two sides of a partition never both go on. The rule and the
+//! has not lost; every rank accepts the first decision it hears and
+//! passes it on (its acceptance), and a member installs a view only once
+//! every member accepted it. A decision needs a quorum of the last view
+//! (a majority, or exactly half with its lowest rank), two quorums share
+//! a rank that accepts one decision, so no two ranks install different
+//! views of one epoch; a member whose view cannot be installed stops
+//! (`GroupError::Removed`). The rule and the
 //! exchange are the core's machine
 //! (`gradlane_core::group::agreement::Agreement`); this module only
 //! carries its messages over the links and acts on its outcome.
@@ -434,6 +438,15 @@ impl Group {
                 reached: decision.members,
                 members: self.membership.members.clone(),
             }),
+            Outcome::Abandoned { decision, from } => Err(GroupError::Removed {
+                rank: me,
+                epoch: decision.epoch,
+                why: format!(
+                    "it accepted view {:?} but rank {from} showed that not every member \
+                     can install it",
+                    decision.members
+                ),
+            }),
             Outcome::Removed { decision, from } => Err(GroupError::Removed {
                 rank: me,
                 epoch: decision.epoch,
@@ -567,6 +580,7 @@ impl Group {
             place,
             table,
             decision.epoch,
+            &decision.members,
             wait,
         )
         .await

@@ -150,7 +150,16 @@ impl Group {
             .position(|&r| r == rank)
             .ok_or_else(|| GroupError::Setup(format!("admitted to a view without rank {rank}")))?;
         let view_table: Vec<SocketAddr> = decision.members.iter().map(|&r| table[r]).collect();
-        let links = form_view(&config, &endpoint, place, view_table, decision.epoch, wait).await?;
+        let links = form_view(
+            &config,
+            &endpoint,
+            place,
+            view_table,
+            decision.epoch,
+            &decision.members,
+            wait,
+        )
+        .await?;
         // The contact kept its end open until its mesh was up; so did this.
         drop(contact_link);
         let mut membership = Membership::new(config, table);

@@ -10,7 +10,7 @@ use crate::handshake_failure::HandshakeFailure;
 use crate::link::{Link, LinkError};
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use gradlane_core::group::{AddressTable, MeshHello};
+use gradlane_core::group::{view_digest, AddressTable, MeshHello};
 use gradlane_core::layout::{Layout, TensorSpec};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -63,7 +63,11 @@ pub(super) async fn join(mut config: GroupConfig) -> Result<Group, GroupError> {
     let deadline = Instant::now() + config.join_timeout;
     let mut links: Vec<Option<Link>> = (0..world).map(|_| None).collect();
     let mut failed = Vec::new();
-    let forming = form(&config, &endpoint, &mut links, &mut failed, 0);
+    let first = ViewMark {
+        epoch: 0,
+        digest: None,
+    };
+    let forming = form(&config, &endpoint, &mut links, &mut failed, first);
     let formed = tokio::time::timeout_at(deadline, forming).await;
     match formed {
         Ok(Ok(table)) => {
@@ -146,6 +150,14 @@ impl Group {
     }
 }
 
+/// Which view a mesh is formed for: its epoch, and after the first the
+/// digest of its members (`view_digest`).
+#[derive(Debug, Clone, Copy)]
+struct ViewMark {
+    epoch: u64,
+    digest: Option<u64>,
+}
+
 /// Forms the mesh of view `epoch` among the ranks of `table` (where each
 /// listens), this rank being `place` among them, on `endpoint`, within
 /// `wait`: a new view's links after the group lost a rank.
@@ -155,8 +167,13 @@ pub(super) async fn form_view(
     place: usize,
     table: Vec<SocketAddr>,
     epoch: u64,
+    members: &[usize],
     wait: Duration,
 ) -> Result<Vec<Option<Link>>, GroupError> {
+    let mark = ViewMark {
+        epoch,
+        digest: Some(view_digest(epoch, members)),
+    };
     let view = GroupConfig {
         rank: place,
         world: table.len(),
@@ -165,7 +182,7 @@ pub(super) async fn form_view(
     };
     let mut links: Vec<Option<Link>> = (0..view.world).map(|_| None).collect();
     let mut failed = Vec::new();
-    let forming = form(&view, endpoint, &mut links, &mut failed, epoch);
+    let forming = form(&view, endpoint, &mut links, &mut failed, mark);
     match tokio::time::timeout(wait, forming).await {
         Ok(Ok(_)) => Ok(links),
         Ok(Err(e)) => Err(e),
@@ -187,7 +204,7 @@ async fn form(
     endpoint: &Endpoint,
     links: &mut [Option<Link>],
     failed: &mut Vec<(SocketAddr, HandshakeFailure)>,
-    epoch: u64,
+    mark: ViewMark,
 ) -> Result<Vec<SocketAddr>, GroupError> {
     let (rank, world) = (config.rank, config.world);
     let table = match &config.rendezvous {
@@ -203,7 +220,7 @@ async fn form(
                 }
             };
             accept_into(
-                config, endpoint, &expected, links, 0, &mut learn, failed, epoch,
+                config, endpoint, &expected, links, 0, &mut learn, failed, mark,
             )
             .await?;
             let body = Bytes::from(AddressTable(table.clone()).encode());
@@ -218,7 +235,7 @@ async fn form(
             table
         }
         Rendezvous::Root { root, .. } => {
-            let link = connect_to(config, endpoint, 0, *root, true, epoch).await?;
+            let link = connect_to(config, endpoint, 0, *root, true, mark).await?;
             let link = links[0].insert(link);
             let failed = |source| GroupError::Rank { rank: 0, source };
             let (got, body) = link.receiver().recv_message().await.map_err(failed)?;
@@ -246,7 +263,7 @@ async fn form(
     let connect = async {
         for (r, slot) in lower.iter_mut().enumerate() {
             if slot.is_none() {
-                *slot = Some(connect_to(config, endpoint, r, table[r], false, epoch).await?);
+                *slot = Some(connect_to(config, endpoint, r, table[r], false, mark).await?);
             }
         }
         Ok::<_, GroupError>(())
@@ -264,7 +281,7 @@ async fn form(
             rank + 1,
             hello,
             failed,
-            epoch,
+            mark,
         )
         .await
     };
@@ -280,7 +297,7 @@ async fn connect_to(
     rank: usize,
     addr: SocketAddr,
     tell_listen: bool,
-    epoch: u64,
+    mark: ViewMark,
 ) -> Result<Link, GroupError> {
     let failed = |source| GroupError::Rank { rank, source };
     let mut link = dial(config, endpoint, rank, addr).await?;
@@ -292,7 +309,8 @@ async fn connect_to(
         rank: config.rank,
         world: config.world,
         listen,
-        epoch,
+        epoch: mark.epoch,
+        view: mark.digest,
     };
     link.sender()
         .send_message(tag(0, Kind::Hello), hello.encode().into())
@@ -396,7 +414,7 @@ async fn accept_into(
     offset: usize,
     on_hello: &mut dyn FnMut(&MeshHello),
     failed: &mut Vec<(SocketAddr, HandshakeFailure)>,
-    epoch: u64,
+    mark: ViewMark,
 ) -> Result<(), GroupError> {
     let mut found = 0;
     let mut greeting = FuturesUnordered::new();
@@ -458,11 +476,26 @@ async fn accept_into(
                 continue;
             }
         };
+        let epoch = mark.epoch;
         if hello.epoch != epoch {
             // A rank forming another view (an agreement that went on
             // without this one): not a member of this mesh.
             tracing::info!(%remote, theirs = hello.epoch, ours = epoch, "a connection for another view of the group");
             continue;
+        }
+        if let (Some(theirs), Some(ours)) = (hello.view, mark.digest) {
+            if theirs != ours {
+                // Same epoch, other members: an admission and an
+                // agreement (or two agreements) that overlapped. Linking
+                // up would mix two views in one mesh.
+                return Err(GroupError::OutOfStep {
+                    rank: hello.rank,
+                    what: format!(
+                        "it forms view {epoch} with other members (digest {theirs:016x}, \
+                         this rank's {ours:016x})"
+                    ),
+                });
+            }
         }
         if hello.world != config.world {
             return Err(GroupError::OutOfStep {

@@ -16,9 +16,20 @@
 //! since it last said (so the coordinator it now has hears it); as the
 //! coordinator (the lowest place it has not lost) it decides once every
 //! rank it has not lost has proposed, and sends the decision to the
-//! members, then to the ranks left out; otherwise it takes the first
-//! decision that comes and passes it on to every rank it reaches but the
-//! sender, so that a rank that lost its coordinator still hears it.
+//! members, then to the ranks left out; otherwise it accepts the first
+//! decision that comes and passes it on to every rank it reaches, the
+//! sender included, so that a rank that lost its coordinator still hears
+//! it.
+//!
+//! A decision passed on is also its sender's acceptance: a rank accepts
+//! one decision per view and never another, and a member installs the
+//! view (its [`Outcome::Member`]) only once every member of it accepted
+//! it. Two views of one epoch each need a quorum of the last view, two
+//! quorums share a rank, and that rank accepted only one: so no two
+//! ranks ever install different views of one epoch. A member that learns
+//! its view cannot be installed (a member of it accepted another, or its
+//! link to a member that had not accepted failed) stops
+//! ([`Outcome::Abandoned`]); stopping conflicts with no view.
 
 use super::rule::{self, Decided};
 use super::Seat;
@@ -104,6 +115,17 @@ pub enum Outcome {
         /// The rank (as it joined) it came from.
         from: usize,
     },
+    /// This rank accepted `decision`, which names it, but that view can
+    /// never be installed by all its members: one of them accepted
+    /// another decision, or this rank lost its link to one that had not
+    /// accepted it yet. It must stop; no rank installs a view that
+    /// conflicts with what it accepted.
+    Abandoned {
+        /// The decision it had accepted.
+        decision: ViewDecision,
+        /// The rank (as it joined) whose message or lost link showed it.
+        from: usize,
+    },
 }
 
 impl Outcome {
@@ -112,7 +134,8 @@ impl Outcome {
         match self {
             Outcome::Member { decision, .. }
             | Outcome::Removed { decision, .. }
-            | Outcome::NoQuorum { decision, .. } => decision,
+            | Outcome::NoQuorum { decision, .. }
+            | Outcome::Abandoned { decision, .. } => decision,
         }
     }
 
@@ -121,7 +144,8 @@ impl Outcome {
         match self {
             Outcome::Member { from, .. }
             | Outcome::Removed { from, .. }
-            | Outcome::NoQuorum { from, .. } => *from,
+            | Outcome::NoQuorum { from, .. }
+            | Outcome::Abandoned { from, .. } => *from,
         }
     }
 
@@ -147,6 +171,9 @@ pub(crate) enum Flaw {
     /// The coordinator decides as soon as it is one, without waiting for
     /// the other ranks' proposals.
     Impatient,
+    /// A member installs the first decision it accepts, without waiting
+    /// for every member to accept it (the machine before issue 54).
+    Hasty,
 }
 
 /// One rank's agreement on the next view (the module's docs).
@@ -167,6 +194,11 @@ pub struct Agreement {
     /// The latest proposal from each other place.
     proposals: BTreeMap<usize, ViewProposal>,
     transmits: VecDeque<Transmit>,
+    /// The one decision this rank accepted, and the rank (as it joined)
+    /// it came from first.
+    accepted: Option<(ViewDecision, usize)>,
+    /// The places that accepted it, this rank's own included.
+    acks: BTreeSet<usize>,
     outcome: Option<Outcome>,
     #[cfg(test)]
     flaw: Option<Flaw>,
@@ -208,6 +240,8 @@ impl Agreement {
             recheck: true,
             proposals,
             transmits: VecDeque::new(),
+            accepted: None,
+            acks: BTreeSet::new(),
             outcome: None,
             #[cfg(test)]
             flaw: None,
@@ -265,6 +299,7 @@ impl Agreement {
             Event::Lost { .. } => {
                 if from != me {
                     self.suspects.insert(from);
+                    self.lost_acceptor(from);
                 }
             }
             _ if from == me => {}
@@ -310,6 +345,7 @@ impl Agreement {
     pub fn send_failed(&mut self, to: usize) {
         if self.outcome.is_none() && to < self.seat.size() && to != self.seat.place() {
             self.suspects.insert(to);
+            self.lost_acceptor(to);
         }
     }
 
@@ -322,6 +358,11 @@ impl Agreement {
                 return Some(t);
             }
             if self.outcome.is_some() {
+                return None;
+            }
+            if self.accepted.is_some() {
+                // Nothing more to say: what is left is to hear the
+                // members accept it.
                 return None;
             }
             if std::mem::take(&mut self.recheck) && self.suspects != self.told {
@@ -378,16 +419,112 @@ impl Agreement {
         let left_out: Vec<usize> = left_out.into_iter().filter(|&p| p != me).collect();
         self.queue(left_out, MessageKind::Decision, body, true);
         let joined = self.seat.joined();
-        self.outcome = Some(Outcome::of(decision, joined, joined));
+        self.accept(decision, joined);
     }
 
-    /// Takes the decision that came from place `from` and queues it for
-    /// every rank this one reaches but that one.
+    /// A decision came from place `from`, which accepted it (a rank
+    /// sends only the decision it accepted). The first one is this
+    /// rank's too: it passes it on to every rank it reaches, the sender
+    /// included (its acceptance), and accepts it. Later ones count
+    /// toward installing the accepted one, or show it never can be.
     fn take(&mut self, decision: ViewDecision, from: usize) {
-        let to = self.places_but(&self.suspects, Some(from));
-        self.queue(to, MessageKind::Decision, decision.encode().into(), false);
-        let from = self.seat.members()[from];
-        self.outcome = Some(Outcome::of(decision, from, self.seat.joined()));
+        let joined = self.seat.members()[from];
+        let Some((accepted, _)) = &self.accepted else {
+            let to = self.places_but(&self.suspects, None);
+            self.queue(to, MessageKind::Decision, decision.encode().into(), false);
+            self.acks.insert(from);
+            self.accept(decision, joined);
+            return;
+        };
+        if *accepted == decision {
+            self.acks.insert(from);
+            self.try_install();
+        } else if accepted.members.contains(&joined) {
+            // A member of the accepted view accepted another: it never
+            // accepts this one, so this view is never installed.
+            self.abandon(joined);
+        }
+    }
+
+    /// This rank accepts `decision` (from the rank that joined as
+    /// `from`): a rank left out or without a quorum stops at once (a stop
+    /// conflicts with no view); a member waits for every member to
+    /// accept it.
+    fn accept(&mut self, decision: ViewDecision, from: usize) {
+        self.acks.insert(self.seat.place());
+        let me = self.seat.joined();
+        let outcome = Outcome::of(decision.clone(), from, me);
+        self.accepted = Some((decision, from));
+        #[cfg(test)]
+        let hasty = self.flaw == Some(Flaw::Hasty);
+        #[cfg(not(test))]
+        let hasty = false;
+        if hasty || !matches!(outcome, Outcome::Member { .. }) {
+            self.outcome = Some(outcome);
+            return;
+        }
+        // A member of the view lost before it was heard to accept.
+        let lost = self
+            .members_of_accepted()
+            .into_iter()
+            .find(|p| self.suspects.contains(p) && !self.acks.contains(p));
+        match lost {
+            Some(p) => self.abandon(self.seat.members()[p]),
+            None => self.try_install(),
+        }
+    }
+
+    /// The places of the members of the accepted view.
+    fn members_of_accepted(&self) -> Vec<usize> {
+        let Some((accepted, _)) = &self.accepted else {
+            return Vec::new();
+        };
+        accepted
+            .members
+            .iter()
+            .filter_map(|&m| self.seat.place_of(m))
+            .collect()
+    }
+
+    /// Installs the accepted view once every member of it accepted it.
+    fn try_install(&mut self) {
+        let Some((accepted, from)) = &self.accepted else {
+            return;
+        };
+        if self.outcome.is_none()
+            && self
+                .members_of_accepted()
+                .iter()
+                .all(|p| self.acks.contains(p))
+        {
+            self.outcome = Some(Outcome::Member {
+                decision: accepted.clone(),
+                from: *from,
+            });
+        }
+    }
+
+    /// The link to place `p` failed: if this rank accepted a view with
+    /// `p` in it that `p` was not heard to accept, it can never know
+    /// whether every member accepted it, and stops.
+    fn lost_acceptor(&mut self, p: usize) {
+        if self.accepted.is_some()
+            && !self.acks.contains(&p)
+            && self.members_of_accepted().contains(&p)
+        {
+            self.abandon(self.seat.members()[p]);
+        }
+    }
+
+    /// Stops: the accepted view can never be installed by all its
+    /// members; `from` (as it joined) is the rank that showed it.
+    fn abandon(&mut self, from: usize) {
+        if let (None, Some((decision, _))) = (&self.outcome, &self.accepted) {
+            self.outcome = Some(Outcome::Abandoned {
+                decision: decision.clone(),
+                from,
+            });
+        }
     }
 
     /// Every place of the view but this rank's, those in `skip` and

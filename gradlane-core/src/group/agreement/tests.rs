@@ -138,6 +138,14 @@ fn the_coordinator_waits_for_every_proposal_and_tells_the_left_out_too() {
     assert_eq!(decision.members, vec![0, 1, 2]);
     // Place 1 lacks the result.
     assert_eq!(decision.outcome, ViewOutcome::Rerun { call: 10 });
+    // It accepted its decision; it installs it once every member did.
+    assert!(a.outcome().is_none());
+    for from in [1, 2] {
+        a.handle(Event::Decision {
+            from,
+            body: &sent[0].body,
+        });
+    }
     assert_eq!(
         a.outcome(),
         Some(&Outcome::Member {
@@ -186,7 +194,7 @@ fn a_rank_that_loses_one_more_proposes_again_to_the_rest() {
 }
 
 #[test]
-fn a_decision_is_passed_on_to_every_rank_reached_but_its_sender() {
+fn a_decision_is_passed_on_to_every_rank_reached_its_sender_included() {
     let members = [2, 5, 7];
     let mut a = Agreement::new(
         seat(2, &members, true),
@@ -205,8 +213,10 @@ fn a_decision_is_passed_on_to_every_rank_reached_but_its_sender() {
     });
     let sent = drain(&mut a);
     assert_eq!(sent.len(), 1);
-    assert_eq!(sent[0].to, vec![0]);
+    // The sender hears it too: that is this rank's acceptance.
+    assert_eq!(sent[0].to, vec![0, 1]);
     assert_eq!(decoded(&sent[0]), decision);
+    // Both members accepted (the sender by sending it): installed.
     assert_eq!(
         a.outcome(),
         Some(&Outcome::Member {
@@ -263,10 +273,11 @@ fn bad_bytes_count_their_rank_as_lost() {
     assert!(b.suspects().is_empty());
 }
 
-/// The known gap (docs/DESIGN.md §4.1, "two coordinators"): the link
-/// between the two lowest ranks fails, each is its own coordinator, and
-/// both decide at once, each with the other left out; ranks 2 and 3 are
-/// members of both views.
+/// Two coordinators (docs/DESIGN.md §4.1): the link between the two
+/// lowest ranks fails, each is its own coordinator, and both decide at
+/// once, each with the other left out; ranks 2 and 3 are members of both
+/// views. Each accepts the first that comes, so at most one view is
+/// installed, and a coordinator whose view a member refused stops.
 #[test]
 fn two_ranks_that_lost_each_other_both_coordinate() {
     let members = [0, 1, 2, 3];
@@ -274,6 +285,7 @@ fn two_ranks_that_lost_each_other_both_coordinate() {
     let mut one = Agreement::new(seat(1, &members, true), [0], None::<(usize, Vec<u8>)>);
     drain(&mut zero);
     drain(&mut one);
+    let mut decided = Vec::new();
     for a in [&mut zero, &mut one] {
         for from in [2, 3] {
             a.handle(Event::Proposal {
@@ -281,10 +293,82 @@ fn two_ranks_that_lost_each_other_both_coordinate() {
                 body: &proposal(10, true, &[]).encode(),
             });
         }
-        drain(a);
+        let sent = drain(a);
+        assert!(a.outcome().is_none(), "accepted, not installed");
+        decided.push(sent[0].body.clone());
     }
-    let views = [&zero, &one].map(|a| a.outcome().unwrap().decision().members.clone());
-    assert_eq!(views, [vec![0, 2, 3], vec![1, 2, 3]]);
+    let views = decided
+        .iter()
+        .map(|b| ViewDecision::decode(b, 8).unwrap().members);
+    assert_eq!(views.collect::<Vec<_>>(), [vec![0, 2, 3], vec![1, 2, 3]]);
+    // Ranks 2 and 3 hear zero's first, accept it and pass it on.
+    let mut two = Agreement::new(seat(2, &members, true), [], None::<(usize, Vec<u8>)>);
+    drain(&mut two);
+    two.handle(Event::Decision {
+        from: 0,
+        body: &decided[0],
+    });
+    let passed = drain(&mut two);
+    assert_eq!(passed[0].to, vec![0, 1, 3]);
+    // One's decision comes later: rank 2 keeps what it accepted.
+    two.handle(Event::Decision {
+        from: 1,
+        body: &decided[1],
+    });
+    assert!(two.outcome().is_none());
+    two.handle(Event::Decision {
+        from: 3,
+        body: &decided[0],
+    });
+    assert!(matches!(
+        two.outcome(),
+        Some(Outcome::Member { from: 0, .. })
+    ));
+    // Rank 1 hears that a member of its view accepted the other: its view
+    // is never installed, and it stops.
+    one.handle(Event::Decision {
+        from: 2,
+        body: &decided[0],
+    });
+    assert!(matches!(
+        one.outcome(),
+        Some(Outcome::Abandoned { from: 2, .. })
+    ));
+    for from in [2, 3] {
+        zero.handle(Event::Decision {
+            from,
+            body: &decided[0],
+        });
+    }
+    assert_eq!(
+        zero.outcome().map(Outcome::decision),
+        two.outcome().map(Outcome::decision)
+    );
+}
+
+/// A member that loses its link to a member of its view that had not
+/// accepted it cannot know whether every member did, and stops.
+#[test]
+fn a_member_lost_before_it_accepted_abandons_the_view() {
+    let members = [0, 1, 2];
+    let mut a = Agreement::new(seat(2, &members, true), [], None::<(usize, Vec<u8>)>);
+    drain(&mut a);
+    let decision = ViewDecision {
+        epoch: 3,
+        outcome: ViewOutcome::Complete { call: 10 },
+        members: vec![0, 1, 2],
+    };
+    a.handle(Event::Decision {
+        from: 0,
+        body: &decision.encode(),
+    });
+    drain(&mut a);
+    assert!(a.outcome().is_none());
+    a.handle(Event::Lost { from: 1 });
+    assert!(matches!(
+        a.outcome(),
+        Some(Outcome::Abandoned { from: 1, .. })
+    ));
 }
 
 /// The simulation's tests break the rule on purpose: each knob breaks
@@ -297,8 +381,25 @@ fn the_test_knobs_break_the_rule_they_name() {
     drain(&mut a);
     assert!(a.outcome().is_none());
     let mut a = a.with_flaw(Some(Flaw::Impatient));
-    drain(&mut a);
-    assert_eq!(a.outcome().unwrap().decision().members, vec![0, 1, 2]);
+    let sent = drain(&mut a);
+    let decision = sent
+        .iter()
+        .find(|t| t.kind == MessageKind::Decision)
+        .unwrap();
+    assert_eq!(decoded(decision).members, vec![0, 1, 2]);
+    assert!(
+        a.outcome().is_none(),
+        "it still waits for the members to accept"
+    );
+    // Hasty: the first decision heard is installed at once.
+    let mut h =
+        Agreement::new(seat(1, &members, true), [], none.clone()).with_flaw(Some(Flaw::Hasty));
+    drain(&mut h);
+    h.handle(Event::Decision {
+        from: 0,
+        body: &decision.body,
+    });
+    assert!(matches!(h.outcome(), Some(Outcome::Member { .. })));
 
     let mut b = Agreement::new(seat(0, &members, true), [1, 2], none.clone());
     drain(&mut b);

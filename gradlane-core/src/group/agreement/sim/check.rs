@@ -18,6 +18,17 @@ pub(super) fn check(plan: &Plan, ran: &Ran) -> Vec<Violation> {
     let mut views: Vec<&ViewDecision> = Vec::new();
     for (place, outcome) in ran.outcomes.iter().enumerate() {
         let Some(outcome) = outcome else { continue };
+        if let Outcome::Abandoned { decision, .. } = outcome {
+            // It stopped: it installed nothing, but what it accepted
+            // must still be a member's view.
+            if !decision.members.contains(&plan.members[place]) {
+                found.push(Violation::Verdict {
+                    place,
+                    outcome: outcome.clone(),
+                });
+            }
+            continue;
+        }
         let decision = outcome.decision();
         if let Some(why) = malformed(plan, decision) {
             found.push(Violation::Malformed {
@@ -102,6 +113,7 @@ fn verdict_holds(plan: &Plan, place: usize, outcome: &Outcome) -> bool {
         Outcome::Member { .. } => formed && inside,
         Outcome::Removed { .. } => formed && !inside,
         Outcome::NoQuorum { .. } => !formed,
+        Outcome::Abandoned { .. } => formed && inside,
     }
 }
 
@@ -137,9 +149,25 @@ fn actionable(plan: &Plan, view: &ViewDecision, found: &mut Vec<Violation>) {
 /// if it is another view); and, what follows from quorums meeting, never
 /// two views each taken by all their members, which could both form.
 fn agreement(plan: &Plan, ran: &Ran, views: &[&ViewDecision], found: &mut Vec<Violation>) {
-    let took = |place: usize| ran.outcomes[place].as_ref().map(Outcome::decision);
+    // What each rank installed (or took: removed, no quorum); a rank that
+    // abandoned its view installed none.
+    let took = |place: usize| {
+        ran.outcomes[place]
+            .as_ref()
+            .filter(|o| !matches!(o, Outcome::Abandoned { .. }))
+            .map(Outcome::decision)
+    };
     let place_of = |m: &usize| plan.members.iter().position(|r| r == m);
-    'views: for view in views {
+    // Only a view some member installed can disagree with another: a
+    // decision only the removed heard stopped them, and stopping
+    // conflicts with nothing.
+    let installed = |view: &ViewDecision| {
+        ran.outcomes
+            .iter()
+            .flatten()
+            .any(|o| matches!(o, Outcome::Member { decision, .. } if decision == view))
+    };
+    'views: for view in views.iter().filter(|v| installed(v)) {
         for place in view.members.iter().filter_map(place_of) {
             if let Some(other) = took(place).filter(|&d| d != *view) {
                 found.push(Violation::Disagreement {

@@ -26,15 +26,13 @@
 //!
 //! After the last fault the network is quiet and the run goes on until
 //! nothing is left to happen; then `check.rs` holds it against the
-//! invariants ([`Violation`] says each). One is known not to hold:
-//! [`Violation::Disagreement`]. A coordinator decides on what its failure
-//! detector says, and two ranks that each lost every rank below them
-//! both coordinate: where a link between two live ranks fails (a cut, a
-//! partition, a freeze, a collective's timeout) or a coordinator dies
-//! with its decision half sent, two decisions for one view go out, and a
-//! member of one may take the other. Neither view can then form (its
-//! mesh needs every member), and the members that took either stop. The
-//! simulation counts such schedules apart from the failures ([`Report::failures`]).
+//! invariants ([`Violation`] says each). Two coordinators may still
+//! each decide a view (a coordinator decides on what its failure
+//! detector says); [`Violation::Disagreement`], a member of one view
+//! installing another, is a failure like the others: a member installs
+//! only a view every member accepted, and each rank accepts one. The
+//! tally counts disagreements apart too, so that a flawed machine's
+//! count shows.
 //!
 //! A failing seed replays alone: [`trace`] runs it with every event
 //! written out, and [`replay_command`] says how.
@@ -161,9 +159,9 @@ pub enum Violation {
 }
 
 impl Violation {
-    /// Whether this is the gap the protocol is known to have (the
-    /// module's docs): counted, not failed.
-    pub fn is_known_gap(&self) -> bool {
+    /// Whether this is a disagreement: a member of one view installed
+    /// another (counted apart in the tally, and failed).
+    pub fn is_disagreement(&self) -> bool {
         matches!(self, Violation::Disagreement { .. })
     }
 }
@@ -233,14 +231,14 @@ pub struct Report {
 }
 
 impl Report {
-    /// The invariants it broke, but the known gap.
+    /// The invariants it broke.
     pub fn failures(&self) -> impl Iterator<Item = &Violation> {
-        self.violations.iter().filter(|v| !v.is_known_gap())
+        self.violations.iter()
     }
 
-    /// Whether it shows the known gap.
+    /// Whether two of its ranks installed different views.
     pub fn disagreed(&self) -> bool {
-        self.violations.iter().any(Violation::is_known_gap)
+        self.violations.iter().any(Violation::is_disagreement)
     }
 }
 
@@ -301,11 +299,14 @@ pub struct Tally {
     pub removed: u64,
     /// Ranks that took "no quorum".
     pub no_quorum: u64,
-    /// Schedules that show the known gap, and the first of them.
+    /// Members that stopped because the view they accepted could not be
+    /// installed by all its members.
+    pub abandoned: u64,
+    /// Schedules where two ranks installed different views (also failed).
     pub disagreements: u64,
-    /// The seed of the first schedule that showed the known gap.
+    /// The seed of the first such schedule.
     pub first_disagreement: Option<u64>,
-    /// Schedules that broke an invariant but the known gap.
+    /// Schedules that broke an invariant.
     pub failed: u64,
     /// The first few of them: their seed and what they broke.
     pub failures: Vec<(u64, Violation)>,
@@ -322,6 +323,7 @@ impl Tally {
                 Outcome::Member { .. } => self.members += 1,
                 Outcome::Removed { .. } => self.removed += 1,
                 Outcome::NoQuorum { .. } => self.no_quorum += 1,
+                Outcome::Abandoned { .. } => self.abandoned += 1,
             }
         }
         if report.disagreed() {
@@ -347,6 +349,7 @@ impl Tally {
         self.members += other.members;
         self.removed += other.removed;
         self.no_quorum += other.no_quorum;
+        self.abandoned += other.abandoned;
         self.disagreements += other.disagreements;
         self.first_disagreement = match (self.first_disagreement, other.first_disagreement) {
             (Some(a), _) => Some(a),
