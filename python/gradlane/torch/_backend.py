@@ -37,8 +37,8 @@ ranks that did not come, as gloo's. The group reports devices cpu and
 cuda and splits (split_group). Those ops live in gradlane.torch._ops.
 send, recv and recv_anysource (isend, irecv, batch_isend_irecv) run
 beside the collectives, not in their order (gradlane.torch._p2p).
-What gradlane does not do (coalescing blocks, windows) is a
-NotImplementedError naming it. Bad input is a TypeError or a ValueError
+What gradlane does not do (sparse tensors, coalescing blocks, windows)
+is a NotImplementedError naming it. Bad input is a TypeError or a ValueError
 naming the tensor and what is wrong with it.
 """
 
@@ -131,7 +131,9 @@ def _check_tensor(t, what, *, reduce):
             "torch.bfloat16 and torch.float16 tensors"
         )
     if t.is_sparse or t.layout != torch.strided:
-        raise ValueError(f"gradlane: {what} has layout {t.layout}; only dense tensors")
+        raise NotImplementedError(
+            f"gradlane: {what} has layout {t.layout}; gradlane implements dense tensors only"
+        )
     if not t.is_contiguous() and t.device.type != "cpu":
         raise ValueError(
             f"gradlane: {what} (shape {tuple(t.shape)}, stride {t.stride()}) is not "

@@ -146,7 +146,9 @@ def _check(t, what):
             f"gradlane: {what} is on {t.device}; the gradlane backend takes CPU and CUDA tensors"
         )
     if t.is_sparse or t.layout != torch.strided:
-        raise ValueError(f"gradlane: {what} has layout {t.layout}; only dense tensors")
+        raise NotImplementedError(
+            f"gradlane: {what} has layout {t.layout}; gradlane implements dense tensors only"
+        )
 
 
 def _same(t, like, what):

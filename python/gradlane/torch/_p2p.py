@@ -103,7 +103,10 @@ class PointToPointMixin:
             raise ValueError(f"gradlane: {op} takes one tensor, not {len(tensors)}")
         t = tensors[0]
         if t.is_sparse or t.layout != torch.strided:
-            raise ValueError(f"gradlane: {op} tensor has layout {t.layout}; only dense tensors")
+            raise NotImplementedError(
+                f"gradlane: {op} tensor has layout {t.layout}; gradlane implements dense "
+                "tensors only"
+            )
         return t
 
     def _point_to_point(self, op, tensor, key, body, reads, writes) -> PointToPointWork:
