@@ -43,8 +43,10 @@ python_setup() {
     # train on; matplotlib, which draws the time-to-accuracy plots), for
     # gradlane.torch and its tests: PyPI serves a CUDA build of torch
     # (about 2.5 GB, a minute to download) whose import works on CPU.
-    echo "== pip install torch scikit-learn matplotlib (into $VENV)"
-    "$VENV/bin/python" -m pip install --quiet torch scikit-learn matplotlib
+    # expecttest: torch's own test harness imports it, and the subset of
+    # torch's distributed suite in the tests runs on that harness.
+    echo "== pip install torch scikit-learn matplotlib expecttest (into $VENV)"
+    "$VENV/bin/python" -m pip install --quiet torch scikit-learn matplotlib expecttest
 }
 setup_log=$(mktemp)
 ( python_setup ) > "$setup_log" 2>&1 &
