@@ -33,6 +33,9 @@ Processes that use gradlane should be started with multiprocessing's
 "spawn" (or "forkserver"): a fork does not copy gradlane's runtime threads.
 """
 
+import atexit as _atexit
+import multiprocessing.util as _multiprocessing_util
+
 from gradlane._native import (
     Group,
     CollectiveTimeoutError,
@@ -47,6 +50,15 @@ from gradlane._native import (
     generate_certs,
     generate_job_certs,
 )
+from gradlane._native import close_groups_at_exit as _close_groups_at_exit
+
+# A rank's last messages may still sit in its QUIC send buffers, which
+# live in this process (TCP's live in the kernel), when it returns from its
+# last collective: every open group is closed, and so flushed, before the
+# process ends. atexit covers a script; multiprocessing's children end with
+# os._exit, which skips atexit but runs multiprocessing's finalizers.
+_atexit.register(_close_groups_at_exit)
+_multiprocessing_util.Finalize(None, _close_groups_at_exit, exitpriority=0)
 
 __all__ = [
     "Group",

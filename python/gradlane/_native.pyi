@@ -29,6 +29,8 @@ class GroupClosedError(GroupError): ...
 class RemovedError(GroupError): ...
 class CollectiveTimeoutError(GroupError): ...
 
+def close_groups_at_exit() -> None: ...
+
 class Group:
     def __init__(
         self,
@@ -43,6 +45,7 @@ class Group:
         join_timeout: float = 60.0,
         loss_tolerance: float = 0.2,
         injected_loss: float = 0.0,
+        injected_delay: float = 0.0,
         seed: int = 0,
         idle_timeout: float | None = None,
         dscp: bool = False,

@@ -5,7 +5,7 @@ use crate::buffer::{bits_as, bits_as_ref, disjoint, Bits16, InBuf, OutBuf};
 use crate::errors::CallError;
 use crate::group_arguments::{
     bucket_layout, group_port_range, group_sockets, link_config, loss_recovery, rank_failure,
-    reduce_op, resolve, route_to, seconds, value_dtype, value_format, CERT_DIR_ENV,
+    reduce_op, resolve, route_to, seconds, value_dtype, value_format, Injected, CERT_DIR_ENV,
 };
 use crate::group_movement::{
     fill, inputs as movement_inputs, outputs as movement_outputs, root_arg, typed_args,
@@ -30,7 +30,8 @@ use tokio::runtime::Runtime;
 ///
 /// Group(rank, world, *, root=None, addresses=None, listen="0.0.0.0:0",
 ///       cert_dir=None, server_name=None, join_timeout=60.0,
-///       loss_tolerance=0.2, injected_loss=0.0, seed=0, idle_timeout=None,
+///       loss_tolerance=0.2, injected_loss=0.0, injected_delay=0.0, seed=0,
+///       idle_timeout=None,
 ///       dscp=False, lossy_carrier="adaptive", important_format="f32",
 ///       lossy_format="f32", sockets=None, port_range=None,
 ///       on_rank_failure="fail", rejoin=False, collective_timeout=None)
@@ -59,6 +60,8 @@ use tokio::runtime::Runtime;
 /// share of this rank's outgoing packets, seeded (for tests and demos; it
 /// stands for a lossy path between hosts, so packets then stay Ethernet-
 /// sized, as on such a path, rather than growing to what loopback carries).
+/// injected_delay (seconds): hold each of this rank's outgoing packets
+/// that long, for tests and demos of a long path on one host.
 /// idle_timeout (seconds): a link silent this long fails, which is how a
 /// rank that died is noticed (default 30 s; None keeps the default).
 /// dscp: mark packets by class (the important class DSCP 56, the lossy
@@ -118,7 +121,8 @@ pub(crate) struct PyGroup {
     world: usize,
     /// `None` once closed. A mutex, not a RefCell: calls from several
     /// Python threads wait for each other (with the GIL released).
-    state: Mutex<Option<State>>,
+    /// Shared with the exit's registry ([`crate::group_exit`]).
+    state: Arc<GroupState>,
     /// Bytes sent when the group was closed, for `bytes_sent` afterwards.
     bytes_at_close: AtomicU64,
     /// The current view's point-to-point messages, outside `state`'s lock:
@@ -126,9 +130,12 @@ pub(crate) struct PyGroup {
     point_to_point: Mutex<Option<Arc<PointToPoint>>>,
 }
 
+/// A Group's joined state, `None` once closed.
+pub(crate) type GroupState = Mutex<Option<State>>;
+
 /// A joined group and what was registered with it.
-struct State {
-    group: Group,
+pub(crate) struct State {
+    pub(crate) group: Group,
     /// The registered buckets, by the index Python knows them by.
     buckets: Vec<Bucket>,
     /// The Group's formats, which a bucket's own complete.
@@ -199,6 +206,7 @@ impl PyGroup {
         join_timeout = 60.0,
         loss_tolerance = 0.2,
         injected_loss = 0.0,
+        injected_delay = 0.0,
         seed = 0,
         idle_timeout = None,
         dscp = false,
@@ -224,6 +232,7 @@ impl PyGroup {
         join_timeout: f64,
         loss_tolerance: f64,
         injected_loss: f64,
+        injected_delay: f64,
         seed: u64,
         idle_timeout: Option<f64>,
         dscp: bool,
@@ -289,8 +298,14 @@ impl PyGroup {
         let link = link_config(
             loss_tolerance,
             formats,
-            injected_loss,
-            seed,
+            Injected {
+                loss: injected_loss,
+                delay: match injected_delay {
+                    0.0 => std::time::Duration::ZERO,
+                    d => seconds("injected_delay", d)?,
+                },
+                seed,
+            },
             dscp,
             lossy_carrier,
             idle_timeout,
@@ -335,14 +350,16 @@ impl PyGroup {
         });
         let group = joined.map_err(|e| e.into_py(py))?;
         let point_to_point = Mutex::new(Some(group.point_to_point()));
+        let state = Arc::new(Mutex::new(Some(State {
+            group,
+            buckets: Vec::new(),
+            formats,
+        })));
+        crate::group_exit::register(&state);
         Ok(Self {
             rank,
             world,
-            state: Mutex::new(Some(State {
-                group,
-                buckets: Vec::new(),
-                formats,
-            })),
+            state,
             bytes_at_close: AtomicU64::new(0),
             point_to_point,
         })
@@ -1016,18 +1033,19 @@ impl PyGroup {
 }
 
 impl Drop for PyGroup {
-    /// A group dropped without close(): its links are dropped inside the
-    /// runtime (their tasks live there) without waiting for the peers.
+    /// A group dropped without close() closes in the background, as
+    /// close() would (its last messages may still be on their way); the
+    /// process's exit waits for that.
     fn drop(&mut self) {
-        let state = match self.state.get_mut() {
-            Ok(s) => s.take(),
+        let state = match self.state.lock() {
+            Ok(mut s) => s.take(),
             Err(poisoned) => poisoned.into_inner().take(),
         };
         let Some(state) = state else { return };
         match runtime() {
             Ok(rt) => {
                 let _entered = rt.enter();
-                drop(state);
+                crate::group_exit::close_in_background(rt, state.group);
             }
             // A forked child: the runtime's threads are not here, and
             // dropping what belongs to them could wait forever.

@@ -218,12 +218,21 @@ pub(crate) fn rank_failure(name: &str) -> PyResult<OnRankFailure> {
     }
 }
 
+/// Faults a Group injects into its own outgoing packets (tests, demos).
+pub(crate) struct Injected {
+    /// The share of packets dropped.
+    pub(crate) loss: f64,
+    /// How long each packet is held.
+    pub(crate) delay: Duration,
+    /// The seed of the drops.
+    pub(crate) seed: u64,
+}
+
 /// The links' settings from the constructor's arguments.
 pub(crate) fn link_config(
     loss_tolerance: f64,
     formats: ClassFormats,
-    injected_loss: f64,
-    seed: u64,
+    injected: Injected,
     dscp: bool,
     lossy_carrier: &str,
     idle_timeout: Option<f64>,
@@ -233,14 +242,17 @@ pub(crate) fn link_config(
         formats,
         ..Config::default()
     };
-    if injected_loss > 0.0 {
+    if injected.loss > 0.0 {
         // Injected loss stands for a lossy path between hosts, whose
         // packets are Ethernet-sized: a lost 64 KB loopback packet
         // would stand for 45 lost there.
         link.packets = Packets::Ethernet;
+    }
+    if injected.loss > 0.0 || !injected.delay.is_zero() {
         link.faults = Some(Faults {
-            loss_out: injected_loss,
-            seed,
+            loss_out: injected.loss,
+            delay: injected.delay,
+            seed: injected.seed,
             ..Faults::default()
         });
     }

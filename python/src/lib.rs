@@ -7,6 +7,8 @@
 //! - `buffer`: Python buffers as Rust slices without a copy (the only
 //!   unsafe code, with its safety argument).
 //! - `errors`: the exception classes and the mapping of Rust errors.
+//! - `group_exit`: every open group closed (its messages flushed) as the
+//!   process exits.
 //!
 //! Every network call runs on one tokio runtime per process (two worker
 //! threads, made at the first call) with the GIL released, so other Python
@@ -19,6 +21,7 @@ mod buffer;
 mod errors;
 mod group;
 mod group_arguments;
+mod group_exit;
 mod group_movement;
 mod group_report;
 
@@ -181,6 +184,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(generate_certs, m)?)?;
     m.add_function(wrap_pyfunction!(generate_job_certs, m)?)?;
     m.add_class::<group::PyGroup>()?;
+    m.add_function(wrap_pyfunction!(group_exit::close_groups_at_exit, m)?)?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
