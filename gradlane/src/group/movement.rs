@@ -13,7 +13,7 @@
 //! collectives number them; a `root` is a rank as it joined.
 
 use super::exact::shard;
-use super::{tag, Group, GroupError, Kind};
+use super::{tag, Group, GroupError, Kind, OnRankFailure};
 use bytes::Bytes;
 use gradlane_core::typed::{self, Dtype, Op};
 use std::ops::Range;
@@ -287,8 +287,10 @@ impl Group {
     /// waits for every other at most `timeout`, then lets them go. A rank
     /// it did not hear from in time is a [`GroupError::Timeout`] naming it
     /// (`missing`: all of them) there, and the others' wait for the lowest
-    /// ends at the same bound (with [`OnRankFailure::Fail`](super::OnRankFailure)
-    /// the group is then unusable, as after any timeout). As gloo's
+    /// ends at the same bound. With [`OnRankFailure::Fail`] the group is
+    /// then unusable, as after any timeout; with
+    /// [`OnRankFailure::Continue`] the ranks that stayed away are removed,
+    /// as dead ones are, and the barrier passes among the rest. As gloo's
     /// `monitoredBarrier`.
     pub async fn monitored_barrier(&mut self, timeout: Duration) -> Result<(), GroupError> {
         self.resilient(
@@ -300,9 +302,16 @@ impl Group {
     }
 
     async fn monitored_barrier_once(&mut self, timeout: Duration) -> Result<(), GroupError> {
-        // Its own bound, not the group's collective timeout.
+        // Its own bound, not the group's collective timeout. Going on
+        // after a failure, the others wait longer than the lowest: it
+        // names the ranks that stay away, and its call for a new view
+        // must find the others still waiting, not timed out on it.
+        let bound = match (self.membership.policy, self.rank) {
+            (OnRankFailure::Continue, r) if r != 0 => timeout.saturating_mul(2),
+            _ => timeout,
+        };
         let saved = self.running;
-        self.running = Some(("monitored_barrier", tokio::time::Instant::now() + timeout));
+        self.running = Some(("monitored_barrier", tokio::time::Instant::now() + bound));
         let result = self.monitored_exchanges().await;
         self.running = saved;
         result.map_err(|mut e| {

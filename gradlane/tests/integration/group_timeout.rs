@@ -132,6 +132,46 @@ async fn with_continue_a_rank_silent_past_the_timeout_is_removed() {
     }
 }
 
+/// The monitored barrier has its own bound: with `Continue` the rank
+/// that stays away from it is removed, and the barrier passes among the
+/// others, who go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_continue_a_monitored_barrier_removes_the_rank_that_stays_away() {
+    let mut groups = group_of("monitored-continue", OnRankFailure::Continue, None).await;
+    let mut away = groups.pop().unwrap();
+    let started = Instant::now();
+    let barriers = groups.iter_mut().map(|g| g.monitored_barrier(TIMEOUT));
+    let results = tokio::time::timeout(3 * TIMEOUT + MARGIN, join_all(barriers))
+        .await
+        .expect("the monitored barrier ended");
+    for r in results {
+        r.unwrap();
+    }
+    assert!(started.elapsed() >= TIMEOUT, "passed before the bound");
+    for g in &groups {
+        assert_eq!(g.members(), &[0, 1]);
+    }
+    let mut bufs = [vec![1.0f32; 8], vec![2.0f32; 8]];
+    let calls = groups
+        .iter_mut()
+        .zip(bufs.iter_mut())
+        .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
+    for r in join_all(calls).await {
+        r.unwrap();
+    }
+    assert!(bufs.iter().flatten().all(|&v| v == 3.0));
+    let late = tokio::time::timeout(TIMEOUT + MARGIN, away.monitored_barrier(TIMEOUT))
+        .await
+        .expect("the removed rank's barrier ended");
+    assert!(
+        matches!(
+            late,
+            Err(GroupError::Removed { .. } | GroupError::NoQuorum { .. })
+        ),
+        "expected the rank that stayed away to be out, got {late:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collective_cancelled_halfway_leaves_the_group_refusing_calls() {
     let mut groups = group_of("timeout-cancelled", OnRankFailure::Fail, None).await;
