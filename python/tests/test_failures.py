@@ -400,9 +400,18 @@ def scenario_silent_past_timeout(rank, victim, timeout, silent_for):
         for _ in range(3):
             t = torch.full((4,), float(rank + 1))
             dist.all_reduce(t)
+            wide = torch.full((4,), float(rank + 1), dtype=torch.float64)
+            dist.all_reduce(wide)
+            count = torch.full((4,), rank + 1, dtype=torch.int64)
+            dist.all_reduce(count)
     except Exception as e:  # noqa: BLE001 - what the test checks
         return error_of(e)
-    return {"sum": t.tolist(), "members": list(gradlane_group_of(None).members)}
+    return {
+        "sum": t.tolist(),
+        "float64": wide.tolist(),
+        "int64": count.tolist(),
+        "members": list(gradlane_group_of(None).members),
+    }
 
 
 def test_a_rank_silent_past_the_timeout_is_removed_under_continue(cert_dir):
@@ -418,6 +427,9 @@ def test_a_rank_silent_past_the_timeout_is_removed_under_continue(cert_dir):
     assert_no_crash(codes)
     for r in range(RANKS - 1):
         assert got[r].get("members") == [0, 1], got[r]
-        # The survivors' sum (1 + 2), scaled to the world DDP divides by.
+        # The survivors' sum (1 + 2), scaled to the world DDP divides by,
+        # in float32 and float64; an integer sum is a count, not scaled.
         assert got[r]["sum"] == [3.0 * RANKS / 2] * 4, got[r]
+        assert got[r]["float64"] == [3.0 * RANKS / 2] * 4, got[r]
+        assert got[r]["int64"] == [3] * 4, got[r]
     assert got[victim].get("type") == "RemovedError", got[victim]

@@ -298,11 +298,13 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, dist.ProcessGroup):
             for t, (typed, name) in zip(host, plans, strict=True):
                 if typed is not None:
                     self.group.allreduce_typed(byte_view(t), typed, name)
-                    continue
-                view, dtype = values_view(t)
-                self.group.allreduce(view, op=name, dtype=dtype)
+                else:
+                    view, dtype = values_view(t)
+                    self.group.allreduce(view, op=name, dtype=dtype)
                 contributors = self.group.contributors
-                if name == "sum" and contributors < self._size:
+                # Integer sums are counts: the survivors' is the answer.
+                real = t.is_floating_point() or t.is_complex()
+                if name == "sum" and contributors < self._size and real:
                     # Ranks died (GRADLANE_ON_RANK_FAILURE=continue): DDP
                     # divided every gradient by the world it started with,
                     # so the sum of the survivors' is scaled to the world's,
