@@ -984,7 +984,8 @@ impl PyGroup {
     /// it did not hear from is a CollectiveTimeoutError there whose
     /// `missing` lists them all (the others' wait for rank 0 ends at the
     /// same bound); with on_rank_failure="fail" the group is then
-    /// unusable, as after any timeout.
+    /// unusable, as after any timeout; with "continue" the silent ranks are
+    /// removed, as dead ones are, and the barrier passes among the rest.
     #[pyo3(signature = (timeout))]
     fn monitored_barrier(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
         let timeout = seconds("timeout", timeout)?;

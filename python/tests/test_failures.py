@@ -414,6 +414,44 @@ def scenario_silent_past_timeout(rank, victim, timeout, silent_for):
     }
 
 
+def scenario_monitored_barrier_away(rank, victim, timeout, away_for):
+    """torch's monitored_barrier with GRADLANE_ON_RANK_FAILURE=continue;
+    `victim` stays away from it for `away_for` seconds (alive), then
+    calls it too."""
+    import torch.distributed as dist
+
+    from gradlane.torch._backend import gradlane_group_of
+
+    dist.init_process_group("gradlane")
+    dist.barrier()
+    if rank == victim:
+        time.sleep(away_for)
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout))
+        t = torch.full((4,), float(rank + 1))
+        dist.all_reduce(t)
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        return error_of(e)
+    return {"sum": t.tolist(), "members": list(gradlane_group_of(None).members)}
+
+
+def test_a_rank_away_from_a_monitored_barrier_is_removed_under_continue(cert_dir):
+    victim = RANKS - 1
+    got, codes = run_world(
+        scenario_monitored_barrier_away,
+        cert_dir,
+        victim,
+        1.0,
+        6.0,
+        extra_env={"GRADLANE_ON_RANK_FAILURE": "continue"},
+    )
+    assert_no_crash(codes)
+    for r in range(RANKS - 1):
+        assert got[r].get("members") == [0, 1], got[r]
+        assert got[r]["sum"] == [3.0 * RANKS / 2] * 4, got[r]
+    assert got[victim].get("type") == "RemovedError", got[victim]
+
+
 def test_a_rank_silent_past_the_timeout_is_removed_under_continue(cert_dir):
     victim = RANKS - 1
     got, codes = run_world(

@@ -484,7 +484,8 @@ class OpsMixin:
         :class:`MonitoredBarrierError` saying "Rank r failed to pass
         monitoredBarrier in N ms" (``wait_all_ranks``: "Ranks r, s ..."). It
         blocks until then. After a failure the group is unusable (as after
-        any timeout with GRADLANE_ON_RANK_FAILURE=fail)."""
+        any timeout with GRADLANE_ON_RANK_FAILURE=fail); with ``continue``
+        the silent ranks are removed instead and the barrier passes."""
         if timeout is None:
             seconds = 1800.0
         elif isinstance(timeout, datetime.timedelta):
