@@ -18,9 +18,11 @@
 //!   that ask to rejoin.
 //! - [`agreement`]: the survivors' agreement on that next view, as a
 //!   state machine, and its deterministic simulation.
+//! - [`OnRankFailure`]: the failure policy, every decision it makes.
 
 pub mod agreement;
 mod error;
+mod failure_policy;
 mod membership;
 mod mesh;
 mod paths;
@@ -28,6 +30,7 @@ mod reduced_shard;
 mod sparse_shape;
 
 pub use error::GroupMessageError;
+pub use failure_policy::{OnRankFailure, OnTimeout};
 pub use membership::{JoinRequest, Joiners, ViewDecision, ViewOutcome, ViewProposal};
 pub use mesh::{view_digest, AddressTable, MeshHello, MAX_WORLD};
 pub use paths::{PathHello, PathOffer, MAX_SOCKETS};

@@ -1,17 +1,19 @@
 //! The group's collective timeout: each collective's deadline, and what
 //! happens to the ranks that have not answered by it.
 
-use super::{Group, GroupError, OnRankFailure, TimedOut};
+use super::{Group, GroupError, TimedOut};
 use crate::link::LinkError;
 use gradlane_core::control::codes;
+use gradlane_core::group::OnTimeout;
 use quinn::{ConnectionError, VarInt};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 impl Group {
     /// Starts collective `op`: its deadline, where the group has a
-    /// timeout. A group that timed out before ([`OnRankFailure::Fail`])
-    /// runs nothing more: the same error again; nor does one whose last
-    /// collective never ended (its future was dropped).
+    /// timeout. A group that timed out before
+    /// ([`OnRankFailure::Fail`](super::OnRankFailure::Fail)) runs nothing
+    /// more: the same error again; nor does one whose last collective
+    /// never ended (its future was dropped).
     pub(super) fn begin_collective(&mut self, op: &'static str) -> Result<(), GroupError> {
         if let Some(t) = &self.timed_out {
             return Err(t.error());
@@ -76,8 +78,8 @@ impl Group {
             ?waited,
             "a collective timed out"
         );
-        match self.membership.policy {
-            OnRankFailure::Fail => {
+        match self.membership.policy.on_timeout() {
+            OnTimeout::CloseEveryLink => {
                 let error = timed_out.error();
                 let reason = format!("rank {} gave up: {error}", self.membership.joined_rank);
                 for sender in self.senders.iter().flatten() {
@@ -88,7 +90,7 @@ impl Group {
                 self.timed_out = Some(timed_out);
                 error
             }
-            OnRankFailure::Continue => {
+            OnTimeout::RemoveTheSilent => {
                 let reason = format!(
                     "silent past the group's timeout ({waited:?}) in {op}: removed from the group"
                 );

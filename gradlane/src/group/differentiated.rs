@@ -18,7 +18,7 @@
 //! [`LossRecovery`]; what rounding took from a rank's own values can be
 //! fed back into its next step ([`BucketOptions::compression_feedback`]).
 
-use super::{tag, Group, GroupError, Kind, OnRankFailure, ReduceOp};
+use super::{tag, Group, GroupError, Kind, ReduceOp};
 use crate::link::{LayoutId, SendReport};
 use bytes::Bytes;
 use futures_util::future::try_join_all;
@@ -359,9 +359,9 @@ impl Group {
     ) -> Result<AllreduceReport, GroupError> {
         // Run again among the survivors, the bucket carries into it what it
         // carried into the first attempt.
-        let carried = match self.membership.policy {
-            OnRankFailure::Continue => self.buckets.get(bucket.0).map(|b| b.residual.clone()),
-            OnRankFailure::Fail => None,
+        let carried = match self.membership.policy.reruns_restore_residuals() {
+            true => self.buckets.get(bucket.0).map(|b| b.residual.clone()),
+            false => None,
         };
         self.resilient(
             "allreduce_differentiated",

@@ -7,7 +7,7 @@
 //! the owner's bits. A buffer of `bf16` or `f16` travels as itself (two
 //! bytes a value); the owner combines in `f32` and rounds once.
 
-use super::{tag, Group, GroupError, Kind, OnRankFailure, ReduceOp};
+use super::{tag, Group, GroupError, Kind, ReduceOp};
 use bytes::Bytes;
 use gradlane_core::format::Element;
 use std::ops::Range;
@@ -65,10 +65,10 @@ impl Group {
 
     /// Makes `buf` on every rank equal to `buf` on `root`. Every rank's
     /// `buf` must have the same length. A `root` that is no longer a
-    /// member is an error, but with [`OnRankFailure::Continue`], where the
-    /// lowest member stands in for it:
-    /// every survivor holds the same replicas, and DDP broadcasts its
-    /// buffers from rank 0 every step.
+    /// member is an error, but with
+    /// [`OnRankFailure::Continue`](super::OnRankFailure::Continue), where
+    /// the lowest member stands in for it
+    /// ([`OnRankFailure::broadcast_root`](super::OnRankFailure::broadcast_root)).
     pub async fn broadcast(&mut self, root: usize, buf: &mut [f32]) -> Result<(), GroupError> {
         self.resilient("broadcast", buf, async |g: &mut Group, buf: &mut [f32]| {
             g.broadcast_once(root, buf).await
@@ -77,12 +77,7 @@ impl Group {
     }
 
     async fn broadcast_once(&mut self, root: usize, buf: &mut [f32]) -> Result<(), GroupError> {
-        let place = match self.place_of(root) {
-            Some(place) => Some(place),
-            None if self.membership.policy == OnRankFailure::Continue => Some(0),
-            None => None,
-        };
-        let Some(root) = place else {
+        let Some(root) = self.membership.policy.broadcast_root(self.place_of(root)) else {
             return Err(GroupError::Size(format!(
                 "root {root} is not a member of the group (members {:?})",
                 self.members()

@@ -42,22 +42,7 @@ use tokio::time::Instant;
 /// How long the coordinator tries to tell the ranks it left out.
 const LEFT_OUT_WAIT: Duration = Duration::from_secs(1);
 
-/// What a group does when one of its ranks dies (its connections close,
-/// or are silent past [`GroupConfig::failure_timeout`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnRankFailure {
-    /// Every collective fails from then on with an error naming the rank
-    /// (as gloo and NCCL do): restart the job from a checkpoint.
-    #[default]
-    Fail,
-    /// The survivors agree on who is left and go on: the collective in
-    /// flight either counts (every survivor already holds its result) or
-    /// runs again among them, its mean divided by the ranks that took
-    /// part. Replicas stay bit-identical. Costs one small message per
-    /// collective (no rank returns before every rank holds the result) and
-    /// a copy of each buffer while its collective runs.
-    Continue,
-}
+pub use gradlane_core::group::OnRankFailure;
 
 /// A rank's place in its group across views: who it joined as, who the
 /// members are now, and what a new view needs to form its mesh.
@@ -246,7 +231,7 @@ impl Group {
         buf: &mut [T],
         mut attempt: impl AsyncFnMut(&mut Group, &mut [T]) -> Result<R, GroupError>,
     ) -> Result<R, GroupError> {
-        if self.membership.policy == OnRankFailure::Fail {
+        if !self.membership.policy.recovers() {
             return attempt(self, buf).await;
         }
         self.check_member()?;

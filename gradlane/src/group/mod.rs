@@ -646,7 +646,7 @@ impl Group {
         );
         let mut got = vec![None; self.world];
         let deadline = self.running.map(|(_, at)| at);
-        if self.membership.policy == OnRankFailure::Fail {
+        if !self.membership.policy.exchange_waits_for_every_peer() {
             let Some(done) = within(deadline, try_join_all(work)).await else {
                 return Err(self.silent_past_deadline(tag, &heard));
             };

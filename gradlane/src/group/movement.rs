@@ -13,7 +13,7 @@
 //! collectives number them; a `root` is a rank as it joined.
 
 use super::exact::shard;
-use super::{tag, Group, GroupError, Kind, OnRankFailure};
+use super::{tag, Group, GroupError, Kind};
 use bytes::Bytes;
 use gradlane_core::typed::{self, Dtype, Op};
 use std::ops::Range;
@@ -287,11 +287,14 @@ impl Group {
     /// waits for every other at most `timeout`, then lets them go. A rank
     /// it did not hear from in time is a [`GroupError::Timeout`] naming it
     /// (`missing`: all of them) there, and the others' wait for the lowest
-    /// ends at the same bound. With [`OnRankFailure::Fail`] the group is
+    /// ends at the same bound. With
+    /// [`OnRankFailure::Fail`](super::OnRankFailure::Fail) the group is
     /// then unusable, as after any timeout; with
-    /// [`OnRankFailure::Continue`] the ranks that stayed away are removed,
-    /// as dead ones are, and the barrier passes among the rest. As gloo's
-    /// `monitoredBarrier`.
+    /// [`OnRankFailure::Continue`](super::OnRankFailure::Continue) the
+    /// ranks that stayed away are removed, as dead ones are, and the
+    /// barrier passes among the rest (the others wait longer:
+    /// [`OnRankFailure::monitored_barrier_wait`](super::OnRankFailure::monitored_barrier_wait)).
+    /// As gloo's `monitoredBarrier`.
     pub async fn monitored_barrier(&mut self, timeout: Duration) -> Result<(), GroupError> {
         self.resilient(
             "monitored_barrier",
@@ -302,14 +305,11 @@ impl Group {
     }
 
     async fn monitored_barrier_once(&mut self, timeout: Duration) -> Result<(), GroupError> {
-        // Its own bound, not the group's collective timeout. Going on
-        // after a failure, the others wait longer than the lowest: it
-        // names the ranks that stay away, and its call for a new view
-        // must find the others still waiting, not timed out on it.
-        let bound = match (self.membership.policy, self.rank) {
-            (OnRankFailure::Continue, r) if r != 0 => timeout.saturating_mul(2),
-            _ => timeout,
-        };
+        // Its own bound, not the group's collective timeout.
+        let bound = self
+            .membership
+            .policy
+            .monitored_barrier_wait(self.rank, timeout);
         let saved = self.running;
         self.running = Some(("monitored_barrier", tokio::time::Instant::now() + bound));
         let result = self.monitored_exchanges().await;

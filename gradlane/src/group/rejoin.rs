@@ -188,7 +188,7 @@ impl Group {
     /// state: hand it to them next ([`joined`](Self::joined) says who).
     pub async fn admit(&mut self) -> Result<Vec<usize>, GroupError> {
         self.membership.joined.clear();
-        if self.membership.policy == OnRankFailure::Fail || self.membership.announced.is_empty() {
+        if !self.membership.policy.admits_rejoiners() || self.membership.announced.is_empty() {
             return Ok(Vec::new());
         }
         let announced = std::mem::take(&mut self.membership.announced);
