@@ -51,6 +51,15 @@ impl OnRankFailure {
         self.recovers()
     }
 
+    /// Whether a collective may run as a pipeline, many messages a link
+    /// that wait on each other: only where the first failure ends it.
+    /// Going on, the survivors' pipelines would wait for the parts of the
+    /// rank that died, and cutting them could leave a message half read on
+    /// a link they keep for their agreement.
+    pub fn pipelines_collectives(self) -> bool {
+        !self.exchange_waits_for_every_peer()
+    }
+
     /// What a collective's timeout does.
     pub fn on_timeout(self) -> OnTimeout {
         match self {
@@ -108,6 +117,7 @@ mod tests {
         assert!(!p.exchange_waits_for_every_peer());
         assert!(!p.reruns_restore_residuals());
         assert!(!p.admits_rejoiners());
+        assert!(p.pipelines_collectives());
         assert_eq!(p.on_timeout(), OnTimeout::CloseEveryLink);
         assert_eq!(p.broadcast_root(None), None);
         assert_eq!(p.broadcast_root(Some(2)), Some(2));
@@ -123,6 +133,7 @@ mod tests {
         assert!(p.exchange_waits_for_every_peer());
         assert!(p.reruns_restore_residuals());
         assert!(p.admits_rejoiners());
+        assert!(!p.pipelines_collectives());
         assert_eq!(p.on_timeout(), OnTimeout::RemoveTheSilent);
         assert_eq!(p.broadcast_root(None), Some(0));
         assert_eq!(p.broadcast_root(Some(2)), Some(2));

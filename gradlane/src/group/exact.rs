@@ -155,6 +155,10 @@ impl Group {
         buf: &mut [T],
         op: ReduceOp,
     ) -> Result<(), GroupError> {
+        let large = super::pipelined::pipelines(std::mem::size_of_val(buf), self.world);
+        if large && self.membership.policy.pipelines_collectives() {
+            return self.allreduce_pipelined(buf, op).await;
+        }
         let n = buf.len();
         let own = shard(n, self.world, self.rank);
         let mut reduced = vec![T::zeroed(); own.len()];

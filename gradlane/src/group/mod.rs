@@ -30,6 +30,7 @@ mod exact;
 mod membership;
 mod movement;
 mod paths;
+mod pipelined;
 mod point_to_point;
 mod port_range;
 mod rejoin;
@@ -644,38 +645,36 @@ impl Group {
                 })
             },
         );
-        let mut got = vec![None; self.world];
         let deadline = self.running.map(|(_, at)| at);
-        if !self.membership.policy.exchange_waits_for_every_peer() {
-            let Some(done) = within(deadline, try_join_all(work)).await else {
-                return Err(self.silent_past_deadline(tag, &heard));
-            };
-            for (rank, body) in done? {
-                got[rank] = body;
-            }
-            return Ok(got);
+        let waits = self.membership.policy.exchange_waits_for_every_peer();
+        let ended = join_peers(waits, deadline, work).await;
+        let mut got = vec![None; self.world];
+        for (rank, body) in self.peers_ended(tag, &heard, ended)? {
+            got[rank] = body;
         }
-        // Going on after a death: no exchange is cut short, so that no
-        // message is left half written on a link the survivors keep for
-        // their agreement, and every rank's failure and proposal is noted
-        // for it. Only the deadline cuts it, and the links it cuts are
-        // closed.
-        let Some(results) = within(deadline, futures_util::future::join_all(work)).await else {
-            return Err(self.silent_past_deadline(tag, &heard));
-        };
-        let mut first = None;
-        for result in results {
-            match result {
-                Ok((rank, body)) => got[rank] = body,
-                Err(e) => {
-                    self.note_failure(&e);
-                    first.get_or_insert(e);
+        Ok(got)
+    }
+
+    /// What [`join_peers`] says, as the collective's result: past the
+    /// deadline, the timeout naming the ranks not `heard`; a failure, the
+    /// first (every one noted for the agreement where the group goes on).
+    fn peers_ended<R>(
+        &mut self,
+        tag: u64,
+        heard: &[AtomicBool],
+        ended: PeersEnded<R>,
+    ) -> Result<Vec<R>, GroupError> {
+        match ended {
+            PeersEnded::Done(done) => Ok(done),
+            PeersEnded::PastDeadline => Err(self.silent_past_deadline(tag, heard)),
+            PeersEnded::Failed(first, more) => {
+                if self.membership.policy.recovers() {
+                    for e in std::iter::once(&first).chain(&more) {
+                        self.note_failure(e);
+                    }
                 }
+                Err(first)
             }
-        }
-        match first {
-            Some(e) => Err(e),
-            None => Ok(got),
         }
     }
 
@@ -704,6 +703,54 @@ impl Group {
     /// Whether each rank is another rank (all but this one).
     fn others(&self) -> Vec<bool> {
         (0..self.world).map(|r| r != self.rank).collect()
+    }
+}
+
+/// How the work with every peer of one step of a collective ended.
+enum PeersEnded<R> {
+    /// Every peer's work succeeded: their results, in the work's order.
+    Done(Vec<R>),
+    /// The deadline passed first.
+    PastDeadline,
+    /// The first failure, and the others (none where the first ends it).
+    Failed(GroupError, Vec<GroupError>),
+}
+
+/// Runs the work with every peer at once, at most until `deadline`. With
+/// `wait_for_every_peer` no peer's work is cut short by another's failure,
+/// so that no message is left half written on a link the survivors keep
+/// for their agreement, and every peer's failure is seen; otherwise the
+/// first failure ends it.
+async fn join_peers<R, F>(
+    wait_for_every_peer: bool,
+    deadline: Option<tokio::time::Instant>,
+    work: impl IntoIterator<Item = F>,
+) -> PeersEnded<R>
+where
+    F: std::future::Future<Output = Result<R, GroupError>>,
+{
+    if !wait_for_every_peer {
+        return match within(deadline, try_join_all(work)).await {
+            None => PeersEnded::PastDeadline,
+            Some(Ok(done)) => PeersEnded::Done(done),
+            Some(Err(e)) => PeersEnded::Failed(e, Vec::new()),
+        };
+    }
+    let Some(results) = within(deadline, futures_util::future::join_all(work)).await else {
+        return PeersEnded::PastDeadline;
+    };
+    let mut done = Vec::with_capacity(results.len());
+    let mut failed = Vec::new();
+    for result in results {
+        match result {
+            Ok(r) => done.push(r),
+            Err(e) => failed.push(e),
+        }
+    }
+    let mut failed = failed.into_iter();
+    match failed.next() {
+        None => PeersEnded::Done(done),
+        Some(first) => PeersEnded::Failed(first, failed.collect()),
     }
 }
 

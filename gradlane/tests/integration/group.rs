@@ -179,6 +179,61 @@ async fn an_allreduce_sends_two_n_minus_one_over_n_of_the_buffer() {
     join_all(groups.into_iter().map(|g| g.close())).await;
 }
 
+/// An allreduce whose shards are several chunks of its pipeline (and not a
+/// whole number of them, nor equal), in f32, bf16 and as a mean: every
+/// rank ends with the rank-order reference, bit for bit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_allreduce_equals_the_reference_bit_for_bit() {
+    let world = 3;
+    let mut groups = group("pipelined", world).await;
+    let n = 3 * (700 << 10) + 5; // shards of 2.7 MiB of f32, uneven
+    let parts: Vec<Vec<f32>> = (0..world).map(|r| values(r, n)).collect();
+    let want = reference_sum(&parts);
+    for op in [ReduceOp::Sum, ReduceOp::Mean] {
+        let mut bufs = parts.clone();
+        let calls = groups
+            .iter_mut()
+            .zip(bufs.iter_mut())
+            .map(|(g, b)| g.allreduce(b, op));
+        for r in join_all(calls).await {
+            r.unwrap();
+        }
+        let want: Vec<f32> = match op {
+            ReduceOp::Mean => want.iter().map(|v| v / world as f32).collect(),
+            _ => want.clone(),
+        };
+        for (r, b) in bufs.iter().enumerate() {
+            assert!(bits(b) == bits(&want), "{op:?}: rank {r} differs");
+        }
+    }
+    // bf16: summed in f32 from the rounded inputs, rounded once.
+    let halves: Vec<Vec<gradlane::bf16>> = parts
+        .iter()
+        .map(|p| p.iter().map(|&v| gradlane::bf16::from_f32(v)).collect())
+        .collect();
+    let widened: Vec<Vec<f32>> = halves
+        .iter()
+        .map(|p| p.iter().map(|v| v.to_f32()).collect())
+        .collect();
+    let want: Vec<u16> = reference_sum(&widened)
+        .iter()
+        .map(|&v| gradlane::bf16::from_f32(v).to_bits())
+        .collect();
+    let mut bufs = halves.clone();
+    let calls = groups
+        .iter_mut()
+        .zip(bufs.iter_mut())
+        .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
+    for r in join_all(calls).await {
+        r.unwrap();
+    }
+    for (r, b) in bufs.iter().enumerate() {
+        let got: Vec<u16> = b.iter().map(|v| v.to_bits()).collect();
+        assert!(got == want, "bf16: rank {r} differs");
+    }
+    join_all(groups.into_iter().map(|g| g.close())).await;
+}
+
 fn sparse(rank: usize, count: usize, height: u64, width: usize) -> SparseRows {
     let mut rng = SplitMix64::new(77 + rank as u64);
     SparseRows {
@@ -290,8 +345,20 @@ async fn a_rank_out_of_step_is_named() {
 /// within the links' idle timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rank_killed_mid_allreduce_is_named_by_the_others() {
+    killed_mid_allreduce("killed", 1 << 16).await;
+}
+
+/// The same in a pipelined allreduce (shards of 4 MiB): the others' calls
+/// end at the first failure, though their pipelines wait for parts of the
+/// dead rank's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_killed_mid_pipelined_allreduce_is_named_by_the_others() {
+    killed_mid_allreduce("killed-pipelined", 3 << 20).await;
+}
+
+async fn killed_mid_allreduce(tag: &str, n: usize) {
     let world = 3;
-    let dir = cert_dir("killed");
+    let dir = cert_dir(tag);
     let root = free_port();
     // Rank 2 lives in a runtime of its own, to be stopped at once.
     let (joined_tx, joined_rx) = tokio::sync::oneshot::channel();
@@ -313,7 +380,7 @@ async fn a_rank_killed_mid_allreduce_is_named_by_the_others() {
     joined_rx.await.unwrap();
     die_tx.send(()).unwrap();
     killed.join().unwrap();
-    let (mut a, mut b) = (values(0, 1 << 16), values(1, 1 << 16));
+    let (mut a, mut b) = (values(0, n), values(1, n));
     let started = std::time::Instant::now();
     let (ra, rb) = tokio::join!(
         g0.allreduce(&mut a, ReduceOp::Sum),
