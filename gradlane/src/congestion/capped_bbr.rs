@@ -329,9 +329,15 @@ impl InflightCap {
     /// The bytes in flight that keep the measured delivery rate at the
     /// smoothed RTT: what a window must allow so that it is not what slows
     /// the flow down (quinn paces at the window over the smoothed RTT).
+    /// A shorter RTT counts as [`MIN_CAP_RTT`], as in the cap: on loopback
+    /// or a LAN the smoothed RTT of an idle moment is microseconds, a busy
+    /// host then holds acknowledgements back for milliseconds, and a window
+    /// of the rate times those microseconds let the rate, the window and
+    /// the rate again fall call after call.
     fn keep_rate(&self) -> u64 {
         let bw = self.bandwidth().unwrap_or(0.0);
-        (bw * self.srtt.as_secs_f64()).min(u64::MAX as f64) as u64
+        let rtt = self.srtt.max(MIN_CAP_RTT);
+        (bw * rtt.as_secs_f64()).min(u64::MAX as f64) as u64
     }
 
     fn work_out_cap(&self) -> Option<u64> {
@@ -845,6 +851,28 @@ mod tests {
         assert!(close(w, bw * 2e-3), "window {w}, rate x srtt {}", bw * 2e-3);
         // The window carries the measured rate at the RTT seen.
         assert!(w / 2e-3 >= 0.98 * bw);
+    }
+
+    #[test]
+    fn a_microsecond_path_keeps_the_rate_over_a_busy_hosts_delay() {
+        // Loopback: 145 MB/s over 20 us, its smoothed RTT microseconds
+        // after an idle moment. The window still carries the rate over
+        // MIN_CAP_RTT, where a busy host's acknowledgements arrive.
+        let mut cap = InflightCap::new(DEFAULT_GAIN, MTU);
+        let rtt = Duration::from_micros(20);
+        deliver(
+            &mut cap,
+            Instant::now(),
+            5_000,
+            Duration::from_micros(10),
+            rtt,
+            false,
+        );
+        let bw = cap.bandwidth().expect("measured");
+        let w = cap.window(4 * PACKET) as f64;
+        let floor = bw * MIN_CAP_RTT.as_secs_f64();
+        assert!(w >= 0.98 * floor, "window {w}, rate x MIN_CAP_RTT {floor}");
+        assert!(w <= cap.cap().expect("cap") as f64);
     }
 
     #[test]
