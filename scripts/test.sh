@@ -53,13 +53,13 @@ setup_log=$(mktemp)
 setup_pid=$!
 
 step "cargo test --workspace --no-fail-fast"
-cargo test --workspace --no-fail-fast
+# The agreement's simulation writes its summary (how many schedules it
+# checked, how fast, their outcomes) here, shown after the run.
+agreement_summary=$(mktemp)
+GRADLANE_AGREEMENT_SUMMARY="$agreement_summary" cargo test --workspace --no-fail-fast
 rust_status=$?
-# The agreement's simulation once more with its output shown: how many
-# schedules it checked, how fast, and how many met the known gap.
-step "the view agreement's simulation"
-cargo test -q -p gradlane-core --lib group::agreement::sim::tests::thousands_of_schedules_keep_every_invariant \
-    -- --nocapture || rust_status=1
+echo "== the view agreement's simulation: $(cat "$agreement_summary")"
+rm -f "$agreement_summary"
 
 step "waiting for the venv"
 wait "$setup_pid"

@@ -26,7 +26,7 @@ fn thousands_of_schedules_keep_every_invariant() {
     let started = Instant::now();
     let tally = soak(54, 0, schedules, &settings);
     let secs = started.elapsed().as_secs_f64();
-    println!(
+    let summary = format!(
         "{} schedules in {secs:.1} s ({:.0} schedules/s): {} members, {} removed, {} no quorum; \
          {} abandoned; {} schedules with two views installed for one epoch (first: seed {:?})",
         tally.schedules,
@@ -38,6 +38,11 @@ fn thousands_of_schedules_keep_every_invariant() {
         tally.disagreements,
         tally.first_disagreement,
     );
+    println!("{summary}");
+    // The test command shows this line without running the test again.
+    if let Some(path) = std::env::var_os("GRADLANE_AGREEMENT_SUMMARY") {
+        std::fs::write(path, format!("{summary}\n")).expect("the summary file is writable");
+    }
     for (seed, violation) in &tally.failures {
         println!(
             "seed {seed}: {violation}\n  replay: {}",
