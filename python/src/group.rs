@@ -4,25 +4,19 @@
 use crate::buffer::{bits_as, bits_as_ref, disjoint, Bits16, InBuf, OutBuf};
 use crate::errors::CallError;
 use crate::group_arguments::{
-    bucket_layout, group_port_range, group_sockets, link_config, loss_recovery, rank_failure,
-    reduce_op, resolve, route_to, seconds, value_dtype, value_format, Injected, CERT_DIR_ENV,
+    group_port_range, group_sockets, link_config, rank_failure, reduce_op, resolve, route_to,
+    seconds, value_dtype, value_format, Injected, CERT_DIR_ENV,
 };
-use crate::group_movement::{
-    fill, inputs as movement_inputs, outputs as movement_outputs, root_arg, typed_args,
-};
-use crate::group_report::report_dict;
 use crate::runtime;
 use gradlane::{
-    bf16, f16, BucketId, BucketOptions, ClassFormats, Group, GroupConfig, PointToPoint, ReduceOp,
-    Rendezvous, SparseAllgather, SparseRows, ValueFormat,
+    bf16, f16, BucketId, ClassFormats, Group, GroupConfig, PointToPoint, Rendezvous, ValueFormat,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyDict, PyTuple};
+use pyo3::types::PyTuple;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 use tokio::runtime::Runtime;
 
 /// One rank of a gradlane group: a QUIC link to every other rank, and the
@@ -117,8 +111,8 @@ use tokio::runtime::Runtime;
 /// A Group is a context manager: leaving the with block closes it.
 #[pyclass(module = "gradlane", name = "Group", frozen)]
 pub(crate) struct PyGroup {
-    rank: usize,
-    world: usize,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
     /// `None` once closed. A mutex, not a RefCell: calls from several
     /// Python threads wait for each other (with the GIL released).
     /// Shared with the exit's registry ([`crate::group_exit`]).
@@ -137,24 +131,24 @@ pub(crate) type GroupState = Mutex<Option<State>>;
 pub(crate) struct State {
     pub(crate) group: Group,
     /// The registered buckets, by the index Python knows them by.
-    buckets: Vec<Bucket>,
+    pub(crate) buckets: Vec<Bucket>,
     /// The Group's formats, which a bucket's own complete.
-    formats: ClassFormats,
+    pub(crate) formats: ClassFormats,
 }
 
 /// A registered bucket.
-struct Bucket {
-    id: BucketId,
+pub(crate) struct Bucket {
+    pub(crate) id: BucketId,
     /// The values its flat buffer holds.
-    values: usize,
+    pub(crate) values: usize,
     /// Their type.
-    dtype: ValueFormat,
+    pub(crate) dtype: ValueFormat,
 }
 
 impl PyGroup {
     /// The current view's point-to-point messages; GroupClosedError once
     /// closed.
-    fn point_to_point_now(&self) -> Result<Arc<PointToPoint>, PyErr> {
+    pub(crate) fn point_to_point_now(&self) -> Result<Arc<PointToPoint>, PyErr> {
         lock_point_to_point(&self.point_to_point)
             .clone()
             .ok_or_else(|| Python::attach(|py| CallError::Closed.into_py(py)))
@@ -162,7 +156,7 @@ impl PyGroup {
 
     /// Runs `f` on the joined group with the GIL released, holding the
     /// group's lock; a closed group is a GroupClosedError.
-    fn with_state<T, F>(&self, py: Python<'_>, f: F) -> PyResult<T>
+    pub(crate) fn with_state<T, F>(&self, py: Python<'_>, f: F) -> PyResult<T>
     where
         F: FnOnce(&mut State, &'static Runtime) -> Result<T, CallError> + Send,
         T: Send,
@@ -548,452 +542,6 @@ impl PyGroup {
         }))
     }
 
-    /// Registers a gradient bucket for allreduce_differentiated: a flat
-    /// buffer holding the tensors `shapes` describes, in order. Each is
-    /// (name, shape, kind): kind "conv2d" for a convolution weight of shape
-    /// [out, in, kh, kw] (chunked per kernel) or "dense" for any other shape
-    /// (chunked in blocks of 256 values); names are unique within the
-    /// bucket. `recovery` says what becomes of a lossy chunk that did not
-    /// arrive: "zero_fill" (counted as zero; late chunks added into the
-    /// next call), "rescale" (each value's sum scaled up to all ranks from
-    /// those whose part arrived) or "error_feedback" (the rank keeps what
-    /// it lost and adds it into its next gradient of this bucket).
-    ///
-    /// dtype: what the buffer holds, "float32" (default), "bfloat16" or
-    /// "float16"; a 16-bit bucket travels as itself.
-    /// important_format and lossy_format: how the important chunks and the
-    /// lossy levels travel, "f32", "bf16", "f16" (important or lossy) or
-    /// "log8" (lossy only: a byte a value within 4.9%, and a scale per
-    /// chunk); by default the Group's. lossy_return: the owner sends back
-    /// the least important chunks of the sum (loss_tolerance of each
-    /// tensor's) in the lossy format.
-    /// compression_feedback: keep what rounding took from this rank's
-    /// values and add it into its next gradient (None: on for log8).
-    ///
-    /// This is a collective: every rank registers the same buckets, with
-    /// the same settings, in the same order. Returns the bucket's id (0,
-    /// 1, ... in registration order).
-    #[pyo3(signature = (
-        shapes,
-        recovery = "zero_fill",
-        *,
-        dtype = "float32",
-        important_format = None,
-        lossy_format = None,
-        lossy_return = false,
-        compression_feedback = None,
-    ))]
-    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
-    fn register_bucket(
-        &self,
-        py: Python<'_>,
-        shapes: Vec<(String, Vec<i64>, String)>,
-        recovery: &str,
-        dtype: &str,
-        important_format: Option<&str>,
-        lossy_format: Option<&str>,
-        lossy_return: bool,
-        compression_feedback: Option<bool>,
-    ) -> PyResult<usize> {
-        let recovery = loss_recovery(recovery)?;
-        let dtype = match dtype {
-            "float32" | "f32" => ValueFormat::F32,
-            "bfloat16" | "bf16" => ValueFormat::Bf16,
-            "float16" | "f16" | "half" => ValueFormat::F16,
-            _ => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown dtype {dtype:?}: expected \"float32\", \"bfloat16\" or \"float16\""
-                )))
-            }
-        };
-        let important = important_format
-            .map(|f| value_format("important_format", f))
-            .transpose()?;
-        let lossy = lossy_format
-            .map(|f| value_format("lossy_format", f))
-            .transpose()?;
-        let layout = bucket_layout(shapes)?;
-        let values = usize::try_from(layout.total_values())
-            .map_err(|_| PyValueError::new_err("bucket too large for this machine"))?;
-        self.with_state(py, |s, rt| {
-            let formats = match (important, lossy) {
-                (None, None) => None,
-                (i, l) => {
-                    let base = s.formats;
-                    let f = ClassFormats {
-                        important: i.unwrap_or(base.important),
-                        lossy: l.unwrap_or(base.lossy),
-                    };
-                    f.validate().map_err(|e| CallError::Value(e.to_string()))?;
-                    Some(f)
-                }
-            };
-            let options = BucketOptions {
-                recovery,
-                dtype,
-                formats,
-                lossy_return,
-                compression_feedback,
-            };
-            let id = rt.block_on(s.group.register_bucket_with(&layout, options))?;
-            s.buckets.push(Bucket { id, values, dtype });
-            Ok(s.buckets.len() - 1)
-        })
-    }
-
-    /// Reduces `buf`, the flat buffer of registered bucket `bucket`, across
-    /// the ranks in place: each rank's important chunks exact, the rest
-    /// (loss_tolerance of them) lossy, what was lost handled by the
-    /// bucket's recovery. Every rank ends with the same bits. op: "mean"
-    /// or "sum".
-    ///
-    /// Returns this rank's statistics of the call, all ints:
-    /// - sent_important_bytes, sent_lossy_bytes: payload this rank sent to
-    ///   the owners of the other shards, reliably and lossy;
-    /// - received_important_bytes, received_lossy_bytes: payload that
-    ///   reached this rank (the owner of its shard) from the other ranks in
-    ///   time, summed over them;
-    /// - zero_filled_important_bytes (always 0: important chunks are
-    ///   exact), zero_filled_lossy_bytes: payload sent to this rank that
-    ///   was not there in time;
-    /// - late_important_bytes, late_lossy_bytes: bytes of earlier calls
-    ///   that arrived late and were added into this one (zero_fill and
-    ///   rescale only);
-    /// - missing_ranges, missing_values: chunks (and their float32 values)
-    ///   of other ranks' parts of this rank's shard that did not count,
-    ///   whole chunks (a chunk counts whole or not at all);
-    /// - lost_ranges, lost_values: chunks (values) of this rank's own
-    ///   gradient that did not reach their owners in time (kept for the
-    ///   next call with error_feedback);
-    /// - reduce_ns, return_ns: how long the two halves took at this rank:
-    ///   this rank's parts to their owners and its own shard in (waiting
-    ///   for ranks that called later included), then the summed shards
-    ///   back from every owner;
-    /// - network_ns: how long the Rust call took, from handing the buffer
-    ///   to the group to having the result in it (what the binding adds is
-    ///   the caller's time less this).
-    #[pyo3(signature = (bucket, buf, op = "mean"))]
-    fn allreduce_differentiated<'py>(
-        &self,
-        py: Python<'py>,
-        bucket: usize,
-        buf: &Bound<'py, PyAny>,
-        op: &str,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let op = match reduce_op(op)? {
-            op @ (ReduceOp::Sum | ReduceOp::Mean) => op,
-            _ => {
-                return Err(PyValueError::new_err(
-                    "allreduce_differentiated sums: op \"mean\" or \"sum\" (max and min are \
-                     allreduce's)",
-                ))
-            }
-        };
-        let registered = self.with_state(py, |s, _| {
-            s.buckets
-                .get(bucket)
-                .map(|b| (b.id, b.values, b.dtype))
-                .ok_or_else(|| {
-                    CallError::Value(format!(
-                        "no bucket {bucket}: {} registered",
-                        s.buckets.len()
-                    ))
-                })
-        })?;
-        let (id, values, dtype) = registered;
-        let report = with_values_mut!(buf, "buf", dtype, |v| {
-            if v.len() != values {
-                return Err(PyValueError::new_err(format!(
-                    "bucket {bucket} holds {values} values, buf has {}",
-                    v.len()
-                )));
-            }
-            self.with_state(py, |s, rt| {
-                let started = Instant::now();
-                let report = rt.block_on(s.group.allreduce_differentiated(id, v, op))?;
-                Ok((report, started.elapsed()))
-            })
-        })?;
-        let (report, took) = report;
-        let out = report_dict(py, &report)?;
-        out.set_item(
-            "network_ns",
-            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
-        )?;
-        Ok(out)
-    }
-
-    /// Gathers every rank's sparse rows of a height x width matrix: `rows`
-    /// a uint64 buffer of row indexes (each below height), `values` a
-    /// float32 buffer of len(rows) * width values, row by row. Every rank
-    /// passes the same height and width. Returns every rank's rows and
-    /// values in rank order, as bytearrays of native-endian uint64 and
-    /// float32 (numpy.frombuffer(rows, numpy.uint64) reads them; rows that
-    /// several ranks hold appear once per rank). how: "allgatherv" (every
-    /// rank's rows to every other at once) or "broadcast_in_order" (one
-    /// rank after the other) when the ranks' row counts differ; equal
-    /// counts always take one allgather of rows and one of values.
-    ///
-    /// The inputs are copied once (the Rust call takes owned rows).
-    #[pyo3(signature = (rows, values, height, width, how = "allgatherv"))]
-    fn sparse_allgather<'py>(
-        &self,
-        py: Python<'py>,
-        rows: &Bound<'py, PyAny>,
-        values: &Bound<'py, PyAny>,
-        height: u64,
-        width: usize,
-        how: &str,
-    ) -> PyResult<Bound<'py, PyTuple>> {
-        let how = match how {
-            "allgatherv" => SparseAllgather::Allgatherv,
-            "broadcast_in_order" => SparseAllgather::BroadcastInOrder,
-            _ => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown how {how:?}: expected \"allgatherv\" or \"broadcast_in_order\""
-                )))
-            }
-        };
-        let rows = InBuf::<u64>::get(rows, "rows", "uint64")?;
-        let values = InBuf::<f32>::get(values, "values", "float32")?;
-        let mine = SparseRows {
-            height,
-            width,
-            rows: rows.as_slice().to_vec(),
-            values: values.as_slice().to_vec(),
-        };
-        // Bad shapes are bad input: refused here, before the call counts
-        // as a collective.
-        mine.check()
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let (all, _report) = self.with_state(py, |s, rt| {
-            Ok(rt.block_on(s.group.sparse_allgather(&mine, how))?)
-        })?;
-        let rows = PyByteArray::new(py, &bytes_of(&all.rows, u64::to_ne_bytes));
-        let values = PyByteArray::new(py, &bytes_of(&all.values, f32::to_ne_bytes));
-        PyTuple::new(py, [rows, values])
-    }
-
-    /// Sends the bytes of `buf` (any C-contiguous buffer) to rank `peer`
-    /// with `tag` (a non-negative integer): they arrive whole, in order
-    /// with this rank's other sends to `peer`, beside the collectives (a
-    /// send never waits for one, nor holds one up). Returns once the
-    /// bytes are handed to the link, not once `peer` received them. Any
-    /// thread may call it while another runs a collective.
-    #[pyo3(signature = (peer, tag, buf))]
-    fn send(&self, py: Python<'_>, peer: i64, tag: i64, buf: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (peer, tag) = (rank_arg("peer", peer)?, tag_arg(tag)?);
-        let body = InBuf::<u8>::get(buf, "buf", "uint8")?;
-        let body = body.as_slice().to_vec();
-        let p2p = self.point_to_point_now()?;
-        py.detach(|| Ok(runtime()?.block_on(p2p.send(peer, tag, body))?))
-            .map_err(|e: CallError| e.into_py(py))
-    }
-
-    /// Receives the oldest message with `tag` from rank `source` (None:
-    /// from whichever rank has one) into `buf`, which must be writable and
-    /// exactly the message's size (else a ValueError, and the message is
-    /// lost); returns the rank it came from. Waits at most the group's
-    /// collective_timeout (CollectiveTimeoutError); a source that died is
-    /// a RankFailedError. Any thread may call it while another runs a
-    /// collective.
-    #[pyo3(signature = (source, tag, buf))]
-    fn recv(
-        &self,
-        py: Python<'_>,
-        source: Option<i64>,
-        tag: i64,
-        buf: &Bound<'_, PyAny>,
-    ) -> PyResult<usize> {
-        let source = source.map(|s| rank_arg("source", s)).transpose()?;
-        let tag = tag_arg(tag)?;
-        let mut out = OutBuf::<u8>::get(buf, "buf", "uint8")?;
-        let p2p = self.point_to_point_now()?;
-        let (from, body) = py
-            .detach(|| Ok(runtime()?.block_on(p2p.recv(source, tag))?))
-            .map_err(|e: CallError| e.into_py(py))?;
-        let out = out.as_mut_slice();
-        if body.len() != out.len() {
-            return Err(PyValueError::new_err(format!(
-                "recv: rank {from} sent {} bytes with tag {tag}; buf holds {}",
-                body.len(),
-                out.len()
-            )));
-        }
-        out.copy_from_slice(&body);
-        Ok(from)
-    }
-
-    // ---- data movement and typed reductions (group/movement.rs). Every
-    // buffer is bytes (a uint8 view of a contiguous tensor or array).
-
-    /// Reduces `buf` (the bytes of native-endian values of `dtype`:
-    /// "float32", "bfloat16", "float16", "float64", "int8", "int16",
-    /// "int32", "int64", "uint8", "bool") across the ranks in place. op:
-    /// "sum", "avg" (floats), "product", "min", "max", "band", "bor",
-    /// "bxor" (integers and bool). Each value is combined in rank order in
-    /// its own type (integers wrap, float64 in float64; the 16- and
-    /// 32-bit floats in float32, as allreduce), so every rank ends with the
-    /// same bits. An op that does not apply to the dtype is a ValueError.
-    #[pyo3(signature = (buf, dtype, op = "sum"))]
-    fn allreduce_typed(
-        &self,
-        py: Python<'_>,
-        buf: &Bound<'_, PyAny>,
-        dtype: &str,
-        op: &str,
-    ) -> PyResult<()> {
-        let (dtype, op) = typed_args(dtype, op)?;
-        let mut buf = OutBuf::<u8>::get(buf, "buf", "uint8")?;
-        let bytes = buf.as_mut_slice();
-        self.with_state(py, |s, rt| {
-            Ok(rt.block_on(s.group.allreduce_typed(bytes, dtype, op))?)
-        })
-    }
-
-    /// As allreduce_typed, but only rank `root`'s `buf` receives the
-    /// result; every other rank's is left as it was.
-    #[pyo3(signature = (root, buf, dtype, op = "sum"))]
-    fn reduce(
-        &self,
-        py: Python<'_>,
-        root: i64,
-        buf: &Bound<'_, PyAny>,
-        dtype: &str,
-        op: &str,
-    ) -> PyResult<()> {
-        let root = root_arg(root, self.world)?;
-        let (dtype, op) = typed_args(dtype, op)?;
-        let mut buf = OutBuf::<u8>::get(buf, "buf", "uint8")?;
-        let bytes = buf.as_mut_slice();
-        self.with_state(py, |s, rt| {
-            Ok(rt.block_on(s.group.reduce(root, bytes, dtype, op))?)
-        })
-    }
-
-    /// reduce_scatter over bytes of any dtype and op, as allreduce_typed
-    /// combines them: `input` holds world parts of output's length.
-    #[pyo3(signature = (input, output, dtype, op = "sum"))]
-    fn reduce_scatter_typed(
-        &self,
-        py: Python<'_>,
-        input: &Bound<'_, PyAny>,
-        output: &Bound<'_, PyAny>,
-        dtype: &str,
-        op: &str,
-    ) -> PyResult<()> {
-        let (dtype, op) = typed_args(dtype, op)?;
-        let input = InBuf::<u8>::get(input, "input", "uint8")?;
-        let mut output = OutBuf::<u8>::get(output, "output", "uint8")?;
-        disjoint(&input, &output)?;
-        let (i, o) = (input.as_slice(), output.as_mut_slice());
-        self.with_state(py, |s, rt| {
-            Ok(rt.block_on(s.group.reduce_scatter_typed(i, o, dtype, op))?)
-        })
-    }
-
-    /// Gathers every rank's `input` (bytes) on rank `root`, into
-    /// `outputs` there: a list of world writable byte buffers, rank r's
-    /// input into outputs[r], each of exactly its length (another length
-    /// is an OutOfStepError naming the rank). Other ranks pass None.
-    #[pyo3(signature = (root, input, outputs = None))]
-    fn gather(
-        &self,
-        py: Python<'_>,
-        root: i64,
-        input: &Bound<'_, PyAny>,
-        outputs: Option<Vec<Bound<'_, PyAny>>>,
-    ) -> PyResult<()> {
-        let root = root_arg(root, self.world)?;
-        let input = InBuf::<u8>::get(input, "input", "uint8")?;
-        let is_root = self.rank == root;
-        let mut outs = match (is_root, outputs) {
-            (true, Some(o)) => movement_outputs(&o, "outputs", &[&input])?,
-            (true, None) => return Err(PyValueError::new_err("gather's root needs outputs")),
-            (false, _) => Vec::new(),
-        };
-        let mut outs: Vec<&mut [u8]> = outs.iter_mut().map(OutBuf::as_mut_slice).collect();
-        let input = input.as_slice();
-        self.with_state(py, |s, rt| {
-            let got = rt.block_on(s.group.gather(root, input))?;
-            match is_root {
-                true => fill(&got, &mut outs, "gather"),
-                false => Ok(()),
-            }
-        })
-    }
-
-    /// Scatters rank `root`'s `inputs` (a list of world byte buffers; None
-    /// elsewhere): rank r's `output` becomes inputs[r], which must have
-    /// its length exactly.
-    #[pyo3(signature = (root, inputs, output))]
-    fn scatter(
-        &self,
-        py: Python<'_>,
-        root: i64,
-        inputs: Option<Vec<Bound<'_, PyAny>>>,
-        output: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        let root = root_arg(root, self.world)?;
-        let ins = match (self.rank == root, inputs) {
-            (true, Some(i)) => movement_inputs(&i, "inputs")?,
-            (true, None) => return Err(PyValueError::new_err("scatter's root needs inputs")),
-            (false, _) => Vec::new(),
-        };
-        let reads: Vec<&InBuf<u8>> = ins.iter().collect();
-        let mut out = movement_outputs(std::slice::from_ref(output), "output", &reads)?;
-        let ins: Vec<&[u8]> = ins.iter().map(InBuf::as_slice).collect();
-        let mut outs: Vec<&mut [u8]> = out.iter_mut().map(OutBuf::as_mut_slice).collect();
-        self.with_state(py, |s, rt| {
-            let got = rt.block_on(s.group.scatter(root, &ins))?;
-            fill(&[got], &mut outs, "scatter")
-        })
-    }
-
-    /// Sends inputs[r] (byte buffers, one per rank, of any lengths) to
-    /// each rank r; outputs[r] (writable, one per rank) becomes what rank
-    /// r sent this one, which must have its length exactly.
-    #[pyo3(signature = (inputs, outputs))]
-    fn all_to_all(
-        &self,
-        py: Python<'_>,
-        inputs: Vec<Bound<'_, PyAny>>,
-        outputs: Vec<Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
-        if inputs.len() != self.world || outputs.len() != self.world {
-            return Err(PyValueError::new_err(format!(
-                "all_to_all takes {} inputs and outputs, got {} and {}",
-                self.world,
-                inputs.len(),
-                outputs.len()
-            )));
-        }
-        let ins = movement_inputs(&inputs, "inputs")?;
-        let reads: Vec<&InBuf<u8>> = ins.iter().collect();
-        let mut out = movement_outputs(&outputs, "outputs", &reads)?;
-        let ins: Vec<&[u8]> = ins.iter().map(InBuf::as_slice).collect();
-        let mut outs: Vec<&mut [u8]> = out.iter_mut().map(OutBuf::as_mut_slice).collect();
-        self.with_state(py, |s, rt| {
-            let got = rt.block_on(s.group.all_to_all(&ins))?;
-            fill(&got, &mut outs, "all_to_all")
-        })
-    }
-
-    /// A barrier that names who did not come: rank 0 waits at most
-    /// `timeout` seconds for every other rank, then releases them. A rank
-    /// it did not hear from is a CollectiveTimeoutError there whose
-    /// `missing` lists them all (the others' wait for rank 0 ends at the
-    /// same bound); with on_rank_failure="fail" the group is then
-    /// unusable, as after any timeout; with "continue" the silent ranks are
-    /// removed, as dead ones are, and the barrier passes among the rest.
-    #[pyo3(signature = (timeout))]
-    fn monitored_barrier(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
-        let timeout = seconds("timeout", timeout)?;
-        self.with_state(py, |s, rt| {
-            Ok(rt.block_on(s.group.monitored_barrier(timeout))?)
-        })
-    }
-
     /// Closes every link in order (each waits for its peer to confirm, at
     /// most a few seconds) and releases the socket. Calling it again does
     /// nothing; every other call afterwards raises GroupClosedError.
@@ -1056,7 +604,10 @@ impl Drop for PyGroup {
 }
 
 /// The values as native-endian bytes.
-fn bytes_of<T: Copy, const N: usize>(values: &[T], to_bytes: fn(T) -> [u8; N]) -> Vec<u8> {
+pub(crate) fn bytes_of<T: Copy, const N: usize>(
+    values: &[T],
+    to_bytes: fn(T) -> [u8; N],
+) -> Vec<u8> {
     values.iter().flat_map(|&v| to_bytes(v)).collect()
 }
 
@@ -1064,14 +615,4 @@ fn lock_point_to_point(
     m: &Mutex<Option<Arc<PointToPoint>>>,
 ) -> MutexGuard<'_, Option<Arc<PointToPoint>>> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A rank argument (the group checks that it is another member).
-fn rank_arg(what: &str, rank: i64) -> PyResult<usize> {
-    usize::try_from(rank).map_err(|_| PyValueError::new_err(format!("{what} {rank} is not a rank")))
-}
-
-/// A point-to-point tag: a non-negative integer, as torch's.
-fn tag_arg(tag: i64) -> PyResult<u64> {
-    u64::try_from(tag).map_err(|_| PyValueError::new_err(format!("tag {tag} is negative")))
 }

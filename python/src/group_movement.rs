@@ -1,8 +1,12 @@
 //! The arguments of the Group's data movement and typed reductions, and
 //! the copies of what they received into the caller's buffers.
 
-use crate::buffer::{overlaps, InBuf, OutBuf};
+use crate::buffer::{disjoint, overlaps, InBuf, OutBuf};
 use crate::errors::CallError;
+use crate::group::PyGroup;
+use crate::group_arguments::seconds;
+// The methods' parameters are named as torch's (inputs, outputs).
+use self::{inputs as movement_inputs, outputs as movement_outputs};
 use gradlane::{Dtype, GroupError, TypedOp};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -88,4 +92,177 @@ pub(crate) fn fill<B: AsRef<[u8]>>(
         out.copy_from_slice(body);
     }
     Ok(())
+}
+
+#[pymethods]
+impl PyGroup {
+    // ---- data movement and typed reductions (group/movement.rs). Every
+    // buffer is bytes (a uint8 view of a contiguous tensor or array).
+
+    /// Reduces `buf` (the bytes of native-endian values of `dtype`:
+    /// "float32", "bfloat16", "float16", "float64", "int8", "int16",
+    /// "int32", "int64", "uint8", "bool") across the ranks in place. op:
+    /// "sum", "avg" (floats), "product", "min", "max", "band", "bor",
+    /// "bxor" (integers and bool). Each value is combined in rank order in
+    /// its own type (integers wrap, float64 in float64; the 16- and
+    /// 32-bit floats in float32, as allreduce), so every rank ends with the
+    /// same bits. An op that does not apply to the dtype is a ValueError.
+    #[pyo3(signature = (buf, dtype, op = "sum"))]
+    fn allreduce_typed(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        dtype: &str,
+        op: &str,
+    ) -> PyResult<()> {
+        let (dtype, op) = typed_args(dtype, op)?;
+        let mut buf = OutBuf::<u8>::get(buf, "buf", "uint8")?;
+        let bytes = buf.as_mut_slice();
+        self.with_state(py, |s, rt| {
+            Ok(rt.block_on(s.group.allreduce_typed(bytes, dtype, op))?)
+        })
+    }
+
+    /// As allreduce_typed, but only rank `root`'s `buf` receives the
+    /// result; every other rank's is left as it was.
+    #[pyo3(signature = (root, buf, dtype, op = "sum"))]
+    fn reduce(
+        &self,
+        py: Python<'_>,
+        root: i64,
+        buf: &Bound<'_, PyAny>,
+        dtype: &str,
+        op: &str,
+    ) -> PyResult<()> {
+        let root = root_arg(root, self.world)?;
+        let (dtype, op) = typed_args(dtype, op)?;
+        let mut buf = OutBuf::<u8>::get(buf, "buf", "uint8")?;
+        let bytes = buf.as_mut_slice();
+        self.with_state(py, |s, rt| {
+            Ok(rt.block_on(s.group.reduce(root, bytes, dtype, op))?)
+        })
+    }
+
+    /// reduce_scatter over bytes of any dtype and op, as allreduce_typed
+    /// combines them: `input` holds world parts of output's length.
+    #[pyo3(signature = (input, output, dtype, op = "sum"))]
+    fn reduce_scatter_typed(
+        &self,
+        py: Python<'_>,
+        input: &Bound<'_, PyAny>,
+        output: &Bound<'_, PyAny>,
+        dtype: &str,
+        op: &str,
+    ) -> PyResult<()> {
+        let (dtype, op) = typed_args(dtype, op)?;
+        let input = InBuf::<u8>::get(input, "input", "uint8")?;
+        let mut output = OutBuf::<u8>::get(output, "output", "uint8")?;
+        disjoint(&input, &output)?;
+        let (i, o) = (input.as_slice(), output.as_mut_slice());
+        self.with_state(py, |s, rt| {
+            Ok(rt.block_on(s.group.reduce_scatter_typed(i, o, dtype, op))?)
+        })
+    }
+
+    /// Gathers every rank's `input` (bytes) on rank `root`, into
+    /// `outputs` there: a list of world writable byte buffers, rank r's
+    /// input into outputs[r], each of exactly its length (another length
+    /// is an OutOfStepError naming the rank). Other ranks pass None.
+    #[pyo3(signature = (root, input, outputs = None))]
+    fn gather(
+        &self,
+        py: Python<'_>,
+        root: i64,
+        input: &Bound<'_, PyAny>,
+        outputs: Option<Vec<Bound<'_, PyAny>>>,
+    ) -> PyResult<()> {
+        let root = root_arg(root, self.world)?;
+        let input = InBuf::<u8>::get(input, "input", "uint8")?;
+        let is_root = self.rank == root;
+        let mut outs = match (is_root, outputs) {
+            (true, Some(o)) => movement_outputs(&o, "outputs", &[&input])?,
+            (true, None) => return Err(PyValueError::new_err("gather's root needs outputs")),
+            (false, _) => Vec::new(),
+        };
+        let mut outs: Vec<&mut [u8]> = outs.iter_mut().map(OutBuf::as_mut_slice).collect();
+        let input = input.as_slice();
+        self.with_state(py, |s, rt| {
+            let got = rt.block_on(s.group.gather(root, input))?;
+            match is_root {
+                true => fill(&got, &mut outs, "gather"),
+                false => Ok(()),
+            }
+        })
+    }
+
+    /// Scatters rank `root`'s `inputs` (a list of world byte buffers; None
+    /// elsewhere): rank r's `output` becomes inputs[r], which must have
+    /// its length exactly.
+    #[pyo3(signature = (root, inputs, output))]
+    fn scatter(
+        &self,
+        py: Python<'_>,
+        root: i64,
+        inputs: Option<Vec<Bound<'_, PyAny>>>,
+        output: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let root = root_arg(root, self.world)?;
+        let ins = match (self.rank == root, inputs) {
+            (true, Some(i)) => movement_inputs(&i, "inputs")?,
+            (true, None) => return Err(PyValueError::new_err("scatter's root needs inputs")),
+            (false, _) => Vec::new(),
+        };
+        let reads: Vec<&InBuf<u8>> = ins.iter().collect();
+        let mut out = movement_outputs(std::slice::from_ref(output), "output", &reads)?;
+        let ins: Vec<&[u8]> = ins.iter().map(InBuf::as_slice).collect();
+        let mut outs: Vec<&mut [u8]> = out.iter_mut().map(OutBuf::as_mut_slice).collect();
+        self.with_state(py, |s, rt| {
+            let got = rt.block_on(s.group.scatter(root, &ins))?;
+            fill(&[got], &mut outs, "scatter")
+        })
+    }
+
+    /// Sends inputs[r] (byte buffers, one per rank, of any lengths) to
+    /// each rank r; outputs[r] (writable, one per rank) becomes what rank
+    /// r sent this one, which must have its length exactly.
+    #[pyo3(signature = (inputs, outputs))]
+    fn all_to_all(
+        &self,
+        py: Python<'_>,
+        inputs: Vec<Bound<'_, PyAny>>,
+        outputs: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        if inputs.len() != self.world || outputs.len() != self.world {
+            return Err(PyValueError::new_err(format!(
+                "all_to_all takes {} inputs and outputs, got {} and {}",
+                self.world,
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        let ins = movement_inputs(&inputs, "inputs")?;
+        let reads: Vec<&InBuf<u8>> = ins.iter().collect();
+        let mut out = movement_outputs(&outputs, "outputs", &reads)?;
+        let ins: Vec<&[u8]> = ins.iter().map(InBuf::as_slice).collect();
+        let mut outs: Vec<&mut [u8]> = out.iter_mut().map(OutBuf::as_mut_slice).collect();
+        self.with_state(py, |s, rt| {
+            let got = rt.block_on(s.group.all_to_all(&ins))?;
+            fill(&got, &mut outs, "all_to_all")
+        })
+    }
+
+    /// A barrier that names who did not come: rank 0 waits at most
+    /// `timeout` seconds for every other rank, then releases them. A rank
+    /// it did not hear from is a CollectiveTimeoutError there whose
+    /// `missing` lists them all (the others' wait for rank 0 ends at the
+    /// same bound); with on_rank_failure="fail" the group is then
+    /// unusable, as after any timeout; with "continue" the silent ranks are
+    /// removed, as dead ones are, and the barrier passes among the rest.
+    #[pyo3(signature = (timeout))]
+    fn monitored_barrier(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        let timeout = seconds("timeout", timeout)?;
+        self.with_state(py, |s, rt| {
+            Ok(rt.block_on(s.group.monitored_barrier(timeout))?)
+        })
+    }
 }

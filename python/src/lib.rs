@@ -3,7 +3,10 @@
 //! The pure-Python package `gradlane` (python/gradlane) re-exports what is
 //! here; users import `gradlane`, never `gradlane._native`.
 //!
-//! - `group`: the `Group` class and its collectives.
+//! - `group`: the `Group` class, joining, its exact collectives and close;
+//!   `group_differentiated` (buckets, the differentiated allreduce, the
+//!   sparse allgather), `group_movement` (typed reductions and data
+//!   movement), `group_point_to_point` (send, recv): its other methods.
 //! - `buffer`: Python buffers as Rust slices without a copy (the only
 //!   unsafe code, with its safety argument).
 //! - `errors`: the exception classes and the mapping of Rust errors.
@@ -21,8 +24,10 @@ mod buffer;
 mod errors;
 mod group;
 mod group_arguments;
+mod group_differentiated;
 mod group_exit;
 mod group_movement;
+mod group_point_to_point;
 mod group_report;
 
 use errors::CallError;
