@@ -146,6 +146,21 @@ pub async fn group_with(
         .collect()
 }
 
+/// Every group's allreduce of its buffer at once; each must succeed.
+pub async fn allreduce_all<T: gradlane::Element>(
+    groups: &mut [Group],
+    bufs: &mut [Vec<T>],
+    op: gradlane::ReduceOp,
+) {
+    let calls = groups
+        .iter_mut()
+        .zip(bufs.iter_mut())
+        .map(|(g, b)| g.allreduce(b, op));
+    for r in futures_util::future::join_all(calls).await {
+        r.unwrap();
+    }
+}
+
 /// The bytes `g` has sent less those its connections declared lost:
 /// quinn's UDP counter counts a packet and its retransmission both, and
 /// on a loaded machine loopback drops packets at a full receive buffer.

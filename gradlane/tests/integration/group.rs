@@ -4,7 +4,9 @@
 
 use crate::common;
 
-use common::{at_root, bytes_not_lost, cert_dir, free_port, group_config, group_with};
+use common::{
+    allreduce_all, at_root, bytes_not_lost, cert_dir, free_port, group_config, group_with,
+};
 use futures_util::future::join_all;
 use gradlane::{
     Group, GroupConfig, GroupError, ReduceOp, Rendezvous, SparseAllgather, SparsePath, SparseRows,
@@ -191,13 +193,7 @@ async fn a_pipelined_allreduce_equals_the_reference_bit_for_bit() {
     let want = reference_sum(&parts);
     for op in [ReduceOp::Sum, ReduceOp::Mean] {
         let mut bufs = parts.clone();
-        let calls = groups
-            .iter_mut()
-            .zip(bufs.iter_mut())
-            .map(|(g, b)| g.allreduce(b, op));
-        for r in join_all(calls).await {
-            r.unwrap();
-        }
+        allreduce_all(&mut groups, &mut bufs, op).await;
         let want: Vec<f32> = match op {
             ReduceOp::Mean => want.iter().map(|v| v / world as f32).collect(),
             _ => want.clone(),
@@ -220,13 +216,7 @@ async fn a_pipelined_allreduce_equals_the_reference_bit_for_bit() {
         .map(|&v| gradlane::bf16::from_f32(v).to_bits())
         .collect();
     let mut bufs = halves.clone();
-    let calls = groups
-        .iter_mut()
-        .zip(bufs.iter_mut())
-        .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
-    for r in join_all(calls).await {
-        r.unwrap();
-    }
+    allreduce_all(&mut groups, &mut bufs, ReduceOp::Sum).await;
     for (r, b) in bufs.iter().enumerate() {
         let got: Vec<u16> = b.iter().map(|v| v.to_bits()).collect();
         assert!(got == want, "bf16: rank {r} differs");

@@ -4,7 +4,7 @@
 //! and the rank that stayed away learns it at its next collective; with
 //! `Continue` the others go on without it and it is out.
 
-use crate::common::{at_root, cert_dir, free_port, group_config};
+use crate::common::{allreduce_all, at_root, cert_dir, free_port, group_config};
 use futures_util::future::join_all;
 use gradlane::{Group, GroupError, OnRankFailure, ReduceOp};
 use std::time::{Duration, Instant};
@@ -152,13 +152,7 @@ async fn with_continue_a_monitored_barrier_removes_the_rank_that_stays_away() {
         assert_eq!(g.members(), &[0, 1]);
     }
     let mut bufs = [vec![1.0f32; 8], vec![2.0f32; 8]];
-    let calls = groups
-        .iter_mut()
-        .zip(bufs.iter_mut())
-        .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
-    for r in join_all(calls).await {
-        r.unwrap();
-    }
+    allreduce_all(&mut groups, &mut bufs, ReduceOp::Sum).await;
     assert!(bufs.iter().flatten().all(|&v| v == 3.0));
     let late = tokio::time::timeout(TIMEOUT + MARGIN, away.monitored_barrier(TIMEOUT))
         .await
