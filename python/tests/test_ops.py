@@ -74,6 +74,28 @@ def bits(t):
     return t.reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
+#: Sparse cases: (sparse dims, dense dims, dtype).
+SPARSE_CASES = [(1, 0, torch.float32), (2, 0, torch.float64), (1, 2, torch.float32),
+                (3, 1, torch.int64)]
+
+
+def sparse_values(rank, sparse_dims, dense_dims, dtype):
+    """Rank `rank`'s sparse tensor: indices that overlap the other ranks'
+    (and repeat within it: uncoalesced), values of its own."""
+    g = torch.Generator().manual_seed(200 + rank)
+    nnz = 3 + rank
+    idx = torch.randint(0, 4, (sparse_dims, nnz), generator=g)
+    vals = values(rank, dtype, nnz * 2 ** dense_dims).reshape(nnz, *[2] * dense_dims)
+    return torch.sparse_coo_tensor(idx, vals, [4] * sparse_dims + [2] * dense_dims,
+                                   check_invariants=True)
+
+
+def sparse_bits(t):
+    """A sparse tensor's coalesced shape, indices and values, for comparison."""
+    t = t.coalesce()
+    return (tuple(t.shape), bits(t.indices()), bits(t.values()))
+
+
 def scenario_ops(rank, file_dir):
     out = {}
     dist.init_process_group("gradlane")
@@ -188,6 +210,34 @@ def scenario_ops(rank, file_dir):
         return [bits(o), bits(o2)]
     out["reduce_scatter"] = both(reduce_scatter)
 
+    # Sparse COO tensors (SUM, as gloo): sparse and dense dims, several dtypes.
+    def sparse(group):
+        got = []
+        for case in SPARSE_CASES:
+            t = sparse_values(rank, *case)
+            dist.all_reduce(t, group=group)
+            got.append(sparse_bits(t))
+        return got
+    out["sparse"] = both(sparse)
+    # Shapes that differ among the ranks: an error on every rank, not a hang.
+    odd = torch.sparse_coo_tensor([[0]], [1.0], (3 + rank,), check_invariants=True)
+    out["sparse_mismatch"] = outcome(lambda: dist.all_reduce(odd))
+
+    # An embedding with sparse gradients under DDP (its reducer allreduces
+    # them sparse): the same weights as over gloo.
+    def sparse_ddp(group):
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(
+            torch.nn.Embedding(50, 4, sparse=True), process_group=group)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        for step in range(3):
+            ids = torch.tensor([(7 * rank + 3 * step + k) % 50 for k in range(6)])
+            model(ids).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        return bits(model.module.weight.detach())
+    out["sparse_ddp"] = both(sparse_ddp)
+
     # A gradlane subgroup and a monitored barrier all come to.
     sub = dist.new_group(ranks=list(range(world)), backend="gradlane")
     t = torch.tensor([rank + 1], dtype=torch.int64)
@@ -282,6 +332,35 @@ def test_data_movement_and_reductions_equal_gloos_bit_for_bit(ops):
                 assert got["gradlane"][1] == got["gloo"][1], (r, what)
             else:
                 pytest.fail(f"gloo failed {what}: {got['gloo']}")
+
+
+def test_a_sparse_allreduce_sums_as_gloo(ops):
+    for i, case in enumerate(SPARSE_CASES):
+        parts = [sparse_values(r, *case) for r in range(WORLD)]
+        total = parts[0]
+        for p in parts[1:]:
+            total = total + p
+        want = sparse_bits(total)
+        for r in range(WORLD):
+            kind, got = ops[r]["sparse"]["gradlane"]
+            assert kind == "ok", got
+            assert got[i] == want, (r, case)
+            if ops[r]["sparse"]["gloo"][0] == "ok":
+                assert ops[r]["sparse"]["gloo"][1][i] == want, (r, case)
+
+
+def test_sparse_tensors_of_other_shapes_are_a_value_error_on_every_rank(ops):
+    for r in range(WORLD):
+        kind, msg = ops[r]["sparse_mismatch"]
+        assert kind == "ValueError" and "shape" in msg, (kind, msg)
+
+
+def test_sparse_gradients_under_ddp_end_as_over_gloo(ops):
+    for r in range(WORLD):
+        kind, got = ops[r]["sparse_ddp"]["gradlane"]
+        assert kind == "ok", got
+        assert ops[r]["sparse_ddp"]["gloo"] == ("ok", got), r
+    assert ops[0]["sparse_ddp"]["gradlane"] == ops[1]["sparse_ddp"]["gradlane"]
 
 
 def test_gather_into_one_tensor(ops):

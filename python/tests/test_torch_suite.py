@@ -46,6 +46,7 @@ TESTS = [
     "test_monitored_barrier_gloo",
     "test_get_future",
     "test_DistributedDataParallelCPU",
+    "test_sparse_all_reduce_sum",
 ]
 
 

@@ -37,7 +37,8 @@ ranks that did not come, as gloo's. The group reports devices cpu and
 cuda and splits (split_group). Those ops live in gradlane.torch._ops.
 send, recv and recv_anysource (isend, irecv, batch_isend_irecv) run
 beside the collectives, not in their order (gradlane.torch._p2p).
-What gradlane does not do (sparse tensors, coalescing blocks, windows)
+allreduce takes a sparse COO tensor too (SUM, as gloo; _sparse).
+What gradlane does not do (other sparse ops, coalescing blocks, windows)
 is a NotImplementedError naming it. Bad input is a TypeError or a ValueError
 naming the tensor and what is wrong with it.
 """
@@ -73,6 +74,7 @@ from gradlane.torch._ops import (
     typed_op,
 )
 from gradlane.torch._p2p import PointToPointMixin
+from gradlane.torch._sparse import SparseMixin
 from gradlane.torch._staging import Stager, future_for
 from gradlane.torch._work import GradlaneWork
 
@@ -185,7 +187,7 @@ def _one(tensors, what):
 # ------------------------------------------------------------- the group
 
 
-class GradlaneProcessGroup(OpsMixin, PointToPointMixin, dist.ProcessGroup):
+class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.ProcessGroup):
     """A torch ProcessGroup whose collectives run on a :class:`gradlane.Group`.
 
     Made by :func:`create_process_group` (the creator torch calls for
@@ -281,7 +283,10 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, dist.ProcessGroup):
     # --- reductions (float32, bfloat16, float16)
     def allreduce(self, tensors, opts=None):
         """Reduces each tensor over the ranks in place (any dtype and op of
-        the module's list); every rank ends with the same bits."""
+        the module's list), or one sparse COO tensor (SUM); every rank
+        ends with the same bits."""
+        if any(isinstance(t, torch.Tensor) and t.layout != torch.strided for t in tensors):
+            return self._sparse_allreduce(tensors, opts)
         return self._reduce_any(tensors, opts, "allreduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
