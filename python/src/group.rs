@@ -4,10 +4,11 @@
 use crate::buffer::{bits_as, bits_as_ref, disjoint, Bits16, InBuf, OutBuf};
 use crate::errors::CallError;
 use crate::group_arguments::{
-    group_port_range, group_sockets, link_config, rank_failure, reduce_op, resolve, route_to,
-    seconds, value_dtype, value_format, Injected, CERT_DIR_ENV,
+    link_config, rank_failure, reduce_op, resolve, route_to, seconds, value_dtype, value_format,
+    Injected,
 };
 use crate::runtime;
+use crate::settings::{cert_dir as group_cert_dir, group_port_range, group_sockets};
 use gradlane::{
     bf16, f16, BucketId, ClassFormats, Group, GroupConfig, PointToPoint, Rendezvous, ValueFormat,
 };
@@ -265,17 +266,7 @@ impl PyGroup {
                 )));
             }
         }
-        let cert_dir = match cert_dir {
-            Some(d) => d,
-            None => std::env::var_os(CERT_DIR_ENV)
-                .map(PathBuf::from)
-                .ok_or_else(|| {
-                    PyValueError::new_err(format!(
-                        "no cert_dir given and {CERT_DIR_ENV} is not set (gradlane.generate_certs \
-                     makes the files)"
-                    ))
-                })?,
-        };
+        let cert_dir = group_cert_dir(cert_dir).map_err(|e| e.into_py(py))?;
         if !(0.0..=1.0).contains(&injected_loss) {
             return Err(PyValueError::new_err(format!(
                 "injected_loss {injected_loss} is not in [0, 1]"

@@ -1,5 +1,6 @@
-//! The Group's arguments: Python's words and the environment's variables
-//! into gradlane's settings, each refused with a ValueError that names it.
+//! The Group's arguments: Python's words into gradlane's settings, each
+//! refused with a ValueError that names it (the environment's variables
+//! are read in `settings`).
 
 use crate::errors::CallError;
 use gradlane::{
@@ -11,56 +12,6 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
-
-/// The environment variable naming the certificate directory when
-/// `cert_dir` is not given.
-pub(crate) const CERT_DIR_ENV: &str = "GRADLANE_CERT_DIR";
-
-/// The environment variable that sets a group's sockets when the
-/// constructor is not told.
-pub(crate) const SOCKETS_ENV: &str = "GRADLANE_SOCKETS";
-
-/// The environment variable that confines a group's ports to a range.
-pub(crate) const PORT_RANGE_ENV: &str = "GRADLANE_PORT_RANGE";
-
-/// A group's port range: `asked`, else `GRADLANE_PORT_RANGE`, else none
-/// (any free port).
-pub(crate) fn group_port_range(
-    asked: Option<&str>,
-) -> Result<Option<gradlane::PortRange>, CallError> {
-    let (text, from) = match asked {
-        Some(text) => (text.to_string(), "port_range"),
-        None => match std::env::var(PORT_RANGE_ENV) {
-            Ok(text) if !text.trim().is_empty() => (text, PORT_RANGE_ENV),
-            _ => return Ok(None),
-        },
-    };
-    text.parse()
-        .map(Some)
-        .map_err(|e: gradlane::PortRangeError| CallError::Value(format!("{from}: {e}")))
-}
-
-/// A group's sockets: `asked`, else `GRADLANE_SOCKETS`, else the
-/// library's default ([`gradlane::default_sockets`]).
-pub(crate) fn group_sockets(asked: Option<i64>) -> Result<usize, CallError> {
-    let valid = |n: i64, from: &str| match usize::try_from(n) {
-        Ok(n) if (1..=gradlane::MAX_SOCKETS).contains(&n) => Ok(n),
-        _ => Err(CallError::Value(format!(
-            "{from} {n} is not a socket count in 1..={}",
-            gradlane::MAX_SOCKETS
-        ))),
-    };
-    if let Some(n) = asked {
-        return valid(n, "sockets");
-    }
-    if let Ok(text) = std::env::var(SOCKETS_ENV) {
-        let n = text.trim().parse::<i64>().map_err(|_| {
-            CallError::Value(format!("{SOCKETS_ENV}={text:?} is not a socket count"))
-        })?;
-        return valid(n, SOCKETS_ENV);
-    }
-    Ok(gradlane::default_sockets())
-}
 
 /// How a reduction combines the ranks' values, from Python's string.
 pub(crate) fn reduce_op(op: &str) -> PyResult<ReduceOp> {

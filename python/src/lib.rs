@@ -12,6 +12,7 @@
 //! - `errors`: the exception classes and the mapping of Rust errors.
 //! - `group_exit`: every open group closed (its messages flushed) as the
 //!   process exits.
+//! - `settings`: every `GRADLANE_*` variable the module reads, checked.
 //!
 //! Every network call runs on one tokio runtime per process (two worker
 //! threads, made at the first call) with the GIL released, so other Python
@@ -29,6 +30,7 @@ mod group_exit;
 mod group_movement;
 mod group_point_to_point;
 mod group_report;
+mod settings;
 
 use errors::CallError;
 use pyo3::prelude::*;
@@ -43,39 +45,15 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// The process's runtime and the id of the process that made it.
 static RUNTIME: OnceLock<Result<(u32, Runtime), String>> = OnceLock::new();
 
-/// The environment variable that sets the runtime's worker threads.
-pub(crate) const THREADS_ENV: &str = "GRADLANE_THREADS";
-
-/// The runtime's worker threads: `GRADLANE_THREADS`, else, for a rank
-/// with at least 4 cores to itself ([`gradlane::core_share`]: torchrun's
-/// `LOCAL_WORLD_SIZE` ranks share the host), twice its share, at most 8
-/// (its tasks wait on the network more than they compute); else 2.
-/// quinn's drivers, the links' tasks and the sealing and opening of
-/// packets run there, the collective itself on the calling thread.
-pub(crate) fn worker_threads() -> Result<usize, CallError> {
-    if let Ok(text) = std::env::var(THREADS_ENV) {
-        return match text.trim().parse::<usize>() {
-            Ok(n) if (1..=256).contains(&n) => Ok(n),
-            _ => Err(CallError::Value(format!(
-                "{THREADS_ENV}={text:?} is not a thread count in 1..=256"
-            ))),
-        };
-    }
-    Ok(match gradlane::core_share() {
-        share if share >= 4 => (2 * share).min(8),
-        _ => 2,
-    })
-}
-
 /// The process's tokio runtime, made at the first call, with
-/// [`worker_threads`] threads.
+/// [`settings::worker_threads`] threads.
 ///
 /// A fork copies the runtime's memory but not its threads: in a forked
 /// child of a process that had already used gradlane the runtime is dead,
 /// and using it would hang. That is an error instead.
 pub(crate) fn runtime() -> Result<&'static Runtime, CallError> {
     let made = RUNTIME.get_or_init(|| {
-        let threads = worker_threads().map_err(|e| e.to_string())?;
+        let threads = settings::worker_threads().map_err(|e| e.to_string())?;
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("gradlane")
@@ -164,16 +142,11 @@ fn paths_dict(py: Python<'_>, files: gradlane::CertFiles) -> PyResult<Bound<'_, 
     Ok(out)
 }
 
-/// The environment variable that filters what gradlane logs to stderr
-/// (tracing's `EnvFilter` syntax: `info`, `gradlane=debug`, `off`).
-const LOG_ENV: &str = "GRADLANE_LOG";
-
 /// gradlane's warnings to stderr (by default warnings and errors only), so
 /// that a user sees at once what a rank refused, say, and not only when a
 /// timeout ends. Leaves alone a subscriber the process already has.
 fn log_to_stderr() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = settings::log_filter();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -187,6 +160,7 @@ fn log_to_stderr() {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     log_to_stderr();
     m.add_function(wrap_pyfunction!(generate_certs, m)?)?;
+    m.add_function(wrap_pyfunction!(settings::port_range_from_env, m)?)?;
     m.add_function(wrap_pyfunction!(generate_job_certs, m)?)?;
     m.add_class::<group::PyGroup>()?;
     m.add_function(wrap_pyfunction!(group_exit::close_groups_at_exit, m)?)?;

@@ -8,7 +8,7 @@ torch = pytest.importorskip(
     "torch", reason="torch is not installed (scripts/test.sh installs it into the venv)"
 )
 
-from gradlane.torch import _staging  # noqa: E402
+from gradlane.torch import _environment, _staging  # noqa: E402
 
 
 def test_size_classes_are_powers_of_two_from_4_kib():
@@ -96,10 +96,10 @@ def test_tensors_on_two_devices_or_an_unknown_device_are_a_value_error():
 
 
 def test_the_switch_takes_0_or_1_only(monkeypatch):
-    monkeypatch.setenv(_staging.STAGE_CPU_ENV, "1")
+    monkeypatch.setenv(_environment.STAGE_CPU_ENV, "1")
     assert _staging.Stager().stage_cpu
-    monkeypatch.setenv(_staging.STAGE_CPU_ENV, "0")
+    monkeypatch.setenv(_environment.STAGE_CPU_ENV, "0")
     assert not _staging.Stager().stage_cpu
-    monkeypatch.setenv(_staging.STAGE_CPU_ENV, "yes")
+    monkeypatch.setenv(_environment.STAGE_CPU_ENV, "yes")
     with pytest.raises(ValueError, match="GRADLANE_STAGE_CPU_TENSORS"):
         _staging.Stager()

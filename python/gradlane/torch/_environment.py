@@ -1,7 +1,9 @@
-"""The environment a gradlane process group reads: certificates, the
-addresses and ports its ranks listen on, and the failure policy. Each
-variable is checked where it is read, and a bad value is a ValueError
-naming it and saying what it takes."""
+"""Every GRADLANE_* variable the torch backend and hook read: certificates,
+the addresses and ports its ranks listen on, the failure policy,
+asynchrony, staging. Each is read and checked here only, and a bad value
+is a ValueError naming it and saying what it takes. The native module
+reads its own (threads, sockets, log filter) in python/src/settings.rs,
+and parses GRADLANE_PORT_RANGE for both."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import ipaddress
 import math
 import os
 import socket
+
+import gradlane
 
 
 def _free_udp_port(host: str) -> int:
@@ -34,23 +38,10 @@ def _free_udp_port(host: str) -> int:
 
 def port_range_from_env() -> tuple[int, int] | None:
     """GRADLANE_PORT_RANGE as (lo, hi), or None where unset; anything but
-    "lo-hi" with 1 <= lo <= hi <= 65535 is a ValueError naming it (the
-    Group reads the same variable for its own sockets)."""
-    value = os.environ.get("GRADLANE_PORT_RANGE", "").strip()
-    if not value:
-        return None
-    lo, sep, hi = value.partition("-")
-    try:
-        lo_port, hi_port = int(lo), int(hi)
-    except ValueError:
-        lo_port = hi_port = -1
-    if not sep or not 1 <= lo_port <= hi_port <= 65535:
-        raise ValueError(
-            f"gradlane: GRADLANE_PORT_RANGE {value!r} is not a port range lo-hi with "
-            "1 <= lo <= hi <= 65535 (such as 50000-50100): the UDP ports every socket "
-            "of a rank takes, for a firewall; unset, any free port"
-        )
-    return lo_port, hi_port
+    "lo-hi" with 1 <= lo <= hi <= 65535 is a ValueError naming it. Parsed
+    by the native module, which reads the same variable for the Group's
+    own sockets."""
+    return gradlane._native.port_range_from_env()
 
 
 CERT_FILES = ("ca.pem", "server.pem", "server.key")
@@ -118,6 +109,36 @@ def port_from_env(name: str) -> int:
     if not 1 <= port <= 65535:
         raise ValueError(f"gradlane: {name} {value!r} is not a port (1-65535)")
     return port
+
+
+def hook_port_from_env() -> int:
+    """The port the hook's own Group listens on at rank 0: GRADLANE_PORT,
+    else MASTER_PORT + 1; a ValueError where neither is set or either is
+    not a port."""
+    if "GRADLANE_PORT" in os.environ:
+        return port_from_env("GRADLANE_PORT")
+    if "MASTER_PORT" in os.environ:
+        return port_from_env("MASTER_PORT") + 1
+    raise ValueError(
+        "gradlane: the hook's own Group needs GRADLANE_PORT or MASTER_PORT "
+        "(rank 0 listens on MASTER_ADDR at that port, or MASTER_PORT + 1)"
+    )
+
+
+#: The test-only switch: stage CPU tensors through host buffers as well.
+STAGE_CPU_ENV = "GRADLANE_STAGE_CPU_TENSORS"
+
+
+def stage_cpu_tensors_from_env() -> bool:
+    """Whether GRADLANE_STAGE_CPU_TENSORS asks for CPU tensors to be
+    staged (tests); anything but unset, "" or "0" is a ValueError."""
+    value = os.environ.get(STAGE_CPU_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(
+            f"gradlane: {STAGE_CPU_ENV} {value!r} is not 0 or 1 (1 stages CPU tensors "
+            "through host buffers as CUDA tensors are: for tests; unset, 0)"
+        )
+    return value == "1"
 
 
 def rejoin_from_env() -> bool:

@@ -19,7 +19,7 @@ from gradlane.torch._environment import (
     cert_dir_from_env,
     idle_timeout_from_env,
     on_rank_failure_from_env,
-    port_from_env,
+    hook_port_from_env,
     rank_listen_from_env,
 )
 from gradlane.torch._issue_order import IssueOrder
@@ -218,15 +218,7 @@ class HookState:
         else:
             rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-        if "GRADLANE_PORT" in os.environ:
-            port = port_from_env("GRADLANE_PORT")
-        elif "MASTER_PORT" in os.environ:
-            port = port_from_env("MASTER_PORT") + 1
-        else:
-            raise ValueError(
-                "gradlane: the hook's own Group needs GRADLANE_PORT or MASTER_PORT "
-                "(rank 0 listens on MASTER_ADDR at that port, or MASTER_PORT + 1)"
-            )
+        port = hook_port_from_env()
         listen = f"{host}:{port}" if rank == 0 else rank_listen_from_env()
         self.group = gradlane.Group(
             rank,

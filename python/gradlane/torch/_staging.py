@@ -23,31 +23,17 @@ above runs where there is no GPU.
 
 from __future__ import annotations
 
-import os
 import threading
 
 import torch
 
-#: The test-only switch: stage CPU tensors through host buffers as well.
-STAGE_CPU_ENV = "GRADLANE_STAGE_CPU_TENSORS"
+from gradlane.torch._environment import stage_cpu_tensors_from_env
 
 #: Free host buffers kept for reuse, at most, per process (buffers in use
 #: are not counted: one collective's tensors always get their buffers).
 CACHE_LIMIT_BYTES = 1 << 30
 #: The smallest size class: smaller requests share buffers of this size.
 MIN_CLASS_BYTES = 1 << 12
-
-
-def stage_cpu_tensors() -> bool:
-    """Whether GRADLANE_STAGE_CPU_TENSORS asks for CPU tensors to be
-    staged (tests); anything but unset, "" or "0" is a ValueError."""
-    value = os.environ.get(STAGE_CPU_ENV, "")
-    if value not in ("", "0", "1"):
-        raise ValueError(
-            f"gradlane: {STAGE_CPU_ENV} {value!r} is not 0 or 1 (1 stages CPU tensors "
-            "through host buffers as CUDA tensors are: for tests; unset, 0)"
-        )
-    return value == "1"
 
 
 def size_class(nbytes: int) -> int:
@@ -115,7 +101,7 @@ class Stager:
     device."""
 
     def __init__(self, stage_cpu: bool | None = None):
-        self.stage_cpu = stage_cpu_tensors() if stage_cpu is None else stage_cpu
+        self.stage_cpu = stage_cpu_tensors_from_env() if stage_cpu is None else stage_cpu
         self._buffers: dict[bool, HostBuffers] = {}
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
         self._lock = threading.Lock()
