@@ -1,8 +1,11 @@
-"""One allreduce through torch.distributed, gloo against the gradlane
-backend, alternated in one run on the ranks torchrun starts.
+"""One allreduce (or one send/recv) through torch.distributed, gloo
+against the gradlane backend, alternated in one run on the ranks torchrun
+starts.
 
     GRADLANE_CERT_DIR=certs torchrun --nproc-per-node 2 \\
         scripts/allreduce_vs_gloo.py --sizes-mb 100 0.004
+    GRADLANE_CERT_DIR=certs torchrun --nproc-per-node 2 \\
+        scripts/allreduce_vs_gloo.py --op send_recv
 
 Every rank joins both process groups (gloo, then gradlane on the same
 store); each repetition runs the size once over each, in alternating order,
@@ -12,6 +15,11 @@ as nccl-tests counts it), and the CPU seconds per GB of tensor that this
 process spent (every thread: the caller's, gloo's, gradlane's runtime),
 which a noisy machine disturbs less than wall time. Then the ratio
 gradlane / gloo of each.
+
+With --op send_recv each even rank sends the tensor to the next odd one:
+the time is the later of the pair's (the send returned and the receive
+holds the data), the bandwidth the tensor over it, and the CPU both
+processes of the pair spent.
 """
 
 from __future__ import annotations
@@ -25,13 +33,28 @@ import torch
 import torch.distributed as dist
 
 
-def timed(group, t: torch.Tensor) -> tuple[float, float]:
-    """(wall seconds, this process's CPU seconds) of one allreduce, after
-    a barrier so that every rank starts together."""
+def timed(group, t: torch.Tensor, op: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one allreduce or send/recv, after a
+    barrier so that every rank starts together: this process's for an
+    allreduce, the pair's (the later wall, the summed CPU) for a send/recv."""
     dist.barrier(group=group)
     cpu, wall = time.process_time(), time.perf_counter()
-    dist.all_reduce(t, group=group)
-    return time.perf_counter() - wall, time.process_time() - cpu
+    rank = dist.get_rank()
+    if op == "allreduce":
+        dist.all_reduce(t, group=group)
+    elif rank % 2 == 0:
+        dist.send(t, dst=rank + 1, group=group)
+    else:
+        dist.recv(t, src=rank - 1, group=group)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    if op == "send_recv":
+        # Outside the timed part, over gloo: the pair's figures.
+        walls = torch.tensor([wall], dtype=torch.float64)
+        cpus = torch.tensor([cpu], dtype=torch.float64)
+        dist.all_reduce(walls, op=dist.ReduceOp.MAX)
+        dist.all_reduce(cpus)
+        wall, cpu = float(walls), float(cpus) * 2 / dist.get_world_size()
+    return wall, cpu
 
 
 def main() -> None:
@@ -44,6 +67,8 @@ def main() -> None:
     )
     p.add_argument("--reps", type=int, default=8, help="timed repetitions per size (default 8)")
     p.add_argument("--warmup", type=int, default=2, help="untimed repetitions first (default 2)")
+    p.add_argument("--op", choices=["allreduce", "send_recv"], default="allreduce",
+                   help="the op timed (send_recv: even ranks send to the next odd one)")
     p.add_argument("--json", help="also write the figures to this file (rank 0)")
     args = p.parse_args()
     import gradlane.torch  # noqa: F401 - registers the backend
@@ -51,8 +76,10 @@ def main() -> None:
     dist.init_process_group("gloo")
     groups = {"gloo": dist.group.WORLD, "gradlane": dist.new_group(backend="gradlane")}
     rank, world = dist.get_rank(), dist.get_world_size()
+    if args.op == "send_recv" and world % 2:
+        raise SystemExit("send_recv pairs the ranks: run an even number")
     if rank == 0:
-        print(f"allreduce over {world} ranks, gloo and gradlane alternated", flush=True)
+        print(f"{args.op} over {world} ranks, gloo and gradlane alternated", flush=True)
     rows = []
     for mb in args.sizes_mb:
         n = max(1, int(mb * 1e6 / 4))
@@ -61,20 +88,25 @@ def main() -> None:
         for rep in range(args.warmup + args.reps):
             order = list(groups) if rep % 2 == 0 else list(groups)[::-1]
             for name in order:
-                t.fill_(1.0)
-                wall, cpu = timed(groups[name], t)
+                t.fill_(1.0 + rank)
+                wall, cpu = timed(groups[name], t, args.op)
                 if rep >= args.warmup:
                     got[name].append((wall, cpu))
-            if not torch.all(t == world):
-                raise SystemExit(f"wrong sum: {t[:4].tolist()} (expected {world})")
+                if args.op == "allreduce":
+                    want = world * (world + 1) / 2
+                else:  # a receiver holds its sender's 1 + (rank - 1)
+                    want = rank if rank % 2 else rank + 1
+                if not torch.all(t == want):
+                    raise SystemExit(f"{name}: got {t[:4].tolist()}, expected {want}")
         gb = n * 4 / 1e9
-        row = {"mb": n * 4 / 1e6, "ranks": world}
+        row = {"op": args.op, "mb": n * 4 / 1e6, "ranks": world}
+        moved = 2 * (world - 1) / world * gb if args.op == "allreduce" else gb
         for name, samples in got.items():
             wall = statistics.median(s[0] for s in samples)
             cpu = statistics.median(s[1] for s in samples)
             row[name] = {
                 "ms": wall * 1e3,
-                "bus_gbit_s": 2 * (world - 1) / world * gb * 8 / wall,
+                "bus_gbit_s": moved * 8 / wall,
                 "cpu_s_per_gb": cpu / gb,
             }
         row["ratio_ms"] = row["gradlane"]["ms"] / row["gloo"]["ms"]

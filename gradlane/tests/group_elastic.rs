@@ -32,10 +32,23 @@ const WORLD: usize = 4;
 /// 8 s: long enough that a live rank's keep-alives get through though the
 /// tests of this file share two cores, short enough to run quickly.
 async fn elastic_group(tag: &str, loss: f64) -> Vec<Group> {
+    elastic_group_with(tag, loss, |_, _| {}).await
+}
+
+/// [`elastic_group`], each rank's configuration changed by `tweak` first.
+async fn elastic_group_with(
+    tag: &str,
+    loss: f64,
+    tweak: impl Fn(usize, &mut GroupConfig),
+) -> Vec<Group> {
     logs();
     let dir = cert_dir(tag);
     let root = free_port();
-    let joins = (0..WORLD).map(|r| Group::join(elastic_config(&dir, r, root, loss)));
+    let joins = (0..WORLD).map(|r| {
+        let mut config = elastic_config(&dir, r, root, loss);
+        tweak(r, &mut config);
+        Group::join(config)
+    });
     join_all(joins)
         .await
         .into_iter()
@@ -285,6 +298,45 @@ async fn two_ranks_killed_at_once_and_the_coordinator_killed() {
     assert_eq!(groups[0].members(), &[2, 3]);
     assert_eq!(groups[0].epoch(), 2);
     drop((first, second));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_that_dies_while_the_new_mesh_forms_is_left_out_of_the_view_after() {
+    let n = 5000;
+    // Rank 3 dies; rank 2 agrees on the view without it, then dies as it
+    // starts forming that view's mesh. Ranks 0 and 1 wait for its links
+    // in vain, agree on a view without it too, and finish the allreduce.
+    let mut groups = elastic_group_with("elastic-remesh", 0.0, |r, c| {
+        if r == 2 {
+            c.sever_at_view = Some(1);
+        }
+    })
+    .await;
+    let dead = groups.pop().unwrap();
+    cut_off(&dead);
+    let inputs: Vec<Vec<f32>> = (0..3).map(|r| values(r, 6, n)).collect();
+    let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
+    let out = allreduce_mean(&mut alive, &inputs).await;
+    let want = mean_of(&[&inputs[0], &inputs[1]]);
+    for (r, (res, buf)) in out.iter().take(2).enumerate() {
+        assert!(res.is_ok(), "rank {r}: {res:?}");
+        same_bits(buf, &want, &format!("died in the re-mesh, rank {r}"));
+    }
+    is_out(&out[2].0);
+    for g in &groups[..2] {
+        assert_eq!(g.members(), &[0, 1]);
+        assert_eq!(g.epoch(), 2, "view 1 lost rank 2 while forming");
+    }
+    // View 2's mesh is whole: the next allreduce runs on it.
+    let inputs: Vec<Vec<f32>> = (0..2).map(|r| values(r, 7, n)).collect();
+    let mut alive: Vec<&mut Group> = groups.iter_mut().take(2).collect();
+    let out = allreduce_mean(&mut alive, &inputs).await;
+    let want = mean_of(&inputs.iter().collect::<Vec<_>>());
+    for (r, (res, buf)) in out.iter().enumerate() {
+        assert!(res.is_ok(), "rank {r}, the view after: {res:?}");
+        same_bits(buf, &want, &format!("the view after, rank {r}"));
+    }
+    drop(dead);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

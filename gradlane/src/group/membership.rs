@@ -345,31 +345,65 @@ impl Group {
         self.membership.announced.clear();
         let suspects = std::mem::take(&mut self.membership.lost);
         let alarms = std::mem::take(&mut self.membership.alarms);
-        let decision = self.agree(suspects, alarms, has_result).await;
-        let formed = match decision {
-            Ok(decision) => self.form_view(&decision).await.map(|()| decision),
-            Err(e) => Err(e),
-        };
-        let decision = match formed {
-            Ok(decision) => decision,
-            Err(e) => {
-                // Whatever stopped the agreement or the new mesh, this
-                // rank is out: it must not go on with its old state.
-                self.membership.removed = Some(match &e {
-                    GroupError::Removed { epoch, why, .. } => (*epoch, why.clone()),
-                    e => (self.epoch(), e.to_string()),
-                });
-                return Err(e);
+        self.settle(suspects, alarms, has_result).await
+    }
+
+    /// Agrees on the next view and forms its mesh, again without any
+    /// member that did not link up (it died after the agreement, or this
+    /// rank cannot reach it), until a view's mesh is whole: each round
+    /// leaves a rank out, so at most a view's size of them. Says what
+    /// becomes of the collective in flight, as the last view decided.
+    /// `has_result`: this rank holds the result of the call it is in.
+    pub(super) async fn settle(
+        &mut self,
+        mut suspects: BTreeSet<usize>,
+        mut alarms: BTreeMap<usize, Bytes>,
+        mut has_result: bool,
+    ) -> Result<ViewOutcome, GroupError> {
+        let me = self.membership.joined_rank;
+        loop {
+            let formed = match self.agree(suspects, alarms, has_result).await {
+                Ok(decision) => self
+                    .form_view(&decision)
+                    .await
+                    .map(|unlinked| (decision, unlinked)),
+                Err(e) => Err(e),
+            };
+            let (decision, unlinked) = match formed {
+                Ok(formed) => formed,
+                Err(e) => {
+                    // Whatever stopped the agreement or the new mesh, this
+                    // rank is out: it must not go on with its old state.
+                    self.membership.removed = Some(match &e {
+                        GroupError::Removed { epoch, why, .. } => (*epoch, why.clone()),
+                        e => (self.epoch(), e.to_string()),
+                    });
+                    return Err(e);
+                }
+            };
+            if unlinked.is_empty() {
+                tracing::warn!(
+                    rank = me,
+                    epoch = decision.epoch,
+                    members = ?decision.members,
+                    outcome = ?decision.outcome,
+                    "the group goes on without the ranks it lost"
+                );
+                return Ok(decision.outcome);
             }
-        };
-        tracing::warn!(
-            rank = me,
-            epoch = decision.epoch,
-            members = ?decision.members,
-            outcome = ?decision.outcome,
-            "the group goes on without the ranks it lost"
-        );
-        Ok(decision.outcome)
+            tracing::warn!(
+                rank = me,
+                epoch = decision.epoch,
+                unlinked = ?unlinked.iter().map(|&p| self.membership.members[p]).collect::<Vec<_>>(),
+                "members of the new view did not link up; agreeing on the next without them"
+            );
+            // Still this call: a result held is still held where the view
+            // completed it, and to be run again where it did not.
+            let call = self.membership.calls;
+            has_result &= decision.outcome == ViewOutcome::Complete { call };
+            suspects = unlinked.into_iter().collect();
+            alarms = BTreeMap::new();
+        }
     }
 
     /// The agreement on the next view (the module's header): drives the
@@ -538,8 +572,17 @@ impl Group {
     /// Forms the mesh of `decision`'s view among its members on this
     /// rank's endpoint, closes the old links (those to ranks left out with
     /// [`codes::REMOVED`]) and registers the buckets again, each keeping
-    /// what it carries into the next gradient.
-    pub(super) async fn form_view(&mut self, decision: &ViewDecision) -> Result<(), GroupError> {
+    /// what it carries into the next gradient. Returns the places of the
+    /// members no link to which formed: then the view is installed with
+    /// their links missing, for the next agreement only (no collective
+    /// runs on it; its paths and buckets wait for a whole mesh).
+    pub(super) async fn form_view(
+        &mut self,
+        decision: &ViewDecision,
+    ) -> Result<Vec<usize>, GroupError> {
+        if self.membership.config.sever_at_view == Some(decision.epoch) {
+            self.endpoint.sever(true);
+        }
         let m = &self.membership;
         let members = decision.members.clone();
         let place = members
@@ -568,19 +611,8 @@ impl Group {
             &decision.members,
             wait,
         )
-        .await
-        .map_err(|e| match e {
-            GroupError::Missing {
-                missing,
-                waited,
-                failed,
-            } => GroupError::Missing {
-                missing: missing.iter().map(|&p| members[p]).collect(),
-                waited,
-                failed,
-            },
-            e => e,
-        })?;
+        .await?;
+        let unlinked = links.missing;
         let reason = format!(
             "removed from the group in view {} (members {members:?})",
             decision.epoch
@@ -597,6 +629,7 @@ impl Group {
             }
         }
         let (senders, receivers) = links
+            .links
             .into_iter()
             .map(|l| match l.map(crate::link::Link::split) {
                 Some((s, r)) => (Some(s), Some(r)),
@@ -612,6 +645,9 @@ impl Group {
         self.stripes = (0..members.len()).map(|_| Vec::new()).collect();
         self.membership.members = members;
         self.open_point_to_point();
+        if !unlinked.is_empty() {
+            return Ok(unlinked);
+        }
         // Every member, and a rank rejoining, stripes the new view's pairs
         // at this point, before anything else is sent on them.
         let config = self.membership.config.clone();
@@ -626,6 +662,6 @@ impl Group {
                 b.residual = old.residual;
             }
         }
-        Ok(())
+        Ok(Vec::new())
     }
 }

@@ -29,6 +29,7 @@ use gradlane_core::group::{
     AddressTable, GroupMessageError, JoinRequest, Joiners, ViewDecision, ViewOutcome,
 };
 use quinn::VarInt;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -159,7 +160,20 @@ impl Group {
             &decision.members,
             wait,
         )
-        .await?;
+        .await?
+        .whole()
+        .map_err(|e| match e {
+            GroupError::Missing {
+                missing,
+                waited,
+                failed,
+            } => GroupError::Missing {
+                missing: missing.iter().map(|&p| decision.members[p]).collect(),
+                waited,
+                failed,
+            },
+            e => e,
+        })?;
         // The contact kept its end open until its mesh was up; so did this.
         drop(contact_link);
         let mut membership = Membership::new(config, table);
@@ -236,8 +250,19 @@ impl Group {
         self.membership.epoch = decision.epoch;
         let formed = self.form_view(&decision).await;
         self.membership.admitting.clear();
-        formed?;
-        self.membership.joined = joiners.iter().map(|j| j.0).collect();
+        let unlinked = formed?;
+        if !unlinked.is_empty() {
+            // A member or a joiner died while the mesh formed: the next
+            // view goes on without it, between collectives (this call's
+            // result is in every member's hands).
+            self.settle(unlinked.into_iter().collect(), BTreeMap::new(), true)
+                .await?;
+        }
+        self.membership.joined = joiners
+            .iter()
+            .map(|j| j.0)
+            .filter(|&r| self.place_of(r).is_some())
+            .collect();
         tracing::info!(
             rank = self.membership.joined_rank,
             epoch = decision.epoch,

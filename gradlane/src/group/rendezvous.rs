@@ -67,7 +67,14 @@ pub(super) async fn join(mut config: GroupConfig) -> Result<Group, GroupError> {
         epoch: 0,
         digest: None,
     };
-    let forming = form(&config, &endpoint, &mut links, &mut failed, first);
+    let forming = form(
+        &config,
+        &endpoint,
+        &mut links,
+        &mut failed,
+        first,
+        Dials::InTurn,
+    );
     let formed = tokio::time::timeout_at(deadline, forming).await;
     match formed {
         Ok(Ok(table)) => {
@@ -158,9 +165,41 @@ struct ViewMark {
     digest: Option<u64>,
 }
 
+/// The mesh of a new view as it stood when forming it ended: a link to
+/// each member that came, `None` at this rank's place and at each of
+/// `missing`'s.
+pub(super) struct ViewMesh {
+    pub(super) links: Vec<Option<Link>>,
+    /// The places of the members no link to which formed in time: dead
+    /// since the agreement, or unreachable from this rank.
+    pub(super) missing: Vec<usize>,
+    /// How long forming it waited.
+    pub(super) waited: Duration,
+    /// The accepted connections that failed their handshake.
+    pub(super) failed: Vec<(SocketAddr, HandshakeFailure)>,
+}
+
+impl ViewMesh {
+    /// Every link, or the error naming the members that did not come.
+    pub(super) fn whole(self) -> Result<Vec<Option<Link>>, GroupError> {
+        match self.missing.is_empty() {
+            true => Ok(self.links),
+            false => Err(GroupError::Missing {
+                missing: self.missing,
+                waited: self.waited,
+                failed: self.failed,
+            }),
+        }
+    }
+}
+
 /// Forms the mesh of view `epoch` among the ranks of `table` (where each
 /// listens), this rank being `place` among them, on `endpoint`, within
-/// `wait`: a new view's links after the group lost a rank.
+/// `wait`: a new view's links after the group lost a rank. A member that
+/// does not come within `wait` (it died after the agreement) or cannot be
+/// reached is `missing`, not an error: the caller agrees on the next view
+/// without it. A member forming the same view with other members is an
+/// error.
 pub(super) async fn form_view(
     config: &GroupConfig,
     endpoint: &Endpoint,
@@ -169,7 +208,7 @@ pub(super) async fn form_view(
     epoch: u64,
     members: &[usize],
     wait: Duration,
-) -> Result<Vec<Option<Link>>, GroupError> {
+) -> Result<ViewMesh, GroupError> {
     let mark = ViewMark {
         epoch,
         digest: Some(view_digest(epoch, members)),
@@ -182,18 +221,38 @@ pub(super) async fn form_view(
     };
     let mut links: Vec<Option<Link>> = (0..view.world).map(|_| None).collect();
     let mut failed = Vec::new();
-    let forming = form(&view, endpoint, &mut links, &mut failed, mark);
-    match tokio::time::timeout(wait, forming).await {
-        Ok(Ok(_)) => Ok(links),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(GroupError::Missing {
-            missing: (0..view.world)
-                .filter(|&r| r != place && links[r].is_none())
-                .collect(),
-            waited: wait,
-            failed,
-        }),
+    let forming = form(
+        &view,
+        endpoint,
+        &mut links,
+        &mut failed,
+        mark,
+        Dials::EachAlone,
+    );
+    if let Ok(Err(e)) = tokio::time::timeout(wait, forming).await {
+        return Err(e);
     }
+    let missing = (0..view.world)
+        .filter(|&r| r != place && links[r].is_none())
+        .collect();
+    Ok(ViewMesh {
+        links,
+        missing,
+        waited: wait,
+        failed,
+    })
+}
+
+/// How a rank connects to the lower ranks of a mesh.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dials {
+    /// One after the other, the first failure failing the mesh: the
+    /// join, where every rank must come and a refusal names its reason.
+    InTurn,
+    /// All at once, a failure leaving that rank's link out: a new view,
+    /// where a member that died since the agreement must not keep this
+    /// rank from linking up with the others.
+    EachAlone,
 }
 
 /// Fills `links` with a link to every other rank of view `epoch` and
@@ -205,6 +264,7 @@ async fn form(
     links: &mut [Option<Link>],
     failed: &mut Vec<(SocketAddr, HandshakeFailure)>,
     mark: ViewMark,
+    dials: Dials,
 ) -> Result<Vec<SocketAddr>, GroupError> {
     let (rank, world) = (config.rank, config.world);
     let table = match &config.rendezvous {
@@ -261,6 +321,25 @@ async fn form(
     let (lower, rest) = links.split_at_mut(rank);
     let higher = &mut rest[1..];
     let connect = async {
+        if dials == Dials::EachAlone {
+            let table = &table;
+            let mut dialing: FuturesUnordered<_> = (0..lower.len())
+                .filter(|&r| lower[r].is_none())
+                .map(|r| async move {
+                    (
+                        r,
+                        connect_to(config, endpoint, r, table[r], false, mark).await,
+                    )
+                })
+                .collect();
+            while let Some((r, dialed)) = dialing.next().await {
+                match dialed {
+                    Ok(link) => lower[r] = Some(link),
+                    Err(e) => tracing::info!(rank = r, %e, "no link to a member of the new view"),
+                }
+            }
+            return Ok(());
+        }
         for (r, slot) in lower.iter_mut().enumerate() {
             if slot.is_none() {
                 *slot = Some(connect_to(config, endpoint, r, table[r], false, mark).await?);
