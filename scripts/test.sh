@@ -81,7 +81,8 @@ python_tests() {
     # The pytest script, not `python -m pytest`, which would put the
     # working directory on sys.path: the tests import the installed wheel.
     # Whole files to each worker, so that a file's module fixtures run once.
-    "$VENV/bin/pytest" -n "${GRADLANE_TEST_WORKERS:-2}" --dist loadfile python/tests
+    # The slowest tests listed at the end: where the budget goes.
+    "$VENV/bin/pytest" -n "${GRADLANE_TEST_WORKERS:-2}" --dist loadfile --durations=25 python/tests
 }
 # A subshell not tested by || or &&: inside a tested one bash ignores
 # set -e, and a failed step would not stop the half.

@@ -172,10 +172,28 @@ async fn read_message(stream: &mut Prefixed) -> Result<Option<(u64, Bytes)>, Lin
     let mut len = [0u8; 4];
     len.copy_from_slice(&head[8..]);
     let (tag, len) = (u64::from_le_bytes(tag), u32::from_le_bytes(len) as usize);
-    // Grown as the body arrives: a length alone reserves at most 16 MiB.
-    let mut body = BytesMut::with_capacity(len.min(16 << 20));
-    while body.len() < len {
-        body.extend_from_slice(&stream.read_chunk(len - body.len()).await?);
+    // quinn's chunks as they come (a length alone reserves nothing), then
+    // copied once into a buffer of the whole length: growing one buffer
+    // as they came copied a large message about twice over.
+    let mut chunks = Vec::new();
+    let mut got = 0;
+    while got < len {
+        let chunk = stream.read_chunk(len - got).await?;
+        got += chunk.len();
+        chunks.push(chunk);
     }
-    Ok(Some((tag, body.freeze())))
+    Ok(Some((tag, joined(chunks, len))))
+}
+
+/// `chunks` (of `len` bytes in all) as one buffer: the chunk itself where
+/// there is one, else one copy.
+fn joined(mut chunks: Vec<Bytes>, len: usize) -> Bytes {
+    if chunks.len() == 1 {
+        return chunks.pop().unwrap_or_default();
+    }
+    let mut body = BytesMut::with_capacity(len);
+    for chunk in &chunks {
+        body.extend_from_slice(chunk);
+    }
+    body.freeze()
 }
