@@ -16,10 +16,11 @@ process spent (every thread: the caller's, gloo's, gradlane's runtime),
 which a noisy machine disturbs less than wall time. Then the ratio
 gradlane / gloo of each.
 
-With --op send_recv each even rank sends the tensor to the next odd one:
-the time is the later of the pair's (the send returned and the receive
-holds the data), the bandwidth the tensor over it, and the CPU both
-processes of the pair spent.
+With --op send_recv each even rank sends the tensor to the next odd one,
+which sends it back (a ping-pong, so that how far apart the barrier let
+the two start does not count): the time is half the round trip (the later
+of the pair's), the bandwidth the tensor over it, and the CPU both
+processes of the pair spent, halved.
 """
 
 from __future__ import annotations
@@ -44,16 +45,19 @@ def timed(group, t: torch.Tensor, op: str) -> tuple[float, float]:
         dist.all_reduce(t, group=group)
     elif rank % 2 == 0:
         dist.send(t, dst=rank + 1, group=group)
+        dist.recv(t, src=rank + 1, group=group)
     else:
         dist.recv(t, src=rank - 1, group=group)
+        dist.send(t, dst=rank - 1, group=group)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     if op == "send_recv":
-        # Outside the timed part, over gloo: the pair's figures.
+        # Outside the timed part, over gloo: the pair's figures, for one
+        # of the two transfers.
         walls = torch.tensor([wall], dtype=torch.float64)
         cpus = torch.tensor([cpu], dtype=torch.float64)
         dist.all_reduce(walls, op=dist.ReduceOp.MAX)
         dist.all_reduce(cpus)
-        wall, cpu = float(walls), float(cpus) * 2 / dist.get_world_size()
+        wall, cpu = float(walls) / 2, float(cpus) / dist.get_world_size()
     return wall, cpu
 
 
@@ -94,8 +98,8 @@ def main() -> None:
                     got[name].append((wall, cpu))
                 if args.op == "allreduce":
                     want = world * (world + 1) / 2
-                else:  # a receiver holds its sender's 1 + (rank - 1)
-                    want = rank if rank % 2 else rank + 1
+                else:  # both hold the even rank's 1 + rank, sent and sent back
+                    want = rank + 1 - rank % 2
                 if not torch.all(t == want):
                     raise SystemExit(f"{name}: got {t[:4].tolist()}, expected {want}")
         gb = n * 4 / 1e9

@@ -121,6 +121,7 @@
 #![warn(unreachable_pub)]
 
 mod attempts;
+mod buffer_pool;
 mod config;
 mod config_error;
 mod congestion;
@@ -139,6 +140,7 @@ mod tuning;
 #[cfg(test)]
 mod tests;
 
+pub use buffer_pool::BufferPool;
 pub use config::{
     Config, ConfigError, Packets, QuicSettings, ReceiverLimits, Scoring, DEFAULT_CONNECT_TIMEOUT,
     ETHERNET_UDP_PAYLOAD, JUMBO_UDP_PAYLOAD, MAX_UDP_PAYLOAD, MIN_UDP_PAYLOAD,
@@ -169,8 +171,8 @@ pub use group::{
 pub use handshake_failure::{HandshakeFailure, Refuser};
 pub use link::{
     DatagramSize, LayoutId, Link, LinkError, LinkReceiver, LinkSender, LossyCarrier, LossyRelease,
-    PointToPointReceiver, PointToPointSender, RoundArrival, RoundTiming, SendReport, CLOSE_WAIT,
-    MAX_MESSAGE_BYTES,
+    MessageBody, PointToPointReceiver, PointToPointSender, RoundArrival, RoundTiming, SendReport,
+    CLOSE_WAIT, MAX_MESSAGE_BYTES,
 };
 pub use socket::batching::BatchCounts;
 pub use socket::faults::{FaultStats, Faults};

@@ -6,8 +6,22 @@ use crate::buffer::{InBuf, OutBuf};
 use crate::errors::CallError;
 use crate::group::PyGroup;
 use crate::runtime;
+use gradlane::BufferPool;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use std::sync::{Arc, OnceLock};
+
+/// Free send buffers kept for reuse, at most, per process: a sent buffer
+/// stays with quinn until the peer acknowledged it, and a fresh one for
+/// every large send costs a page fault per 4 KiB.
+const SEND_POOL_BYTES: usize = 512 << 20;
+
+/// The buffers sends copy into (a send returns before quinn is done with
+/// its bytes, and the caller may reuse its tensor then).
+fn send_pool() -> &'static Arc<BufferPool> {
+    static POOL: OnceLock<Arc<BufferPool>> = OnceLock::new();
+    POOL.get_or_init(|| BufferPool::new(SEND_POOL_BYTES))
+}
 
 #[pymethods]
 impl PyGroup {
@@ -21,7 +35,7 @@ impl PyGroup {
     fn send(&self, py: Python<'_>, peer: i64, tag: i64, buf: &Bound<'_, PyAny>) -> PyResult<()> {
         let (peer, tag) = (rank_arg("peer", peer)?, tag_arg(tag)?);
         let body = InBuf::<u8>::get(buf, "buf", "uint8")?;
-        let body = body.as_slice().to_vec();
+        let body = send_pool().copy_of(body.as_slice());
         let p2p = self.point_to_point_now()?;
         py.detach(|| Ok(runtime()?.block_on(p2p.send(peer, tag, body))?))
             .map_err(|e: CallError| e.into_py(py))
@@ -50,14 +64,13 @@ impl PyGroup {
             .detach(|| Ok(runtime()?.block_on(p2p.recv(source, tag))?))
             .map_err(|e: CallError| e.into_py(py))?;
         let out = out.as_mut_slice();
-        if body.len() != out.len() {
+        if !body.copy_to(out) {
             return Err(PyValueError::new_err(format!(
                 "recv: rank {from} sent {} bytes with tag {tag}; buf holds {}",
                 body.len(),
                 out.len()
             )));
         }
-        out.copy_from_slice(&body);
         Ok(from)
     }
 }

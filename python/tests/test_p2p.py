@@ -56,6 +56,20 @@ def scenario_p2p(rank):
             dist.recv(got, left)
             dist.send(sample(dtype, rank), right)
         out["ring"][dtype] = as_bytes(got)
+    # Blocking sends and receives ran on this thread: no lane's was needed.
+    import threading
+    out["lanes"] = sorted(t.name for t in threading.enumerate() if t.name.startswith("gradlane-pg"))
+    # An isend (on its lane) then a blocking send to the same peer and tag:
+    # they arrive in that order.
+    if rank == 0:
+        pending = dist.isend(torch.full((50_000,), 7.0), 1, tag=9)
+        dist.send(torch.full((2,), 8.0), 1, tag=9)
+        pending.wait()
+    elif rank == 1:
+        first, second = torch.empty(50_000), torch.empty(2)
+        dist.recv(first, 0, tag=9)
+        dist.recv(second, 0, tag=9)
+        out["in_order"] = (first[0].item(), second.tolist())
     # Tags: rank 0 sends tag 1 then tag 2 to rank 1, which receives 2 first.
     if rank == 0:
         dist.send(torch.full((3,), 1.0), 1, tag=1)
@@ -137,6 +151,10 @@ def test_point_to_point(which, request):
         assert got[r]["strided"] == want, f"rank {r}"
         assert got[r]["batch"] == (10.0 * left, 10.0 * ((r + 1) % world) + 1)
     assert got[1]["tags"] == ([1.0] * 3, [2.0] * 3)
+    assert got[1]["in_order"] == (7.0, [8.0, 8.0])
+    if which == "p2p":
+        # Unstaged, dist.send and dist.recv run on the caller's thread.
+        assert all(got[r]["lanes"] == [] for r in range(world)), [g["lanes"] for g in got]
     assert got[2]["any"] == [(0, [0.0] * 4), (1, [1.0] * 4)]
 
 

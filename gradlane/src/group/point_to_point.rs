@@ -27,7 +27,7 @@
 //! it.
 
 use super::GroupError;
-use crate::link::{LinkError, PointToPointReceiver, PointToPointSender};
+use crate::link::{LinkError, MessageBody, PointToPointReceiver, PointToPointSender};
 use bytes::Bytes;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -70,7 +70,7 @@ struct Mailbox {
 
 #[derive(Default)]
 struct Held {
-    by_tag: HashMap<u64, VecDeque<Bytes>>,
+    by_tag: HashMap<u64, VecDeque<MessageBody>>,
     bytes: usize,
     /// Why the peer's messages ended (its link failed or closed).
     ended: Option<String>,
@@ -162,10 +162,15 @@ impl PointToPoint {
 
     /// Receives the oldest message with `tag` from rank `from`, or from
     /// whichever rank has one (`None`: the lowest rank first when several
-    /// have); returns the rank it came from and the body. Fails when that
+    /// have); returns the rank it came from and the body, as it came
+    /// ([`MessageBody::copy_to`] the buffer it is for). Fails when that
     /// rank's link fails (any rank's, receiving from any), or past the
     /// group's collective timeout.
-    pub async fn recv(&self, from: Option<usize>, tag: u64) -> Result<(usize, Bytes), GroupError> {
+    pub async fn recv(
+        &self,
+        from: Option<usize>,
+        tag: u64,
+    ) -> Result<(usize, MessageBody), GroupError> {
         let sources: Vec<(usize, &Peer)> = match from {
             Some(r) => vec![(r, self.peer("recv", r)?)],
             None => self

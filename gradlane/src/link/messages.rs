@@ -29,7 +29,64 @@ pub const MAX_MESSAGE_BYTES: usize = u32::MAX as usize;
 
 /// What the message reader hands over: a tag and a body, or why the
 /// messages ended.
-pub(super) type Message = Result<(u64, Bytes), LinkError>;
+pub(super) type Message = Result<(u64, MessageBody), LinkError>;
+
+/// A message's body as it came: quinn's chunks in order, not yet copied
+/// together. Point-to-point receives copy it once, straight into the
+/// receiver's buffer ([`copy_to`](Self::copy_to)); the collectives take
+/// it as one buffer ([`into_bytes`](Self::into_bytes)).
+#[derive(Debug, Clone, Default)]
+pub struct MessageBody {
+    chunks: Vec<Bytes>,
+    len: usize,
+}
+
+impl MessageBody {
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies it into `out`, which must be exactly [`len`](Self::len)
+    /// bytes long; returns false (and copies nothing) where it is not.
+    pub fn copy_to(&self, out: &mut [u8]) -> bool {
+        if out.len() != self.len {
+            return false;
+        }
+        let mut at = 0;
+        for chunk in &self.chunks {
+            out[at..at + chunk.len()].copy_from_slice(chunk);
+            at += chunk.len();
+        }
+        true
+    }
+
+    /// As one buffer: the chunk itself where there is one, else one copy.
+    pub fn into_bytes(mut self) -> Bytes {
+        if self.chunks.len() <= 1 {
+            return self.chunks.pop().unwrap_or_default();
+        }
+        let mut body = BytesMut::with_capacity(self.len);
+        for chunk in &self.chunks {
+            body.extend_from_slice(chunk);
+        }
+        body.freeze()
+    }
+}
+
+impl From<Bytes> for MessageBody {
+    fn from(b: Bytes) -> Self {
+        Self {
+            len: b.len(),
+            chunks: vec![b],
+        }
+    }
+}
 
 pub(super) fn queue() -> (mpsc::Sender<Message>, mpsc::Receiver<Message>) {
     mpsc::channel(QUEUED_MESSAGES)
@@ -93,7 +150,7 @@ impl LinkReceiver {
     /// Receives the peer's next message: its tag and body.
     pub async fn recv_message(&mut self) -> Result<(u64, Bytes), LinkError> {
         match self.messages.recv().await {
-            Some(m) => m,
+            Some(m) => m.map(|(tag, body)| (tag, body.into_bytes())),
             None => Err(self.closed_error(self.conn.closed().await)),
         }
     }
@@ -162,7 +219,7 @@ fn truncated() -> LinkError {
 }
 
 /// One message, or `None` at a clean end of the stream.
-async fn read_message(stream: &mut Prefixed) -> Result<Option<(u64, Bytes)>, LinkError> {
+async fn read_message(stream: &mut Prefixed) -> Result<Option<(u64, MessageBody)>, LinkError> {
     let mut head = [0u8; MESSAGE_HEAD];
     if !stream.read_exact(&mut head).await? {
         return Ok(None);
@@ -172,9 +229,8 @@ async fn read_message(stream: &mut Prefixed) -> Result<Option<(u64, Bytes)>, Lin
     let mut len = [0u8; 4];
     len.copy_from_slice(&head[8..]);
     let (tag, len) = (u64::from_le_bytes(tag), u32::from_le_bytes(len) as usize);
-    // quinn's chunks as they come (a length alone reserves nothing), then
-    // copied once into a buffer of the whole length: growing one buffer
-    // as they came copied a large message about twice over.
+    // quinn's chunks as they come: a length alone reserves nothing, and
+    // the body is copied once, where it is wanted.
     let mut chunks = Vec::new();
     let mut got = 0;
     while got < len {
@@ -182,18 +238,5 @@ async fn read_message(stream: &mut Prefixed) -> Result<Option<(u64, Bytes)>, Lin
         got += chunk.len();
         chunks.push(chunk);
     }
-    Ok(Some((tag, joined(chunks, len))))
-}
-
-/// `chunks` (of `len` bytes in all) as one buffer: the chunk itself where
-/// there is one, else one copy.
-fn joined(mut chunks: Vec<Bytes>, len: usize) -> Bytes {
-    if chunks.len() == 1 {
-        return chunks.pop().unwrap_or_default();
-    }
-    let mut body = BytesMut::with_capacity(len);
-    for chunk in &chunks {
-        body.extend_from_slice(chunk);
-    }
-    body.freeze()
+    Ok(Some((tag, MessageBody { chunks, len })))
 }

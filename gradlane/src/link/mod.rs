@@ -72,7 +72,7 @@ use close::{ControlTx, Linger, SharedControl};
 pub use gradlane_core::protocol::{DatagramSize, LossyCarrier, LossyRelease, RoundTiming};
 pub use layouts::LayoutId;
 use layouts::Receivers;
-pub use messages::MAX_MESSAGE_BYTES;
+pub use messages::{MessageBody, MAX_MESSAGE_BYTES};
 pub use point_to_point::{PointToPointReceiver, PointToPointSender};
 
 use receive::{control_reader, datagram_reader, stream_acceptor};

@@ -10,7 +10,7 @@
 //! the sender of more of them (QUIC's flow control on that stream), never
 //! the collectives.
 
-use super::messages::{write_message, Message};
+use super::messages::{write_message, Message, MessageBody};
 use super::*;
 
 /// The first bytes of a point-to-point stream.
@@ -50,7 +50,7 @@ pub struct PointToPointReceiver {
 impl PointToPointReceiver {
     /// The peer's next point-to-point message: its tag and body; an error
     /// once the link is gone.
-    pub async fn recv(&mut self) -> Result<(u64, Bytes), LinkError> {
+    pub async fn recv(&mut self) -> Result<(u64, MessageBody), LinkError> {
         match self.messages.recv().await {
             Some(m) => m,
             None => Err(LinkError::from_conn(self.conn.closed().await)),

@@ -10,7 +10,7 @@
 //! go on.
 
 use super::stream::{read_body, write_bytes, StreamError};
-use crate::{blocking, Endpoint, IncomingError, Link, LinkError};
+use crate::{blocking, BufferPool, Endpoint, IncomingError, Link, LinkError};
 use bytes::Bytes;
 use gradlane_core::codec;
 use gradlane_core::control::codes;
@@ -171,7 +171,7 @@ impl<S: ParameterServer> ServerHandle<S> {
                 welcome,
                 seats: Mutex::new(Vec::new()),
                 changed: Notify::new(),
-                pool: Arc::default(),
+                pool: BufferPool::new(REPLY_POOL_BYTES),
             }),
         }
     }
@@ -587,6 +587,9 @@ async fn refuse<S>(
     Ok(write_bytes(send, Bytes::from(messages::encode_refused(&why))).await?)
 }
 
+/// Free reply buffers kept for reuse: a few replies of a large model.
+const REPLY_POOL_BYTES: usize = 1 << 30;
+
 /// Header and values of a params reply in one buffer (one copy of the
 /// parameters, made while the server is locked). The buffer comes from
 /// `pool` and goes back there once quinn has sent it: a fresh buffer the
@@ -603,9 +606,9 @@ fn params_message(
         steps,
         disposition,
     };
-    let mut out = pool.take();
-    out.extend_from_slice(&header.encode(params.len()));
-    out.reserve_exact(params.len() * 4);
+    let head = header.encode(params.len());
+    let mut out = pool.take(head.len() + params.len() * 4);
+    out.extend_from_slice(&head);
     if cfg!(target_endian = "little") {
         out.extend_from_slice(bytemuck::cast_slice(params));
     } else {
@@ -613,44 +616,5 @@ fn params_message(
             out.extend_from_slice(&v.to_le_bytes());
         }
     }
-    Bytes::from_owner(Pooled {
-        buf: out,
-        pool: pool.clone(),
-    })
-}
-
-/// Reply buffers waiting for reuse.
-#[derive(Default)]
-struct BufferPool(Mutex<Vec<Vec<u8>>>);
-
-/// Buffers kept for reuse; more only when more replies are in flight.
-const POOLED_BUFFERS: usize = 8;
-
-impl BufferPool {
-    fn take(&self) -> Vec<u8> {
-        let mut b = lock(&self.0).pop().unwrap_or_default();
-        b.clear();
-        b
-    }
-}
-
-/// A reply buffer that returns to its pool when quinn drops it.
-struct Pooled {
-    buf: Vec<u8>,
-    pool: Arc<BufferPool>,
-}
-
-impl AsRef<[u8]> for Pooled {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf
-    }
-}
-
-impl Drop for Pooled {
-    fn drop(&mut self) {
-        let mut pool = lock(&self.pool.0);
-        if pool.len() < POOLED_BUFFERS {
-            pool.push(std::mem::take(&mut self.buf));
-        }
-    }
+    pool.freeze(out)
 }

@@ -23,6 +23,7 @@ staged through host buffers as the collectives' are.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 
 import torch
@@ -48,25 +49,89 @@ class PointToPointWork(GradlaneWork):
 
 
 class _Lane:
-    """A daemon thread that runs the jobs put to it, one at a time, in
-    order."""
+    """Runs the jobs given to it one at a time, in order: on a daemon
+    thread of its own (made at the first job put to it), or on the
+    caller's thread where the caller is about to wait for it anyway
+    (:meth:`run_now`)."""
 
     def __init__(self, name: str):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._run, name=name, daemon=True).start()
+        self._name = name
+        self._jobs: queue.SimpleQueue | None = None
+        self._turn = threading.Condition()
+        self._given = 0
+        #: Every job up to this one has ended.
+        self._ended = 0
+
+    def _take_turn(self) -> int:
+        with self._turn:
+            self._given += 1
+            return self._given
+
+    def _wait_turn(self, turn: int) -> None:
+        with self._turn:
+            self._turn.wait_for(lambda: self._ended == turn - 1)
+
+    def _end_turn(self, turn: int) -> None:
+        with self._turn:
+            self._ended = turn
+            self._turn.notify_all()
 
     def put(self, job) -> None:
-        self._jobs.put(job)
+        """Runs ``job`` on the lane's thread once the jobs before it ended."""
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+            threading.Thread(target=self._run, args=(self._jobs,), name=self._name,
+                             daemon=True).start()
+        self._jobs.put((self._take_turn(), job))
 
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
+    def run_now(self, job) -> None:
+        """Runs ``job`` here, once the jobs before it ended."""
+        turn = self._take_turn()
+        self._wait_turn(turn)
+        try:
             job()
+        finally:
+            self._end_turn(turn)
+
+    def _run(self, jobs) -> None:
+        while True:
+            item = jobs.get()
+            if item is None:
+                return
+            turn, job = item
+            self._wait_turn(turn)
+            try:
+                job()
+            finally:
+                self._end_turn(turn)
 
     def stop(self) -> None:
-        self._jobs.put(None)
+        if self._jobs is not None:
+            self._jobs.put(None)
+
+
+def _blocking_call() -> bool:
+    """Whether torch's blocking ``dist.send`` or ``dist.recv`` (not
+    ``isend``/``irecv`` alone) is the caller: it waits for the Work at
+    once, so the op may run on its thread, sparing a hand-over to the
+    lane's thread and back. torch's send and recv go through its isend
+    and irecv."""
+    torch_module = "torch.distributed.distributed_c10d"
+    frame = sys._getframe(1)
+    for _ in range(8):
+        frame = frame.f_back
+        if frame is None:
+            return False
+        module = frame.f_globals.get("__name__", "")
+        if module == torch_module:
+            if frame.f_code.co_name in ("isend", "irecv"):
+                frame = frame.f_back
+                if frame is None or frame.f_globals.get("__name__") != torch_module:
+                    return False
+            return frame.f_code.co_name in ("send", "recv")
+        if not module.startswith("gradlane."):
+            return False
+    return False
 
 
 def _flat_bytes(t: torch.Tensor):
@@ -138,7 +203,11 @@ class PointToPointMixin:
                 return
             work._succeed(staged)
 
-        self._lane(key).put(job)
+        lane = self._lane(key)
+        if _blocking_call() and staged is None:
+            lane.run_now(job)
+        else:
+            lane.put(job)
         if not self.asynchronous:
             work.wait()
         return work
