@@ -14,7 +14,9 @@
 //!   [`LinkSender`] and [`LinkReceiver`], [`Round`] and [`SendReport`],
 //!   [`LinkError`].
 //! - Groups: [`Group`] of N ranks, formed by a [`Rendezvous`] with a
-//!   [`GroupConfig`]; its collectives (exact, differentiated, sparse).
+//!   [`GroupConfig`]; its collectives (exact, differentiated, sparse) and
+//!   its [`PointToPoint`] messages ([`MessageBody`]); [`BufferPool`] for
+//!   large sends.
 //! - The model: [`Layout`], [`TensorSpec`], [`presets`].
 //! - Settings: [`Config`]; [`Faults`] to inject loss and delay.
 //! - Certificates: [`generate_certs`] (per address or host name),
