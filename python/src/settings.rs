@@ -104,12 +104,13 @@ pub(crate) fn worker_threads() -> Result<usize, CallError> {
 /// filter tracing cannot parse is reported once on stderr, not ignored.
 pub(crate) fn log_filter() -> tracing_subscriber::EnvFilter {
     match std::env::var(LOG_ENV) {
-        Ok(text) if !text.trim().is_empty() => {
-            tracing_subscriber::EnvFilter::try_new(&text).unwrap_or_else(|e| {
-                eprintln!("gradlane: {LOG_ENV}={text:?} is not a log filter ({e}); logging warnings");
+        Ok(text) if !text.trim().is_empty() => tracing_subscriber::EnvFilter::try_new(&text)
+            .unwrap_or_else(|e| {
+                eprintln!(
+                    "gradlane: {LOG_ENV}={text:?} is not a log filter ({e}); logging warnings"
+                );
                 tracing_subscriber::EnvFilter::new("warn")
-            })
-        }
+            }),
         _ => tracing_subscriber::EnvFilter::new("warn"),
     }
 }
