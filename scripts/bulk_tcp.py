@@ -1,14 +1,19 @@
-"""A bulk TCP flow for scripts/tta_bench.sh's competing-traffic condition.
+"""Bulk TCP flows for scripts/tta_bench.sh's competing-traffic conditions.
 
 ``sink --port P`` accepts connections and discards what they send;
 ``send --to HOST:PORT`` connects (retrying until the sink is up) and
 sends as fast as TCP lets it until killed, reconnecting if the
-connection breaks. Both run until killed.
+connection breaks. ``tenant --to HOST:PORT --on-ms A --off-ms B --seed S``
+is another tenant's bulk collective on a shared cloud: it sends as fast
+as TCP lets it for a random time (exponential, mean A ms), then stays
+silent for another (mean B ms), and again, from its seed. All run until
+killed.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import socket
 import sys
 import threading
@@ -41,6 +46,26 @@ def send(to: str) -> None:
             time.sleep(0.2)
 
 
+def tenant(to: str, on_ms: float, off_ms: float, seed: int) -> None:
+    host, port = to.rsplit(":", 1)
+    rng = random.Random(seed)
+    block = bytes(64 << 10)
+    conn = None
+    while True:
+        time.sleep(rng.expovariate(1000.0 / off_ms))
+        until = time.monotonic() + rng.expovariate(1000.0 / on_ms)
+        try:
+            if conn is None:
+                conn = socket.create_connection((host, int(port)), timeout=5)
+                conn.settimeout(None)
+            while time.monotonic() < until:
+                conn.sendall(block)
+        except OSError:
+            if conn is not None:
+                conn.close()
+            conn = None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="mode", required=True)
@@ -48,8 +73,18 @@ def main() -> int:
     s.add_argument("--port", type=int, required=True)
     t = sub.add_parser("send", help="send to a sink until killed")
     t.add_argument("--to", required=True, help="HOST:PORT of the sink")
+    u = sub.add_parser("tenant", help="send to a sink in bursts, on and off at random")
+    u.add_argument("--to", required=True, help="HOST:PORT of the sink")
+    u.add_argument("--on-ms", type=float, required=True, help="mean length of a burst")
+    u.add_argument("--off-ms", type=float, required=True, help="mean pause between bursts")
+    u.add_argument("--seed", type=int, default=0, help="the bursts' random seed")
     args = p.parse_args()
-    sink(args.port) if args.mode == "sink" else send(args.to)
+    if args.mode == "sink":
+        sink(args.port)
+    elif args.mode == "send":
+        send(args.to)
+    else:
+        tenant(args.to, args.on_ms, args.off_ms, args.seed)
     return 0
 
 

@@ -109,6 +109,32 @@ pub enum ViewOutcome {
     NoQuorum,
 }
 
+/// What a rank does with the collective it is in once a view decided
+/// its [`ViewOutcome`] ([`ViewOutcome::for_call`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallFate {
+    /// Return the result it holds: the view completed this call.
+    Return,
+    /// Run the call again among the new view's members: the view reruns
+    /// it, or completed the one before it.
+    Rerun,
+    /// The outcome is about another call: this rank is out of step.
+    OutOfStep,
+}
+
+impl ViewOutcome {
+    /// What a rank in collective `call` does with this outcome, `held`
+    /// saying whether it holds that call's result.
+    pub fn for_call(&self, call: u64, held: bool) -> CallFate {
+        match *self {
+            ViewOutcome::Complete { call: c } if c == call && held => CallFate::Return,
+            ViewOutcome::Complete { call: c } if c + 1 == call => CallFate::Rerun,
+            ViewOutcome::Rerun { call: c } if c == call => CallFate::Rerun,
+            _ => CallFate::OutOfStep,
+        }
+    }
+}
+
 /// The coordinator's decision on the next view, sent to every rank it
 /// reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -360,6 +386,19 @@ fn push_ranks(text: &mut String, ranks: &[usize]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rank_returns_a_completed_call_it_holds_and_reruns_the_rest() {
+        let complete = ViewOutcome::Complete { call: 5 };
+        assert_eq!(complete.for_call(5, true), CallFate::Return);
+        assert_eq!(complete.for_call(5, false), CallFate::OutOfStep);
+        assert_eq!(complete.for_call(6, false), CallFate::Rerun, "one call on");
+        assert_eq!(complete.for_call(7, false), CallFate::OutOfStep);
+        let rerun = ViewOutcome::Rerun { call: 5 };
+        assert_eq!(rerun.for_call(5, true), CallFate::Rerun);
+        assert_eq!(rerun.for_call(6, false), CallFate::OutOfStep);
+        assert_eq!(ViewOutcome::NoQuorum.for_call(5, true), CallFate::OutOfStep);
+    }
     use crate::group::MAX_WORLD;
 
     /// The longest address a rank can listen at.

@@ -111,6 +111,101 @@ impl MeshHello {
     }
 }
 
+/// Which mesh a rank forms: the view's epoch and, after the first mesh,
+/// its members' digest ([`view_digest`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeshMark {
+    /// The view's epoch (0 for the first mesh).
+    pub epoch: u64,
+    /// Its members' digest; `None` for the first mesh.
+    pub digest: Option<u64>,
+}
+
+/// What a rank forming a mesh does with a peer's hello.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HelloVerdict {
+    /// Link up with it: its rank is expected here and not linked yet.
+    Take,
+    /// Drop the connection and wait on: a rank forming another view's
+    /// mesh (an agreement that went on without this rank, or an old one).
+    OtherView,
+    /// The meshes cannot be formed together: this rank stops with it.
+    Refuse(MeshRefusal),
+}
+
+/// Why a rank forming a mesh stops at a peer's hello.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MeshRefusal {
+    /// Same epoch, other members: an admission and an agreement (or two
+    /// agreements) that overlapped. Linking up would mix two views in one
+    /// mesh.
+    #[error(
+        "it forms view {epoch} with other members (digest {theirs:016x}, this rank's {ours:016x})"
+    )]
+    OtherMembers {
+        /// The view's epoch.
+        epoch: u64,
+        /// The hello's digest.
+        theirs: u64,
+        /// This rank's.
+        ours: u64,
+    },
+    /// It joined a group of another size.
+    #[error("it joined a group of {theirs} ranks, this one has {ours}")]
+    OtherWorld {
+        /// The hello's.
+        theirs: usize,
+        /// This group's.
+        ours: usize,
+    },
+    /// Its rank is not one this rank waits for (or has a link from
+    /// already): two ranks with one number.
+    #[error("rank {rank} connected to rank {me} unexpectedly (two ranks with one number?)")]
+    Unexpected {
+        /// The hello's rank.
+        rank: usize,
+        /// This rank.
+        me: usize,
+    },
+}
+
+/// The verdict on `hello` for rank `me` of a group of `world` forming the
+/// mesh `mark`, where `awaited(rank)` says whether that rank is one it
+/// waits for a link from (and has none from yet).
+pub fn judge_hello(
+    hello: &MeshHello,
+    mark: MeshMark,
+    me: usize,
+    world: usize,
+    awaited: impl Fn(usize) -> bool,
+) -> HelloVerdict {
+    if hello.epoch != mark.epoch {
+        return HelloVerdict::OtherView;
+    }
+    if let (Some(theirs), Some(ours)) = (hello.view, mark.digest) {
+        if theirs != ours {
+            return HelloVerdict::Refuse(MeshRefusal::OtherMembers {
+                epoch: mark.epoch,
+                theirs,
+                ours,
+            });
+        }
+    }
+    if hello.world != world {
+        return HelloVerdict::Refuse(MeshRefusal::OtherWorld {
+            theirs: hello.world,
+            ours: world,
+        });
+    }
+    match awaited(hello.rank) {
+        true => HelloVerdict::Take,
+        false => HelloVerdict::Refuse(MeshRefusal::Unexpected {
+            rank: hello.rank,
+            me,
+        }),
+    }
+}
+
 /// The digest a [`MeshHello`] names its view by: FNV-1a over the epoch
 /// and the members (as they joined, in the view's order). Two views of
 /// one epoch with different members differ in it but by a 64-bit
@@ -181,6 +276,58 @@ pub(super) fn check_world(world: usize) -> Result<(), GroupMessageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hello_is_taken_skipped_or_refused_as_its_view_and_rank_say() {
+        let ours = view_digest(3, &[0, 1, 3]);
+        let mark = MeshMark {
+            epoch: 3,
+            digest: Some(ours),
+        };
+        let hello = MeshHello {
+            rank: 2,
+            world: 4,
+            listen: None,
+            epoch: 3,
+            view: Some(ours),
+        };
+        let awaited = |r: usize| r == 2;
+        assert_eq!(judge_hello(&hello, mark, 1, 4, awaited), HelloVerdict::Take);
+        // From a rank of the hello's first versions: no digest to compare.
+        let old = MeshHello {
+            view: None,
+            ..hello
+        };
+        assert_eq!(judge_hello(&old, mark, 1, 4, awaited), HelloVerdict::Take);
+        let later = MeshHello { epoch: 4, ..hello };
+        assert_eq!(
+            judge_hello(&later, mark, 1, 4, awaited),
+            HelloVerdict::OtherView
+        );
+        let theirs = view_digest(3, &[0, 2, 3]);
+        let other = MeshHello {
+            view: Some(theirs),
+            ..hello
+        };
+        assert_eq!(
+            judge_hello(&other, mark, 1, 4, awaited),
+            HelloVerdict::Refuse(MeshRefusal::OtherMembers {
+                epoch: 3,
+                theirs,
+                ours
+            })
+        );
+        let bigger = MeshHello { world: 5, ..hello };
+        assert_eq!(
+            judge_hello(&bigger, mark, 1, 4, awaited),
+            HelloVerdict::Refuse(MeshRefusal::OtherWorld { theirs: 5, ours: 4 })
+        );
+        let twice = judge_hello(&hello, mark, 1, 4, |_| false);
+        assert_eq!(
+            twice,
+            HelloVerdict::Refuse(MeshRefusal::Unexpected { rank: 2, me: 1 })
+        );
+    }
 
     #[test]
     fn hellos_and_tables_round_trip() {

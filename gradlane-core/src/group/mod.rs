@@ -9,7 +9,8 @@
 //! The shell (`gradlane::Group`) only sends and receives them, and drives
 //! the machine of the agreement on a new view ([`agreement`]).
 //!
-//! - [`MeshHello`] and [`AddressTable`]: the rendezvous.
+//! - [`MeshHello`] and [`AddressTable`]: the rendezvous; [`judge_hello`]
+//!   what a rank forming a mesh does with a hello.
 //! - [`PathOffer`] and [`PathHello`]: the further paths between two ranks.
 //! - [`SparseShape`]: what each rank gathers in a sparse allgather.
 //! - [`ReducedShard`]: an owner's sum in a differentiated allreduce.
@@ -18,8 +19,11 @@
 //!   that ask to rejoin.
 //! - [`agreement`]: the survivors' agreement on that next view, as a
 //!   state machine, and its deterministic simulation.
+//! - [`admission`]: which ranks asking to rejoin a member refuses, and the
+//!   view that takes the others in.
 //! - [`OnRankFailure`]: the failure policy, every decision it makes.
 
+pub mod admission;
 pub mod agreement;
 mod error;
 mod failure_policy;
@@ -31,8 +35,11 @@ mod sparse_shape;
 
 pub use error::GroupMessageError;
 pub use failure_policy::{OnRankFailure, OnTimeout};
-pub use membership::{JoinRequest, Joiners, ViewDecision, ViewOutcome, ViewProposal};
-pub use mesh::{view_digest, AddressTable, MeshHello, MAX_WORLD};
+pub use membership::{CallFate, JoinRequest, Joiners, ViewDecision, ViewOutcome, ViewProposal};
+pub use mesh::{
+    judge_hello, view_digest, AddressTable, HelloVerdict, MeshHello, MeshMark, MeshRefusal,
+    MAX_WORLD,
+};
 pub use paths::{PathHello, PathOffer, MAX_SOCKETS};
 pub use reduced_shard::{encode_reduced_shard, ReducedShard, NO_LOSSY_RETURN};
 pub use sparse_shape::SparseShape;

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use gradlane_core::control::codes;
 use gradlane_core::group::agreement::{Agreement, Event, MessageKind, Outcome, Seat, Transmit};
-use gradlane_core::group::{Joiners, ViewDecision, ViewOutcome};
+use gradlane_core::group::{CallFate, Joiners, ViewDecision, ViewOutcome};
 use gradlane_core::layout::Layout;
 use quinn::VarInt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -255,14 +255,13 @@ impl Group {
             self.pause_deadline();
             let outcome = self.recover(failure, held.is_some()).await?;
             self.restart_deadline(op);
-            match (outcome, held) {
-                (ViewOutcome::Complete { call: c }, Some(r)) if c == call => {
+            match (outcome.for_call(call, held.is_some()), held) {
+                (CallFate::Return, Some(r)) => {
                     self.membership.contributors = world;
                     return Ok(r);
                 }
-                (ViewOutcome::Complete { call: c }, _) if c + 1 == call => {}
-                (ViewOutcome::Rerun { call: c }, _) if c == call => {}
-                (outcome, _) => {
+                (CallFate::Rerun, _) => {}
+                _ => {
                     return Err(GroupError::OutOfStep {
                         rank: self.membership.joined_rank,
                         what: format!(
@@ -400,7 +399,7 @@ impl Group {
             // Still this call: a result held is still held where the view
             // completed it, and to be run again where it did not.
             let call = self.membership.calls;
-            has_result &= decision.outcome == ViewOutcome::Complete { call };
+            has_result = decision.outcome.for_call(call, has_result) == CallFate::Return;
             suspects = unlinked.into_iter().collect();
             alarms = BTreeMap::new();
         }
@@ -580,8 +579,11 @@ impl Group {
         &mut self,
         decision: &ViewDecision,
     ) -> Result<Vec<usize>, GroupError> {
-        if self.membership.config.sever_at_view == Some(decision.epoch) {
-            self.endpoint.sever(true);
+        if self.membership.config.stop_at_view == Some(decision.epoch) {
+            return Err(GroupError::Setup(format!(
+                "stopped before forming view {}'s mesh (GroupConfig::stop_at_view)",
+                decision.epoch
+            )));
         }
         let m = &self.membership;
         let members = decision.members.clone();

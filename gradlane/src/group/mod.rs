@@ -181,12 +181,13 @@ pub struct GroupConfig {
     /// are removed, as dead ones are. `None` (the default): no bound but
     /// the failure timeout, which catches a rank that died or froze.
     pub collective_timeout: Option<Duration>,
-    /// A fault to test failures with: as this rank starts forming the
-    /// mesh of view `Some(epoch)` (after agreeing on it), its endpoint
-    /// drops every datagram both ways, as a rank that dies right there.
-    /// Needs the links' fault injector ([`Config::faults`], even at no
-    /// loss). `None` (the default): never.
-    pub sever_at_view: Option<u64>,
+    /// A fault to test failures with: this rank stops where it would
+    /// start forming the mesh of view `Some(epoch)`, after agreeing on it
+    /// (every member has its acceptance): it forms no link of that mesh,
+    /// and its collective fails, as a rank that dies right there. Its
+    /// endpoint stays up, so that what it sent before goes out. `None`
+    /// (the default): never.
+    pub stop_at_view: Option<u64>,
 }
 
 impl GroupConfig {
@@ -215,7 +216,7 @@ impl GroupConfig {
             on_rank_failure: OnRankFailure::Fail,
             failure_timeout: None,
             collective_timeout: None,
-            sever_at_view: None,
+            stop_at_view: None,
         }
     }
 }

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use futures_util::FutureExt;
 use gradlane_core::control::codes;
 use gradlane_core::group::{
-    AddressTable, GroupMessageError, JoinRequest, Joiners, ViewDecision, ViewOutcome,
+    admission, AddressTable, GroupMessageError, JoinRequest, Joiners, ViewDecision, ViewOutcome,
 };
 use quinn::VarInt;
 use std::collections::BTreeMap;
@@ -206,26 +206,15 @@ impl Group {
             return Ok(Vec::new());
         }
         let announced = std::mem::take(&mut self.membership.announced);
-        let joiners: Vec<(usize, SocketAddr)> = announced
-            .into_iter()
-            .filter(|(r, _)| self.place_of(*r).is_none())
-            .collect();
-        if joiners.is_empty() {
+        let m = &self.membership;
+        let Some((decision, joiners)) =
+            admission::admitting_view(&m.members, m.epoch, m.calls, &announced)
+        else {
             return Ok(Vec::new());
-        }
+        };
         for &(r, addr) in &joiners {
             self.membership.addresses[r] = addr;
         }
-        let mut members = self.membership.members.clone();
-        members.extend(joiners.iter().map(|j| j.0));
-        members.sort_unstable();
-        let decision = ViewDecision {
-            epoch: self.membership.epoch + 1,
-            outcome: ViewOutcome::Complete {
-                call: self.membership.calls,
-            },
-            members,
-        };
         let table = AddressTable(self.membership.addresses.clone()).encode();
         let admitted = Joiners(joiners.clone()).encode();
         let waiting: Vec<(Link, JoinRequest)> = {
@@ -285,31 +274,17 @@ impl Group {
         let members = self.membership.members.clone();
         let world = self.membership.joined_world;
         let mut w = lock(&self.membership.waiting);
-        w.retain(|(link, req)| {
-            let why = if req.world != world {
-                Some(format!("rank {} asks to rejoin a group of {}, this one has {world}", req.rank, req.world))
-            } else if members.contains(&req.rank) {
-                Some(format!(
-                    "rank {} is a member of the group: two processes with one rank?",
-                    req.rank
-                ))
-            } else {
-                req.member_of.map(|e| {
-                    format!(
-                        "rank {} comes back with its state of view {e}, which went on without it: restart it to rejoin afresh",
-                        req.rank
-                    )
-                })
-            };
-            match why {
-                Some(why) => {
+        w.retain(
+            |(link, req)| match admission::screen(req, &members, world) {
+                Ok(()) => true,
+                Err(why) => {
+                    let why = why.to_string();
                     tracing::warn!(rank = req.rank, %why, "refused a rank asking to rejoin");
                     refuse(link, &why);
                     false
                 }
-                None => true,
-            }
-        });
+            },
+        );
         let mut ranks: Vec<(usize, SocketAddr)> =
             w.iter().map(|(_, r)| (r.rank, r.listen)).collect();
         ranks.sort_unstable_by_key(|r| r.0);

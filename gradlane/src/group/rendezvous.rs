@@ -10,7 +10,9 @@ use crate::handshake_failure::HandshakeFailure;
 use crate::link::{Link, LinkError};
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use gradlane_core::group::{view_digest, AddressTable, MeshHello};
+use gradlane_core::group::{
+    judge_hello, view_digest, AddressTable, HelloVerdict, MeshHello, MeshMark, MeshRefusal,
+};
 use gradlane_core::layout::{Layout, TensorSpec};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -63,7 +65,7 @@ pub(super) async fn join(mut config: GroupConfig) -> Result<Group, GroupError> {
     let deadline = Instant::now() + config.join_timeout;
     let mut links: Vec<Option<Link>> = (0..world).map(|_| None).collect();
     let mut failed = Vec::new();
-    let first = ViewMark {
+    let first = MeshMark {
         epoch: 0,
         digest: None,
     };
@@ -157,14 +159,6 @@ impl Group {
     }
 }
 
-/// Which view a mesh is formed for: its epoch, and after the first the
-/// digest of its members (`view_digest`).
-#[derive(Debug, Clone, Copy)]
-struct ViewMark {
-    epoch: u64,
-    digest: Option<u64>,
-}
-
 /// The mesh of a new view as it stood when forming it ended: a link to
 /// each member that came, `None` at this rank's place and at each of
 /// `missing`'s.
@@ -209,7 +203,7 @@ pub(super) async fn form_view(
     members: &[usize],
     wait: Duration,
 ) -> Result<ViewMesh, GroupError> {
-    let mark = ViewMark {
+    let mark = MeshMark {
         epoch,
         digest: Some(view_digest(epoch, members)),
     };
@@ -263,7 +257,7 @@ async fn form(
     endpoint: &Endpoint,
     links: &mut [Option<Link>],
     failed: &mut Vec<(SocketAddr, HandshakeFailure)>,
-    mark: ViewMark,
+    mark: MeshMark,
     dials: Dials,
 ) -> Result<Vec<SocketAddr>, GroupError> {
     let (rank, world) = (config.rank, config.world);
@@ -376,7 +370,7 @@ async fn connect_to(
     rank: usize,
     addr: SocketAddr,
     tell_listen: bool,
-    mark: ViewMark,
+    mark: MeshMark,
 ) -> Result<Link, GroupError> {
     let failed = |source| GroupError::Rank { rank, source };
     let mut link = dial(config, endpoint, rank, addr).await?;
@@ -493,7 +487,7 @@ async fn accept_into(
     offset: usize,
     on_hello: &mut dyn FnMut(&MeshHello),
     failed: &mut Vec<(SocketAddr, HandshakeFailure)>,
-    mark: ViewMark,
+    mark: MeshMark,
 ) -> Result<(), GroupError> {
     let mut found = 0;
     let mut greeting = FuturesUnordered::new();
@@ -555,47 +549,32 @@ async fn accept_into(
                 continue;
             }
         };
-        let epoch = mark.epoch;
-        if hello.epoch != epoch {
-            // A rank forming another view (an agreement that went on
-            // without this one): not a member of this mesh.
-            tracing::info!(%remote, theirs = hello.epoch, ours = epoch, "a connection for another view of the group");
-            continue;
-        }
-        if let (Some(theirs), Some(ours)) = (hello.view, mark.digest) {
-            if theirs != ours {
-                // Same epoch, other members: an admission and an
-                // agreement (or two agreements) that overlapped. Linking
-                // up would mix two views in one mesh.
+        let awaited = |r: usize| {
+            expected.contains(&r)
+                && r.checked_sub(offset)
+                    .and_then(|i| links.get(i))
+                    .is_some_and(Option::is_none)
+        };
+        match judge_hello(&hello, mark, config.rank, config.world, awaited) {
+            HelloVerdict::Take => {}
+            HelloVerdict::OtherView => {
+                // A rank forming another view (an agreement that went on
+                // without this one): not a member of this mesh.
+                tracing::info!(%remote, theirs = hello.epoch, ours = mark.epoch, "a connection for another view of the group");
+                continue;
+            }
+            HelloVerdict::Refuse(why @ MeshRefusal::Unexpected { .. }) => {
+                return Err(GroupError::Setup(why.to_string()))
+            }
+            HelloVerdict::Refuse(why) => {
                 return Err(GroupError::OutOfStep {
                     rank: hello.rank,
-                    what: format!(
-                        "it forms view {epoch} with other members (digest {theirs:016x}, \
-                         this rank's {ours:016x})"
-                    ),
-                });
+                    what: why.to_string(),
+                })
             }
         }
-        if hello.world != config.world {
-            return Err(GroupError::OutOfStep {
-                rank: hello.rank,
-                what: format!(
-                    "it joined a group of {} ranks, this one has {}",
-                    hello.world, config.world
-                ),
-            });
-        }
-        let slot = hello
-            .rank
-            .checked_sub(offset)
-            .filter(|_| expected.contains(&hello.rank))
-            .and_then(|i| links.get_mut(i))
-            .filter(|s| s.is_none());
-        let Some(slot) = slot else {
-            return Err(GroupError::Setup(format!(
-                "rank {} connected to rank {} unexpectedly (two ranks with one number?)",
-                hello.rank, config.rank
-            )));
+        let Some(slot) = links.get_mut(hello.rank - offset) else {
+            continue;
         };
         on_hello(&hello);
         *slot = Some(link);
