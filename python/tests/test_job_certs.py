@@ -25,7 +25,7 @@ from rank_processes import rank_context  # noqa: E402
 
 WORLD = 2
 RESULT_TIMEOUT = 120.0
-# How long the rank that is never reached waits to form the group.
+# The collectives' bound (joining has GRADLANE_JOIN_TIMEOUT).
 JOIN_TIMEOUT = datetime.timedelta(seconds=5)
 
 
@@ -65,6 +65,8 @@ def run_ranks(cert_dirs, stderr_dir):
         "MASTER_PORT": str(free_port()),
         "WORLD_SIZE": str(WORLD),
         "GRADLANE_PORT": str(free_port(socket.SOCK_DGRAM)),
+        # The rank whose certificate is refused waits this long to join.
+        "GRADLANE_JOIN_TIMEOUT": "5",
     }
     procs = [
         ctx.Process(

@@ -61,3 +61,22 @@ def test_the_port_range_has_one_parser(monkeypatch):
     assert port_range_from_env() == (50000, 50100)
     monkeypatch.delenv("GRADLANE_PORT_RANGE")
     assert port_range_from_env() is None
+
+
+def test_timeouts_from_the_environment_are_positive_seconds(monkeypatch):
+    from gradlane.torch._environment import idle_timeout_from_env, join_timeout_from_env
+
+    for name, read in [("GRADLANE_JOIN_TIMEOUT", join_timeout_from_env),
+                       ("GRADLANE_IDLE_TIMEOUT", idle_timeout_from_env)]:
+        monkeypatch.delenv(name, raising=False)
+        assert read() is None
+        monkeypatch.setenv(name, "2.5")
+        assert read() == 2.5
+        for bad in ["0", "-1", "nan", "inf", "soon"]:
+            monkeypatch.setenv(name, bad)
+            try:
+                read()
+            except ValueError as e:
+                assert name in str(e) and "positive number of seconds" in str(e)
+            else:
+                raise AssertionError(f"{name}={bad!r} was taken")

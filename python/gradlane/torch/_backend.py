@@ -56,6 +56,7 @@ import torch.distributed as dist
 
 import gradlane
 from gradlane.torch._environment import (
+    join_timeout_from_env,
     _free_udp_port,
     asynchronous_from_env,
     cert_dir_from_env,
@@ -552,7 +553,8 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     (an "ip:port" or an IP; default 0.0.0.0:0). Certificates from
     GRADLANE_CERT_DIR. Forming the group may take ``timeout``, and at
     least MIN_JOIN_TIMEOUT (its QUIC handshakes on a loaded host take
-    longer than a collective's short bound). GRADLANE_IDLE_TIMEOUT
+    longer than a collective's short bound), or GRADLANE_JOIN_TIMEOUT
+    seconds where that is set. GRADLANE_IDLE_TIMEOUT
     (seconds, default 30) is how long after its last packet a rank that
     stopped answering counts as dead.
     GRADLANE_ON_RANK_FAILURE says what happens then: ``fail`` (default)
@@ -576,7 +578,9 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
         collective_timeout = float(timeout) if timeout else None
     if collective_timeout is not None and collective_timeout <= 0:
         collective_timeout = None  # torch's "no timeout"
-    join_timeout = max(collective_timeout or MIN_JOIN_TIMEOUT, MIN_JOIN_TIMEOUT)
+    join_timeout = join_timeout_from_env() or max(
+        collective_timeout or MIN_JOIN_TIMEOUT, MIN_JOIN_TIMEOUT
+    )
     rejoin = rejoin_from_env()
     root = addresses = None
     if rejoin:

@@ -180,18 +180,33 @@ def asynchronous_from_env() -> bool:
     return value == "1"
 
 
-def idle_timeout_from_env() -> float | None:
-    """GRADLANE_IDLE_TIMEOUT in seconds, or None (the Group's default)."""
-    idle = os.environ.get("GRADLANE_IDLE_TIMEOUT")
-    if not idle:
+def _seconds_from_env(name: str, what: str) -> float | None:
+    """Environment variable ``name`` as a positive number of seconds, or
+    None where unset; anything else is a ValueError saying ``what`` it is."""
+    text = os.environ.get(name)
+    if not text:
         return None
     try:
-        seconds = float(idle)
+        seconds = float(text)
     except ValueError:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(
-            f"gradlane: GRADLANE_IDLE_TIMEOUT {idle!r} is not a positive number of seconds "
-            "(how long a silent link lasts before the ranks raise; unset, 30)"
-        )
+        raise ValueError(f"gradlane: {name} {text!r} is not a positive number of seconds ({what})")
     return seconds
+
+
+def idle_timeout_from_env() -> float | None:
+    """GRADLANE_IDLE_TIMEOUT in seconds, or None (the Group's default)."""
+    return _seconds_from_env(
+        "GRADLANE_IDLE_TIMEOUT",
+        "how long a silent link lasts before the ranks raise; unset, 30",
+    )
+
+
+def join_timeout_from_env() -> float | None:
+    """GRADLANE_JOIN_TIMEOUT in seconds, or None (the process group's
+    timeout, at least 60 s)."""
+    return _seconds_from_env(
+        "GRADLANE_JOIN_TIMEOUT",
+        "how long forming the group may take; unset, the process group's timeout, at least 60",
+    )
