@@ -5,9 +5,9 @@
 sends as fast as TCP lets it until killed, reconnecting if the
 connection breaks. ``tenant --to HOST:PORT --on-ms A --off-ms B --seed S``
 is another tenant's bulk collective on a shared cloud: it sends as fast
-as TCP lets it for a random time (exponential, mean A ms), then stays
-silent for another (mean B ms), and again, from its seed. All run until
-killed.
+as TCP lets it, on ``--flows`` connections at once, for a random time
+(exponential, mean A ms), then stays silent for another (mean B ms), and
+again, from its seed. All run until killed.
 """
 
 from __future__ import annotations
@@ -46,24 +46,33 @@ def send(to: str) -> None:
             time.sleep(0.2)
 
 
-def tenant(to: str, on_ms: float, off_ms: float, seed: int) -> None:
+def tenant(to: str, on_ms: float, off_ms: float, seed: int, flows: int) -> None:
     host, port = to.rsplit(":", 1)
     rng = random.Random(seed)
     block = bytes(64 << 10)
-    conn = None
+    conns: list[socket.socket | None] = [None] * flows
+
+    def burst(i: int, until: float) -> None:
+        try:
+            if conns[i] is None:
+                c = socket.create_connection((host, int(port)), timeout=5)
+                c.settimeout(None)
+                conns[i] = c
+            while time.monotonic() < until:
+                conns[i].sendall(block)
+        except OSError:
+            if conns[i] is not None:
+                conns[i].close()
+            conns[i] = None
+
     while True:
         time.sleep(rng.expovariate(1000.0 / off_ms))
         until = time.monotonic() + rng.expovariate(1000.0 / on_ms)
-        try:
-            if conn is None:
-                conn = socket.create_connection((host, int(port)), timeout=5)
-                conn.settimeout(None)
-            while time.monotonic() < until:
-                conn.sendall(block)
-        except OSError:
-            if conn is not None:
-                conn.close()
-            conn = None
+        threads = [threading.Thread(target=burst, args=(i, until)) for i in range(flows)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
 
 def main() -> int:
@@ -78,13 +87,15 @@ def main() -> int:
     u.add_argument("--on-ms", type=float, required=True, help="mean length of a burst")
     u.add_argument("--off-ms", type=float, required=True, help="mean pause between bursts")
     u.add_argument("--seed", type=int, default=0, help="the bursts' random seed")
+    u.add_argument("--flows", type=int, default=1,
+                   help="connections a burst sends on at once (a collective of several)")
     args = p.parse_args()
     if args.mode == "sink":
         sink(args.port)
     elif args.mode == "send":
         send(args.to)
     else:
-        tenant(args.to, args.on_ms, args.off_ms, args.seed)
+        tenant(args.to, args.on_ms, args.off_ms, args.seed, args.flows)
     return 0
 
 

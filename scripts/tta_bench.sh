@@ -36,9 +36,11 @@
 #              priority queues for DSCP 56 and the hook's --dscp marks);
 #              tail1.5 and tail3 (a shared cloud: other tenants' bulk
 #              collectives between the same ranks, on and off at random,
-#              as many and as long as TAIL1_5 and TAIL3 say, "K ON_MS
-#              OFF_MS", calibrated so that a plain gloo allreduce of the
-#              gradient has that p99/p50: scripts/tail_probe.py)
+#              as TAIL1_5 and TAIL3 say, "K ON_MS OFF_MS FLOWS": K tenants
+#              a rank, each FLOWS connections at once for ON_MS on
+#              average, then silent OFF_MS; calibrated so that a plain
+#              gloo allreduce of the gradient has that p99/p50,
+#              scripts/tail_probe.py)
 #
 # PLAN=full runs in stages, each resumable, each choosing from the runs
 # before it (scripts/tta_report.py --pick):
@@ -90,10 +92,15 @@ EVAL_EVERY=${EVAL_EVERY:-1}
 TARGET=${TARGET:-0.95}
 TIME_LIMIT=${TIME_LIMIT:-120}
 OUT=${OUT:-docs/tta}
-# The tail conditions' tenants: "K ON_MS OFF_MS" (docs/RESULTS.md, "The
-# tail conditions", has their calibration at 100 Mbit/s).
-TAIL1_5=${TAIL1_5:-2 300 1200}
-TAIL3=${TAIL3:-4 600 900}
+# The tail conditions' tenants, "K ON_MS OFF_MS FLOWS", as calibrated
+# (docs/RESULTS.md, "The tail conditions"): at 1 Gbit/s; at 100 Mbit/s
+# tail3's is not calibrated yet (p99/p50 of 2.4 in one short run).
+case $RATE in
+    100mbit) tail_defaults=("1 1000 12000 1" "1 1500 15000 8") ;;
+    *) tail_defaults=("1 300 3000 1" "1 300 3000 4") ;;
+esac
+TAIL1_5=${TAIL1_5:-${tail_defaults[0]}}
+TAIL3=${TAIL3:-${tail_defaults[1]}}
 VENV=${VENV:-.venv-test}
 PLAN=${PLAN:-full}
 VARIANTS=${VARIANTS:-gloo-cubic gloo-bbr gloo-cubic+fp16 gloo-bbr+fp16 gloo-cubic+powersgd gloo-bbr+powersgd gradlane gradlane+fp16 gradlane+powersgd hook-bf16log8-t0.4 hook-bf16log8-t0.7}
@@ -142,7 +149,7 @@ fi
 # the stage name $1.
 run_cells() {
     local stage=$1 cells=$2 n i=0 variant loss seed condition name args cc base torch_hook
-    local compete dscp delay tenants tenant_count tenant_on tenant_off logs t0 status took summary sums equal measured row async hardware
+    local compete dscp delay tenants tenant_count tenant_on tenant_off tenant_flows logs t0 status took summary sums equal measured row async hardware
     cells=$(echo "$cells" | sed '/^ *$/d')
     [[ -n $cells ]] || return 0
     n=$(echo "$cells" | wc -l)
@@ -188,7 +195,7 @@ run_cells() {
         esac
         [[ $torch_hook == none || $base == gloo-* || $base == gradlane* || $torch_hook == powersgd ]] ||
             die "$variant: torch's hooks go over a backend (gloo-*, gradlane); gradlane's hook takes +powersgd only"
-        compete=0 dscp=0 delay=0 tenants="0 1 1"
+        compete=0 dscp=0 delay=0 tenants="0 1 1 1"
         case $condition in
             plain) ;;
             tail1.5) tenants=$TAIL1_5 ;;
@@ -205,8 +212,8 @@ run_cells() {
         status=0
         # A hard bound far above any healthy run, so that a wedged one cannot
         # eat the bench; the testbed tears down on TERM.
-        read -r tenant_count tenant_on tenant_off <<<"$tenants"
-        TENANTS=$tenant_count TENANT_ON_MS=$tenant_on TENANT_OFF_MS=$tenant_off \
+        read -r tenant_count tenant_on tenant_off tenant_flows <<<"$tenants"
+        TENANTS=$tenant_count TENANT_ON_MS=$tenant_on TENANT_OFF_MS=$tenant_off TENANT_FLOWS=$tenant_flows \
         GRADLANE_ASYNC=$async GRADLANE_CERT_DIR=$CERTS PY=$PY COMPETE=$compete RANKS=$RANKS RATE=$RATE \
             QUEUE_BYTES=$QUEUE_BYTES LOSS=$loss DELAY_MS=$delay TCP_CC=$cc DSCP_PRIORITY=$dscp PRIORITY_DSCP=56 \
             LOG_DIR=$logs GRACE=60 timeout $((TIME_LIMIT * 3 + 600)) \

@@ -7,8 +7,9 @@
 # so every rank's egress bottleneck carries competing traffic. With
 # TENANTS=K, K other tenants' bulk collectives run from this rank to the
 # next as bursts, on and off at random (scripts/bulk_tcp.py tenant: mean
-# TENANT_ON_MS on, TENANT_OFF_MS off, seeded by the rank and the tenant),
-# so that every collective meets a tail.
+# TENANT_ON_MS on, TENANT_OFF_MS off, TENANT_FLOWS connections at once,
+# seeded by the rank and the tenant), so that every collective meets a
+# tail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:?PY must name the Python interpreter}
@@ -28,7 +29,7 @@ if [[ ${TENANTS:-0} -gt 0 ]]; then
     pids+=($!)
     for k in $(seq 1 "$TENANTS"); do
         "$PY" scripts/bulk_tcp.py tenant --to "$next:$port" --on-ms "${TENANT_ON_MS:?}" \
-            --off-ms "${TENANT_OFF_MS:?}" --seed $((1000 * RANK + k)) &
+            --off-ms "${TENANT_OFF_MS:?}" --flows "${TENANT_FLOWS:-1}" --seed $((1000 * RANK + k)) &
         pids+=($!)
     done
 fi
