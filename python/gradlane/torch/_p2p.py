@@ -78,11 +78,15 @@ class _Lane:
 
     def put(self, job) -> None:
         """Runs ``job`` on the lane's thread once the jobs before it ended."""
-        if self._jobs is None:
-            self._jobs = queue.SimpleQueue()
-            threading.Thread(target=self._run, args=(self._jobs,), name=self._name,
-                             daemon=True).start()
-        self._jobs.put((self._take_turn(), job))
+        # One lock for the turn and the queue: the thread takes jobs in the
+        # order of their turns.
+        with self._turn:
+            if self._jobs is None:
+                self._jobs = queue.SimpleQueue()
+                threading.Thread(target=self._run, args=(self._jobs,), name=self._name,
+                                 daemon=True).start()
+            self._given += 1
+            self._jobs.put((self._given, job))
 
     def run_now(self, job) -> None:
         """Runs ``job`` here, once the jobs before it ended."""
@@ -106,8 +110,10 @@ class _Lane:
                 self._end_turn(turn)
 
     def stop(self) -> None:
-        if self._jobs is not None:
-            self._jobs.put(None)
+        with self._turn:
+            jobs = self._jobs
+        if jobs is not None:
+            jobs.put(None)
 
 
 def _blocking_call() -> bool:
