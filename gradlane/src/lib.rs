@@ -158,6 +158,7 @@ pub use gradlane_core::layout::{
     ChunkOptions, ConvChunking, Layout, LayoutError, TensorKind, TensorSpec,
 };
 pub use gradlane_core::presets;
+pub use gradlane_core::protocol::{AdaptiveDeadline, StepDeadline, StepDeadlineError};
 pub use gradlane_core::ps;
 pub use gradlane_core::reassembly::{
     ClassStats, ReassemblyError, ReceiverCounters, Round, RoundStats,

@@ -115,6 +115,8 @@ class Group:
         lossy_format: Literal["f32", "bf16", "f16", "log8"] | None = None,
         lossy_return: bool = False,
         compression_feedback: bool | None = None,
+        deadline: Literal["adaptive"] | float | None = None,
+        deadline_factor: float = 1.25,
     ) -> int: ...
     def allreduce_differentiated(
         self, bucket: int, buf: Buffer, op: Literal["sum", "mean"] = "mean"

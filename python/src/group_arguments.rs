@@ -4,8 +4,8 @@
 
 use crate::errors::CallError;
 use gradlane::{
-    ClassFormats, Config, DscpMarks, Faults, Layout, LossRecovery, LossyCarrier, OnRankFailure,
-    Packets, ReduceOp, TensorSpec, ValueFormat,
+    AdaptiveDeadline, ClassFormats, Config, DscpMarks, Faults, Layout, LossRecovery, LossyCarrier,
+    OnRankFailure, Packets, ReduceOp, StepDeadline, TensorSpec, ValueFormat,
 };
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -226,4 +226,43 @@ pub(crate) fn link_config(
     link.validate()
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     Ok(link)
+}
+
+/// A bucket's deadline from Python's `deadline` (None, "adaptive" or
+/// seconds) and `deadline_factor`.
+pub(crate) fn step_deadline(
+    deadline: Option<&Bound<'_, PyAny>>,
+    factor: f64,
+) -> PyResult<StepDeadline> {
+    let Some(deadline) = deadline.filter(|d| !d.is_none()) else {
+        return Ok(StepDeadline::Off);
+    };
+    let setting = if let Ok(word) = deadline.extract::<String>() {
+        if word != "adaptive" {
+            return Err(PyValueError::new_err(format!(
+                "unknown deadline {word:?}: expected None, \"adaptive\" or a number of seconds"
+            )));
+        }
+        StepDeadline::Adaptive(AdaptiveDeadline {
+            factor,
+            ..AdaptiveDeadline::default()
+        })
+    } else {
+        let seconds: f64 = deadline.extract().map_err(|_| {
+            PyValueError::new_err("deadline: expected None, \"adaptive\" or a number of seconds")
+        })?;
+        let fixed = Duration::try_from_secs_f64(seconds)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "deadline: {seconds} s is not a positive, finite number of seconds"
+                ))
+            })?;
+        StepDeadline::Fixed(fixed)
+    };
+    setting
+        .validate()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(setting)
 }

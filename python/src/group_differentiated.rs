@@ -5,7 +5,9 @@
 use crate::buffer::{bits_as, Bits16, InBuf, OutBuf};
 use crate::errors::CallError;
 use crate::group::{bytes_of, Bucket, PyGroup};
-use crate::group_arguments::{bucket_layout, loss_recovery, reduce_op, value_format};
+use crate::group_arguments::{
+    bucket_layout, loss_recovery, reduce_op, step_deadline, value_format,
+};
 use crate::group_report::report_dict;
 use gradlane::{
     bf16, f16, BucketOptions, ClassFormats, ReduceOp, SparseAllgather, SparseRows, ValueFormat,
@@ -38,6 +40,13 @@ impl PyGroup {
     /// tensor's) in the lossy format.
     /// compression_feedback: keep what rounding took from this rank's
     /// values and add it into its next gradient (None: on for log8).
+    /// deadline: a bound on each call's lossy part, from the call: None
+    /// (default: wait for it as the links' timing says), "adaptive"
+    /// (deadline_factor times the median of the last 16 calls, after 3
+    /// calls without) or a number of seconds. Lossy chunks still on their
+    /// way at the deadline count as missing, for `recovery` to handle
+    /// ("error_feedback" delays them a step instead of losing them); the
+    /// important chunks are never cut.
     ///
     /// This is a collective: every rank registers the same buckets, with
     /// the same settings, in the same order. Returns the bucket's id (0,
@@ -51,6 +60,8 @@ impl PyGroup {
         lossy_format = None,
         lossy_return = false,
         compression_feedback = None,
+        deadline = None,
+        deadline_factor = 1.25,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn register_bucket(
@@ -63,8 +74,11 @@ impl PyGroup {
         lossy_format: Option<&str>,
         lossy_return: bool,
         compression_feedback: Option<bool>,
+        deadline: Option<&Bound<'_, PyAny>>,
+        deadline_factor: f64,
     ) -> PyResult<usize> {
         let recovery = loss_recovery(recovery)?;
+        let deadline = step_deadline(deadline, deadline_factor)?;
         let dtype = match dtype {
             "float32" | "f32" => ValueFormat::F32,
             "bfloat16" | "bf16" => ValueFormat::Bf16,
@@ -103,6 +117,7 @@ impl PyGroup {
                 formats,
                 lossy_return,
                 compression_feedback,
+                deadline,
             };
             let id = rt.block_on(s.group.register_bucket_with(&layout, options))?;
             s.buckets.push(Bucket { id, values, dtype });

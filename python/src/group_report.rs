@@ -46,5 +46,10 @@ pub(crate) fn report_dict<'py>(
     out.set_item("return_bytes", report.return_bytes)?;
     out.set_item("reduce_ns", ns(report.reduce_time))?;
     out.set_item("return_ns", ns(report.return_time))?;
+    out.set_item("budget_ns", report.budget.map_or(0, ns))?;
+    // The first half ran to its deadline: the lossy data still on its
+    // way was cut (counted in missing and lost).
+    let at_deadline = report.budget.is_some_and(|b| report.reduce_time >= b);
+    out.set_item("at_deadline", u64::from(at_deadline))?;
     Ok(out)
 }

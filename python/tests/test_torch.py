@@ -17,6 +17,7 @@ gradlane.torch (the entry point does it).
 import os
 import socket
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -264,6 +265,38 @@ def scenario_hook(
     pg_order = getattr(dist.distributed_c10d._get_default_group(), "_order", None)
     out["shares_order"] = pg_order is not None and state._order is pg_order
     out["staged_buffers"] = staged_buffers(state._stager)
+    state.close()
+    dist.destroy_process_group()
+    return out
+
+
+def scenario_deadline(rank, steps, straggler, late_s):
+    """DDP over gloo with the hook's deadline (5 ms, error feedback) while
+    rank `straggler` starts each backward `late_s` late: the others' steps
+    run to their deadline. Every step's parameters and statistics."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import gradlane.torch as gl
+
+    dist.init_process_group("gloo")
+    model = wide_cnn(seed=7)
+    ddp = DDP(model)
+    state = gl.HookState(loss_tolerance=0.5, recovery="error_feedback", deadline=0.005)
+    ddp.register_comm_hook(state, gl.ddp_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    out = {"params": [], "stats": []}
+    for step in range(steps):
+        x, y = batch(step, rank, n=8)
+        opt.zero_grad()
+        loss = F.cross_entropy(ddp(x), y)
+        if rank == straggler:
+            time.sleep(late_s)
+        loss.backward()
+        opt.step()
+        out["params"].append(params_of(model))
+        out["stats"].append(dict(state.last_stats))
     state.close()
     dist.destroy_process_group()
     return out
@@ -564,6 +597,7 @@ SCENARIOS = {
     "killed": scenario_killed,
     "killed_hook": scenario_killed_hook,
     "powersgd_warmup": scenario_powersgd_warmup,
+    "deadline": scenario_deadline,
 }
 
 
@@ -881,6 +915,28 @@ def test_an_overflowed_fp16_step_is_skipped_as_over_gloo(cert_dir, backend, tran
             np.testing.assert_allclose(a, b, rtol=0, atol=tol)
 
 
+def test_a_straggler_s_peers_end_their_steps_at_the_hooks_deadline(cert_dir):
+    steps, world, straggler = 3, 3, 2
+    got = run_ranks("deadline", cert_dir, steps, straggler, 0.2, world=world)
+    for step in range(steps):
+        for r in range(1, world):
+            for a, b in zip(got[0]["params"][step], got[r]["params"][step], strict=True):
+                assert np.isfinite(a).all()
+                assert np.array_equal(bits(a), bits(b)), f"step {step}: rank {r} vs rank 0"
+        for r in range(world):
+            s = got[r]["stats"][step]
+            assert s["budget_ns"] > 0, (r, step, s)
+            if r != straggler:
+                # 200 ms waiting for the straggler's important part, past
+                # a 5 ms deadline: every bucket ran to it.
+                assert s["at_deadline"] >= 1, (r, step, s)
+    # What an owner counted missing is what its senders were told they lost.
+    for step in range(steps):
+        missing = sum(got[r]["stats"][step]["missing_values"] for r in range(world))
+        lost = sum(got[r]["stats"][step]["lost_values"] for r in range(world))
+        assert missing == lost, step
+
+
 def test_hook_state_rejects_unknown_options():
     import gradlane.torch as gl
 
@@ -900,6 +956,12 @@ def test_hook_state_rejects_unknown_options():
         gl.HookState(important_format="log8")
     with pytest.raises(ValueError, match="unknown lossy_format"):
         gl.HookState(lossy_format="int8")
+    with pytest.raises(ValueError, match="deadline 'soon'"):
+        gl.HookState(deadline="soon")
+    with pytest.raises(ValueError, match="deadline -1"):
+        gl.HookState(deadline=-1)
+    with pytest.raises(ValueError, match="deadline_factor 0.5 is below 1"):
+        gl.HookState(deadline="adaptive", deadline_factor=0.5)
     state = gl.HookState(0.1, "error_feedback")
     assert (state.loss_tolerance, state.recovery, state.steps) == (0.1, "error_feedback", 0)
     assert state.last_stats == {} and state.totals == {}

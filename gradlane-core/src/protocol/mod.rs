@@ -15,10 +15,13 @@
 //!   receiver confirmed and what the sender told it.
 //! - [`CloseInOrder`]: an orderly close.
 //! - [`RoundTiming`]: the settings they follow.
+//! - [`DeadlineTracker`]: the budget of a collective's lossy part, from
+//!   recent steps ([`StepDeadline`]).
 
 mod close;
 mod receive;
 mod send;
+mod step_deadline;
 mod timing;
 
 #[cfg(test)]
@@ -32,4 +35,5 @@ pub use receive::{
     LOSSY_TAIL,
 };
 pub use send::{Counter, RoundSend, SendAction, SendEvent, SendFailure, SendPlan, DRAIN_GIVE_UP};
+pub use step_deadline::{AdaptiveDeadline, DeadlineTracker, StepDeadline, StepDeadlineError};
 pub use timing::{DatagramSize, LossyCarrier, LossyRelease, RoundTiming};

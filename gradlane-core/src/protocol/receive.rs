@@ -135,6 +135,16 @@ impl DeliveryWait {
         }
     }
 
+    /// Ends the wait at `until` at the latest (the round's
+    /// [`StepDeadline`](super::StepDeadline)): whatever of the lossy part
+    /// is in by then is delivered, the rest counts as missing.
+    pub fn until(mut self, until: Option<Instant>) -> Self {
+        if let Some(until) = until {
+            self.cap = self.cap.min(until);
+        }
+        self
+    }
+
     /// Re-decides at `now` (the first time, and whenever lossy data
     /// arrived or a report came): each arrival restarts the wait.
     pub fn progress(&mut self, now: Instant, p: LossyProgress) -> Delivery {
@@ -175,5 +185,40 @@ impl DeliveryWait {
     /// Whether the wait ran out at `now`.
     pub fn timed_out(&self, now: Instant) -> bool {
         self.deadline.is_none_or(|d| now >= d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(got: u64) -> LossyProgress {
+        LossyProgress {
+            held: Some((got, Some(10_000))),
+            placed: 0,
+            reported: None,
+        }
+    }
+
+    /// A deadline caps every wait, the first-byte wait included, and a
+    /// round taken up past its deadline is delivered at once.
+    #[test]
+    fn a_deadline_ends_the_wait_whatever_is_still_coming() {
+        let now = Instant::now();
+        let timing = RoundTiming::default();
+        let rtt = Duration::from_millis(1);
+        let until = now + Duration::from_millis(7);
+        let mut wait = DeliveryWait::new(now, timing, rtt).until(Some(until));
+        assert_eq!(wait.progress(now, held(0)), Delivery::WaitUntil(until));
+        assert_eq!(wait.progress(now, held(500)), Delivery::WaitUntil(until));
+        assert_eq!(wait.progress(until, held(900)), Delivery::Now);
+        let mut late = DeliveryWait::new(until, timing, rtt).until(Some(now));
+        assert_eq!(late.progress(until, held(0)), Delivery::Now);
+        // Without one, the grace after a lossy byte applies.
+        let mut free = DeliveryWait::new(now, timing, rtt).until(None);
+        assert_eq!(
+            free.progress(now, held(500)),
+            Delivery::WaitUntil(now + timing.grace + rtt * 2)
+        );
     }
 }

@@ -52,6 +52,9 @@ pub struct SendPlan {
     /// Payload bytes of the lossy part on the wire, in its format (on
     /// streams, when it goes there).
     pub lossy_len: u64,
+    /// The round's deadline ([`StepDeadline`](super::StepDeadline)): the
+    /// wait for the lossy part to leave gives up there, if not before.
+    pub lossy_until: Option<Instant>,
 }
 
 /// What happened, as far as one round's sender cares.
@@ -201,7 +204,7 @@ impl RoundSend {
             }
             SendEvent::LossyQueued if self.phase == Phase::Lossy => {
                 self.phase = Phase::Draining {
-                    give_up: now + DRAIN_GIVE_UP,
+                    give_up: self.give_up(now),
                     last: 0,
                 };
             }
@@ -313,13 +316,20 @@ impl RoundSend {
                     self.drained_lossy(None);
                 } else if sent > last {
                     self.phase = Phase::Draining {
-                        give_up: now + DRAIN_GIVE_UP,
+                        give_up: self.give_up(now),
                         last: sent,
                     };
                 }
             }
             _ => {}
         }
+    }
+
+    /// When draining gives up, waiting from `now`: [`DRAIN_GIVE_UP`]
+    /// without progress, or the round's deadline.
+    fn give_up(&self, now: Instant) -> Instant {
+        let wait = now + DRAIN_GIVE_UP;
+        self.plan.lossy_until.map_or(wait, |until| wait.min(until))
     }
 
     fn release(&mut self) {
@@ -385,6 +395,7 @@ mod tests {
             sent_before: 1000,
             reliable_len: 500,
             lossy_len: 0,
+            lossy_until: None,
         });
         m.handle(now, SendEvent::ImportantHanded);
         m.handle(now, SendEvent::SentBytes(1000 + 500));
@@ -395,5 +406,32 @@ mod tests {
         let at = now + Duration::from_millis(2);
         m.handle(at, SendEvent::Confirmed { at });
         assert_eq!(m.outcome(), Some(Ok(at)));
+    }
+
+    /// A round with a deadline stops waiting for its datagrams to leave
+    /// at the deadline, well before the give-up, and reports them sent.
+    #[test]
+    fn draining_gives_up_at_the_round_s_deadline() {
+        let now = Instant::now();
+        let until = now + Duration::from_millis(40);
+        let mut m = RoundSend::new(SendPlan {
+            round: 1,
+            lossy_on_stream: false,
+            release_on_sent: true,
+            sent_before: 0,
+            reliable_len: 500,
+            lossy_len: 5000,
+            lossy_until: Some(until),
+        });
+        m.handle(now, SendEvent::ImportantHanded);
+        m.handle(now, SendEvent::SentBytes(500));
+        assert_eq!(m.poll_action(), Some(SendAction::ReleaseLossy));
+        m.handle(now, SendEvent::LossyQueued);
+        assert_eq!(m.poll_timeout(), Some(until));
+        assert!(!m.lossy_sent());
+        m.handle_timeout(until);
+        assert!(m.lossy_sent());
+        assert_eq!(m.datagrams_drained(), Some(false));
+        assert_eq!(m.poll_action(), Some(SendAction::ReportLossySent));
     }
 }

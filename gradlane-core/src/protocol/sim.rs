@@ -802,6 +802,7 @@ impl Pair {
             sent_before: sender.out.sent_bytes,
             reliable_len,
             lossy_len: encoded.wire_payload[1..].iter().sum(),
+            lossy_until: None,
         };
         let mut machine = RoundSend::new(plan);
         machine.handle(self.now, SendEvent::ImportantHanded);

@@ -26,6 +26,7 @@ use gradlane_core::classify::IMPORTANT;
 use gradlane_core::format::{self, log8_scale, ClassFormats, Element, ValueFormat};
 use gradlane_core::group::{encode_reduced_shard, GroupMessageError, ReducedShard};
 use gradlane_core::layout::{ChunkOptions, ConvChunking, Layout, TensorKind, TensorSpec};
+use gradlane_core::protocol::{DeadlineTracker, StepDeadline};
 use gradlane_core::reassembly::RoundStats;
 use std::ops::Range;
 use std::time::Duration;
@@ -61,7 +62,7 @@ pub enum LossRecovery {
 /// `compression_feedback` is on by default where it matters (a `log8`
 /// lossy format) and best left so. **Leave** `dtype` to say what the
 /// buffer holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct BucketOptions {
     /// What becomes of a lossy chunk that did not arrive (default zero
     /// fill).
@@ -88,6 +89,16 @@ pub struct BucketOptions {
     /// format is `log8`. Composes with any [`LossRecovery`]; costs a copy
     /// of the bucket per rank.
     pub compression_feedback: Option<bool>,
+    /// A deadline for each call's lossy part, from the call (default
+    /// [`StepDeadline::Off`]): with one, a call that meets a burst of
+    /// other traffic ends near its usual time and delivers without the
+    /// lossy chunks still on their way; they are missing as if lost
+    /// (counted in the report's `missing` and `lost`), for `recovery` to
+    /// handle: with [`LossRecovery::ErrorFeedback`] their senders add them
+    /// into their next gradient, so nothing is lost, only delayed a step.
+    /// [`StepDeadline::Adaptive`] follows recent calls (OptiReduce's
+    /// adaptive timeout). The important part is never cut.
+    pub deadline: StepDeadline,
 }
 
 impl BucketOptions {
@@ -138,6 +149,8 @@ pub(super) struct Bucket {
     widened: Vec<f32>,
     /// The owner's sum (kept for the next call).
     sum: Vec<f32>,
+    /// Recent calls' times and the next call's budget.
+    deadline: DeadlineTracker,
 }
 
 /// What one differentiated allreduce did, seen from one rank.
@@ -166,6 +179,9 @@ pub struct AllreduceReport {
     /// in all (the values in their formats, the lost-chunk lists, the
     /// message headers).
     pub return_bytes: u64,
+    /// The call's budget for its lossy part, from the call, if the bucket
+    /// has a [`StepDeadline`] and it was past its warm-up.
+    pub budget: Option<Duration>,
 }
 
 impl Group {
@@ -201,6 +217,8 @@ impl Group {
         layout: &Layout,
         options: BucketOptions,
     ) -> Result<BucketId, GroupError> {
+        let deadline = DeadlineTracker::new(options.deadline)
+            .map_err(|e| GroupError::Unsupported(e.to_string()))?;
         if options.dtype.element_bytes().is_none() {
             return Err(GroupError::Unsupported(format!(
                 "a bucket holds f32, bf16 or f16 values, not {}",
@@ -340,6 +358,7 @@ impl Group {
             chunks,
             widened: Vec::new(),
             sum: Vec::new(),
+            deadline,
         });
         Ok(BucketId(bucket_index))
     }
@@ -452,6 +471,8 @@ impl Group {
         // 1. Every rank's part of shard r to rank r, as a round; at the
         //    same time this rank's shard from every other rank.
         let started = tokio::time::Instant::now();
+        let budget = b.deadline.budget();
+        let until = budget.map(|d| started.into_std() + d);
         let own = shards[me].clone();
         let rounds = &mut self.next_round;
         let halves = self.senders.iter_mut().zip(self.receivers.iter_mut());
@@ -468,7 +489,7 @@ impl Group {
                 let send = async {
                     match id {
                         Some(id) => sender
-                            .send_round_on(id, round, &grads)
+                            .send_round_until(id, round, &grads, until)
                             .await
                             .map(Some)
                             .map_err(failed),
@@ -479,7 +500,11 @@ impl Group {
                     if !receive_own {
                         return Ok(None);
                     }
-                    receiver.recv_round().await.map(Some).map_err(failed)
+                    receiver
+                        .recv_round_until(until)
+                        .await
+                        .map(Some)
+                        .map_err(failed)
                 };
                 let (sent, got) = tokio::join!(send, recv);
                 Ok::<_, GroupError>((r, sent?, got?))
@@ -490,6 +515,7 @@ impl Group {
             sent: vec![None; world],
             received: vec![None; world],
             missing: vec![Vec::new(); world],
+            budget,
             ..AllreduceReport::default()
         };
         let mut parts: Vec<Option<gradlane_core::reassembly::Round>> =
@@ -608,6 +634,7 @@ impl Group {
         let t = tag(self.next_seq(), Kind::ReducedShard);
         report.return_bytes = message.len() as u64 * (world as u64 - 1);
         let summed = started.elapsed();
+        self.buckets[bucket.0].deadline.observe(summed);
         let got = self.exchange_with_all(t, &message).await?;
         report.reduce_time = summed;
         report.return_time = started.elapsed() - summed;

@@ -89,14 +89,37 @@ impl LinkSender {
         }
     }
 
+    /// Waits until quinn's datagram queue holds at most `most` bytes
+    /// (`empty` being its free space when empty), or `deadline`.
+    async fn wait_queue_below(
+        &self,
+        empty: usize,
+        most: usize,
+        deadline: Option<Instant>,
+    ) -> Result<(), LinkError> {
+        // quinn has no event for it: poll at the timer's granularity.
+        loop {
+            let space = self.conn.datagram_send_buffer_space();
+            if space + most >= empty || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                e = self.conn.closed() => return Err(LinkError::from_conn(e)),
+            }
+        }
+    }
+
+    /// Queues the lossy levels' datagrams, level 1 first; what is not
+    /// queued by `deadline` is dropped and counted.
     pub(super) async fn send_lossy(
         &self,
         encoded: &EncodedRound,
-        start: Instant,
+        deadline: Option<Instant>,
         report: &mut SendReport,
-        empty: usize,
+        queue: LossyQueue,
     ) -> Result<(), LinkError> {
-        let deadline = self.timing.lossy_deadline.map(|d| start + d);
+        let empty = queue.empty;
         let mut queued = false;
         for (l, datagrams) in encoded.lossy.iter().enumerate() {
             if let Some(mark) = self.mark.as_ref().filter(|_| !datagrams.is_empty()) {
@@ -109,6 +132,12 @@ impl LinkSender {
                 queued = true;
             }
             for (i, d) in datagrams.iter().enumerate() {
+                if queue.shallow {
+                    // Whatever is in quinn's queue at the deadline still
+                    // goes out, after it: keep the queue short.
+                    self.wait_queue_below(empty, SHALLOW_QUEUE, deadline)
+                        .await?;
+                }
                 if deadline.is_some_and(|d| Instant::now() >= d) {
                     // Everything not yet queued, this level and below, is dropped.
                     report.lossy_dropped[l] += (datagrams.len() - i) as u64;
@@ -176,6 +205,23 @@ impl LinkSender {
         }
         Ok(())
     }
+}
+
+/// The most datagram bytes a round with a deadline keeps queued in quinn:
+/// what a 1 Gbit/s path sends in about two timer ticks, so a fast path
+/// still runs full, while what is left at the deadline leaves in a few
+/// milliseconds even at 100 Mbit/s.
+const SHALLOW_QUEUE: usize = 256 * 1024;
+
+/// quinn's datagram queue as a round's lossy part uses it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LossyQueue {
+    /// The queue's free space when the lossy part started (empty, or
+    /// with what an older round left).
+    pub(super) empty: usize,
+    /// Keep at most [`SHALLOW_QUEUE`] bytes in it (a round with a
+    /// deadline).
+    pub(super) shallow: bool,
 }
 
 /// Puts a connection's marks back to the important class when dropped.

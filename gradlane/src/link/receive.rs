@@ -15,6 +15,27 @@ impl LinkReceiver {
     /// [`recv_round`](Self::recv_round), also telling when the round's
     /// important data was complete and when it was delivered.
     pub async fn recv_round_timed(&mut self) -> Result<(Round, RoundArrival), LinkError> {
+        self.recv_round_by(None).await
+    }
+
+    /// [`recv_round`](Self::recv_round) with a deadline for the lossy
+    /// part ([`StepDeadline`](gradlane_core::protocol::StepDeadline)): the
+    /// round is delivered at `lossy_until` at the latest once its
+    /// important part is in (at once, if that comes later), with the lossy
+    /// chunks that are in by then; the rest are missing
+    /// ([`Round::missing_chunks`]), and merged into the next round if they
+    /// come later and the layout merges late data.
+    pub async fn recv_round_until(
+        &mut self,
+        lossy_until: Option<Instant>,
+    ) -> Result<Round, LinkError> {
+        Ok(self.recv_round_by(lossy_until).await?.0)
+    }
+
+    async fn recv_round_by(
+        &mut self,
+        lossy_until: Option<Instant>,
+    ) -> Result<(Round, RoundArrival), LinkError> {
         let (round, layout, important) = loop {
             let (round, layout, important) = tokio::select! {
                 // A protocol error is queued before the connection is
@@ -41,7 +62,10 @@ impl LinkReceiver {
             tracing::debug!(round, layout, ?delivered, "skipped a round delivered past");
         };
         let span = tracing::info_span!("recv_round", round, layout);
-        let delivered = self.finish_round(round, layout).instrument(span).await?;
+        let delivered = self
+            .finish_round(round, layout, lossy_until)
+            .instrument(span)
+            .await?;
         let arrival = RoundArrival {
             important,
             delivered: Instant::now(),
@@ -52,9 +76,14 @@ impl LinkReceiver {
     /// Waits for the round's lossy part as its [`DeliveryWait`] says,
     /// re-deciding whenever lossy data is placed or a report comes, and
     /// delivers.
-    async fn finish_round(&mut self, round: u32, layout: LayoutId) -> Result<Round, LinkError> {
+    async fn finish_round(
+        &mut self,
+        round: u32,
+        layout: LayoutId,
+        lossy_until: Option<Instant>,
+    ) -> Result<Round, LinkError> {
         let ended = Instant::now();
-        let mut wait = DeliveryWait::new(ended, self.timing, self.conn.rtt());
+        let mut wait = DeliveryWait::new(ended, self.timing, self.conn.rtt()).until(lossy_until);
         loop {
             let progress = self.rx.progress.notified();
             tokio::pin!(progress);

@@ -5,7 +5,7 @@
 
 use super::in_flight::InFlight;
 use super::lanes::{frame_pipelined, lane_count, write_lane};
-use super::lossy::{lossy_datagram_limit, ClassGuard};
+use super::lossy::{lossy_datagram_limit, ClassGuard, LossyQueue};
 use super::*;
 use crate::blocking;
 use gradlane_core::protocol::{Counter, RoundSend, SendAction, SendEvent, SendFailure, SendPlan};
@@ -46,8 +46,26 @@ impl LinkSender {
         round: u32,
         grads: &[G],
     ) -> Result<SendReport, LinkError> {
+        self.send_round_until(layout, round, grads, None).await
+    }
+
+    /// [`send_round_on`](Self::send_round_on) with a deadline for the lossy
+    /// part ([`StepDeadline`](gradlane_core::protocol::StepDeadline)): its
+    /// datagrams not queued by `lossy_until` are dropped (counted in
+    /// [`SendReport::lossy_dropped`]), lowest level first, and the wait
+    /// for those queued to leave ends there. A round with a deadline sends
+    /// its lossy part as datagrams, and keeps no more of them in quinn's
+    /// queue than leave in a few milliseconds, so that little is still
+    /// going out after the deadline.
+    pub async fn send_round_until<G: AsRef<[f32]>>(
+        &mut self,
+        layout: LayoutId,
+        round: u32,
+        grads: &[G],
+        lossy_until: Option<Instant>,
+    ) -> Result<SendReport, LinkError> {
         let span = tracing::info_span!("send_round", round, layout);
-        self.send_round_inner(layout, round, grads, None)
+        self.send_round_inner(layout, round, grads, None, lossy_until)
             .instrument(span)
             .await
     }
@@ -71,7 +89,7 @@ impl LinkSender {
             .iter()
             .map(|g| gradlane_core::encode::shared_f32_bytes(g.clone()))
             .collect();
-        self.send_round_inner(0, round, &values, Some(&views))
+        self.send_round_inner(0, round, &values, Some(&views), None)
             .instrument(span)
             .await
     }
@@ -93,6 +111,7 @@ impl LinkSender {
         round: u32,
         grads: &[G],
         shared: Option<&[Bytes]>,
+        lossy_until: Option<Instant>,
     ) -> Result<SendReport, LinkError> {
         let start = Instant::now();
         if layout as usize >= self.encoders.len() {
@@ -110,7 +129,10 @@ impl LinkSender {
         // levels go as datagrams, one level after another, once the peer
         // holds the important part.
         let marked = self.mark.is_some();
-        let on_stream = self.timing.lossy_on_stream(lost != self.lost_seen, marked);
+        // Streams cannot be cut at a deadline: a round with one sends
+        // datagrams.
+        let on_stream =
+            lossy_until.is_none() && self.timing.lossy_on_stream(lost != self.lost_seen, marked);
         let max = if on_stream { LOSSY_STREAM_PACKET } else { max };
         // Scoring and classing read the whole round: every check on the
         // gradients happens here, before a byte is sent.
@@ -146,9 +168,14 @@ impl LinkSender {
             reliable_len: framer.reliable_len() as u64,
             // What goes on the wire, in the levels' format.
             lossy_len: wire[1..].iter().sum(),
+            lossy_until,
         };
         let mut flight = InFlight::new(RoundSend::new(plan), self.control.clone());
-        let sending = Sending { start, on_stream };
+        let sending = Sending {
+            start,
+            on_stream,
+            lossy_until,
+        };
         let sent = self
             .send_framed(framer, grads, shared, sending, &mut report, &mut flight)
             .await;
@@ -186,7 +213,11 @@ impl LinkSender {
         report: &mut SendReport,
         flight: &mut InFlight,
     ) -> Result<(Instant, EncodedRound), LinkError> {
-        let Sending { start, on_stream } = sending;
+        let Sending {
+            start,
+            on_stream,
+            lossy_until,
+        } = sending;
         // Framing ~100 MB takes tens of milliseconds: the important pieces go
         // to quinn from one writer task per lane as soon as each is framed,
         // while this thread frames the next ones and then the datagrams.
@@ -252,8 +283,16 @@ impl LinkSender {
                     flight.finished.extend(written);
                 }
             } else {
-                self.send_lossy(&encoded, start, report, flight.datagrams_empty)
-                    .await?;
+                let until = self.timing.lossy_deadline.map(|d| start + d);
+                let until = match (until, lossy_until) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                let queue = LossyQueue {
+                    empty: flight.datagrams_empty,
+                    shallow: lossy_until.is_some(),
+                };
+                self.send_lossy(&encoded, until, report, queue).await?;
             }
             flight
                 .machine
@@ -405,6 +444,8 @@ struct Sending {
     start: Instant,
     /// The lossy part goes on streams, not as datagrams.
     on_stream: bool,
+    /// The round's deadline for its lossy part.
+    lossy_until: Option<Instant>,
 }
 
 /// What a QUIC packet of stream data carries besides the data: the short

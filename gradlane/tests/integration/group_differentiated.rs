@@ -8,11 +8,12 @@ use crate::common;
 use common::{bytes_not_lost, group_with};
 use futures_util::future::join_all;
 use gradlane::{
-    AllreduceReport, BucketId, Faults, Group, Layout, LossRecovery, LossyCarrier, ReduceOp,
-    TensorSpec,
+    AdaptiveDeadline, AllreduceReport, BucketId, BucketOptions, Faults, Group, Layout,
+    LossRecovery, LossyCarrier, ReduceOp, StepDeadline, TensorSpec,
 };
 use gradlane_core::rng::SplitMix64;
 use std::ops::Range;
+use std::time::Duration;
 
 /// A bucket like a small CNN's: conv kernels, biases, a linear layer.
 fn bucket() -> Layout {
@@ -295,4 +296,121 @@ async fn error_feedback_adds_what_was_lost_into_the_next_round() {
         }
     }
     assert!(any_lost, "at 10% loss some chunk was lost");
+}
+
+/// A stalled peer (rank 2, whose packets all take 100 ms to leave) under a
+/// 20 ms deadline: its lossy part is cut at the owners, counted in their
+/// `missing` and its `lost`, and added into its next gradient; every rank
+/// ends every step with the same bits, those of the parts that arrived.
+/// Without a deadline the same groups wait for it and lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_peer_s_lossy_part_is_cut_at_the_deadline_and_folded_into_the_next_step() {
+    let world = 3;
+    let stalled = 2;
+    let slow = |rank, mut c: gradlane::Config| {
+        c.packets = gradlane::Packets::Ethernet;
+        c.faults = (rank == stalled).then(|| Faults {
+            delay: Duration::from_millis(100),
+            ..Faults::default()
+        });
+        c
+    };
+    let mut groups = group_with("diff-deadline", world, slow).await;
+    let budget = Duration::from_millis(20);
+    let with_deadline = BucketOptions {
+        recovery: LossRecovery::ErrorFeedback,
+        deadline: StepDeadline::Fixed(budget),
+        ..BucketOptions::default()
+    };
+    let id = register_with(&mut groups, with_deadline).await;
+    let n = bucket().total_values() as usize;
+    let mut owed: Vec<Vec<f32>> = vec![vec![0.0; n]; world];
+    for step in 0..3 {
+        let fresh: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 40 + step, n)).collect();
+        let sent: Vec<Vec<f32>> = fresh
+            .iter()
+            .zip(&owed)
+            .map(|(g, o)| g.iter().zip(o).map(|(a, b)| a + b).collect())
+            .collect();
+        let (got, reports) = allreduce(&mut groups, id, &fresh, ReduceOp::Sum).await;
+        let want = expected(&sent, &reports, ReduceOp::Sum, false);
+        for (r, g) in got.iter().enumerate() {
+            same_bits(g, &want, &format!("step {step} rank {r}"));
+            assert_eq!(reports[r].budget, Some(budget), "step {step} rank {r}");
+        }
+        if step == 0 {
+            // The stalled rank's important part takes several of its
+            // 100 ms round trips: its lossy part misses the deadline.
+            assert!(
+                !reports[stalled].lost.is_empty(),
+                "the stalled rank lost nothing"
+            );
+            for owner in (0..world).filter(|&o| o != stalled) {
+                assert!(
+                    !reports[owner].missing[stalled].is_empty(),
+                    "owner {owner} missed nothing of the stalled rank"
+                );
+            }
+        }
+        // What each owner counted missing is what its sender lost.
+        for (r, rep) in reports.iter().enumerate() {
+            let mut told: Vec<Range<usize>> = reports
+                .iter()
+                .flat_map(|owner| owner.missing[r].iter().cloned())
+                .collect();
+            told.sort_by_key(|c| c.start);
+            let mut lost = rep.lost.clone();
+            lost.sort_by_key(|c| c.start);
+            assert_eq!(lost, told, "step {step} rank {r}");
+            owed[r].iter_mut().for_each(|v| *v = 0.0);
+            for range in &rep.lost {
+                owed[r][range.clone()].copy_from_slice(&sent[r][range.clone()]);
+            }
+        }
+    }
+    let no_deadline = BucketOptions::new(LossRecovery::ErrorFeedback);
+    let id = register_with(&mut groups, no_deadline).await;
+    let inputs: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 50, n)).collect();
+    let (got, reports) = allreduce(&mut groups, id, &inputs, ReduceOp::Sum).await;
+    for (r, rep) in reports.iter().enumerate() {
+        assert!(
+            rep.lost.is_empty(),
+            "rank {r} lost {:?} without a deadline",
+            rep.lost
+        );
+        assert_eq!(rep.budget, None);
+        same_bits(&got[r], &got[0], &format!("no deadline, rank {r}"));
+    }
+}
+
+/// A bucket's deadline that cannot be followed is refused when the bucket
+/// is registered, on every rank, before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_that_cannot_be_followed_is_refused_at_registration() {
+    let mut groups = group_with("diff-bad-deadline", 2, |_, c| c).await;
+    let bad = BucketOptions {
+        deadline: StepDeadline::Adaptive(AdaptiveDeadline {
+            factor: 0.5,
+            ..AdaptiveDeadline::default()
+        }),
+        ..BucketOptions::default()
+    };
+    let layout = bucket();
+    for g in &mut groups {
+        let e = g.register_bucket_with(&layout, bad).await.unwrap_err();
+        assert!(e.to_string().contains("factor"), "{e}");
+    }
+}
+
+async fn register_with(groups: &mut [Group], options: BucketOptions) -> BucketId {
+    let layout = bucket();
+    let ids: Vec<_> = join_all(
+        groups
+            .iter_mut()
+            .map(|g| g.register_bucket_with(&layout, options)),
+    )
+    .await;
+    let ids: Vec<BucketId> = ids.into_iter().map(|r| r.unwrap()).collect();
+    assert!(ids.iter().all(|&i| i == ids[0]));
+    ids[0]
 }

@@ -75,6 +75,20 @@ class HookState:
       (docs/RESULTS.md: 4 ranks sharing 2 cores). Either way the
       allreduces run on the thread that runs the Group's collectives in
       issue order: the backend's, when the hook shares its Group.
+    - ``deadline`` (default None): a bound on each bucket's lossy part,
+      counted from the call, for a network whose other tenants make some
+      steps far slower than most (a shared cloud). ``"adaptive"``
+      follows recent steps: ``deadline_factor`` (default 1.25) times the
+      median of the bucket's last 16 steps (from the call until its
+      lossy part is in), after 3 steps without. A number is a fixed
+      deadline in seconds. Lossy chunks still on their way at the
+      deadline count as missing, for ``recovery`` to handle: use
+      ``"error_feedback"`` with it, so that what was cut is added into
+      the next step, not lost. The important chunks are never cut, so
+      raise ``loss_tolerance`` (0.3-0.5) for more of each step to be
+      boundable. ``deadline_factor`` nearer 1 cuts more steps and bounds
+      the tail more tightly. The steps cut are counted in the
+      statistics' ``at_deadline``.
     - ``lossy_carrier``: what carries the lossy chunks. ``"adaptive"``
       (default) sends them on low-priority streams while the path loses
       nothing and as datagrams after a loss; cheapest in CPU.
@@ -116,7 +130,9 @@ class HookState:
     part of that spent in the Rust allreduce (the difference is what the
     Python side costs), itself split into ``reduce_ns`` and
     ``return_ns``, its two halves; ``wait_ns``, how long buckets waited
-    on the thread for the collectives issued before them.
+    on the thread for the collectives issued before them. With a
+    ``deadline``: ``budget_ns``, the buckets' budgets (0 in warm-up), and
+    ``at_deadline``, how many buckets ran to theirs and were cut.
     """
 
     def __init__(
@@ -134,6 +150,8 @@ class HookState:
         lossy_format: str = "f32",
         compression_feedback: bool | None = None,
         lossy_return: bool = False,
+        deadline: str | float | None = None,
+        deadline_factor: float = 1.25,
     ):
         if not 0.0 <= float(loss_tolerance) <= 1.0:
             raise ValueError(f"gradlane: loss_tolerance {loss_tolerance} is not in [0, 1]")
@@ -158,6 +176,15 @@ class HookState:
                 f"gradlane: unknown lossy_format {lossy_format!r}; "
                 f"one of {', '.join(LOSSY_FORMATS)}"
             )
+        if deadline is not None and deadline != "adaptive":
+            if isinstance(deadline, str) or not float(deadline) > 0.0:
+                raise ValueError(
+                    f"gradlane: deadline {deadline!r} is not None, \"adaptive\" or a "
+                    "positive number of seconds"
+                )
+            deadline = float(deadline)
+        if not float(deadline_factor) >= 1.0:
+            raise ValueError(f"gradlane: deadline_factor {deadline_factor} is below 1")
         if group is not None and (injected_loss or dscp or lossy_carrier != "adaptive"):
             raise ValueError(
                 "gradlane: injected_loss, dscp and lossy_carrier are settings of the Group "
@@ -174,6 +201,8 @@ class HookState:
         self.lossy_format = lossy_format
         self.compression_feedback = compression_feedback
         self.lossy_return = bool(lossy_return)
+        self.deadline = deadline
+        self.deadline_factor = float(deadline_factor)
         self.group = group
         self._own_group = False
         # (bucket index, parameter shapes) -> gradlane bucket id.
@@ -296,6 +325,8 @@ class HookState:
                 lossy_format=self.lossy_format,
                 lossy_return=self.lossy_return,
                 compression_feedback=self.compression_feedback,
+                deadline=self.deadline,
+                deadline_factor=self.deadline_factor,
             )
             self._buckets[key] = bid
         return bid
