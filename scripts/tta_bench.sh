@@ -26,7 +26,12 @@
 #              lossy ones with compression feedback, the owners' lossy
 #              return, loss tolerance T); hook-bf16log8-tT+powersgd is
 #              gradlane's powersgd_hook: PowerSGD as +powersgd, its
-#              warm-up steps through that hook
+#              warm-up steps through that hook; hook-bf16log8-tT-dl[F]
+#              adds the adaptive deadline (factor F, default 1.25) with
+#              error feedback; +localsgd[-pP] is torch's local SGD
+#              (post_localSGD_hook, averaging every P steps, default 4,
+#              from step 10; its ranks' parameters differ between
+#              averages, so params_equal says no where a run ends between)
 #   loss       the testbed's LOSS, a drop probability
 #   seed       train_tta.py's --seed (model, split and batches)
 #   condition  plain; delayD (D ms of one-way delay on every rank's input,
@@ -172,8 +177,14 @@ run_cells() {
             torch_hook=${BASH_REMATCH[1]}
             args+=(--powersgd-rank "${BASH_REMATCH[3]}")
         fi
+        # +localsgd-pP: local SGD averaging every P steps (default 4).
+        if [[ $torch_hook =~ ^localsgd-p([0-9]+)$ ]]; then
+            torch_hook=localsgd
+            args+=(--localsgd-period "${BASH_REMATCH[1]}")
+        fi
         case $torch_hook in
             none) ;;
+            localsgd) args+=(--comm-hook localsgd) ;;
             fp16 | bf16) args+=(--comm-hook "$torch_hook") ;;
             # One bucket: see docs/RESULTS.md on PowerSGD over gloo.
             powersgd | powersgd-fp16) args+=(--comm-hook "$torch_hook" --bucket-cap-mb 64) ;;
@@ -188,6 +199,14 @@ run_cells() {
             gradlane-sync) args+=(--transport gradlane); async=0 ;;
             hook-zero_fill | hook-rescale | hook-error_feedback) args+=(--transport hook --recovery "${base#hook-}") ;;
             hook-datagrams) args+=(--transport hook --lossy-carrier datagrams) ;;
+            hook-bf16log8-t*-dl*)
+                # The deadline variant: adaptive, error feedback; -dlF sets
+                # the factor over the median step (default 1.25).
+                local spec=${base#hook-bf16log8-t} factor
+                factor=${spec#*-dl}
+                args+=(--transport hook --important-format bf16 --lossy-format log8 --lossy-return
+                    --loss-tolerance "${spec%%-dl*}" --deadline adaptive --recovery error_feedback
+                    --deadline-factor "${factor:-1.25}") ;;
             hook-bf16log8-t*)
                 args+=(--transport hook --important-format bf16 --lossy-format log8 --lossy-return
                     --loss-tolerance "${base#hook-bf16log8-t}") ;;

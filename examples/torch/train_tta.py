@@ -27,11 +27,13 @@ Run it under torchrun or ``scripts/testbed.sh`` (one process per rank)::
 backend with gradlane's DDP hook: the important chunks exact, the rest
 lossy; ``--loss-tolerance``, ``--recovery``, ``--dscp``, ``--overlap``,
 ``--lossy-carrier``, ``--important-format``, ``--lossy-format``,
-``--lossy-return``). ``--comm-hook`` puts one of torch's own DDP hooks
+``--lossy-return``, ``--deadline``, ``--deadline-factor``). ``--comm-hook`` puts one of torch's own DDP hooks
 (``fp16``, ``bf16``: ``fp16_compress_hook``, ``bf16_compress_hook``;
 ``powersgd``: ``powerSGD_hook``, ``--powersgd-rank``,
 ``--powersgd-start``; ``powersgd-fp16``: ``powerSGD_hook`` inside
-``fp16_compress_wrapper``, as torch's docs show it) over the gloo or
+``fp16_compress_wrapper``, as torch's docs show it; ``localsgd``: torch's
+local SGD, ``post_localSGD_hook`` with a ``PeriodicModelAverager`` of
+``--localsgd-period`` after ``--powersgd-start`` steps) over the gloo or
 gradlane backend, as a PyTorch user would turn one on. With ``--transport
 hook``, ``--comm-hook powersgd`` is gradlane's ``powersgd_hook``:
 PowerSGD whose warm-up steps go through gradlane's hook. Needs
@@ -128,8 +130,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="hook: the owners return the sum's least important chunks in the lossy format",
     )
     p.add_argument(
+        "--deadline",
+        default=None,
+        help="hook: a deadline for each bucket's lossy part, 'adaptive' or seconds "
+        "(HookState's deadline; use it with --recovery error_feedback)",
+    )
+    p.add_argument(
+        "--deadline-factor",
+        type=float,
+        default=1.25,
+        help="hook: with --deadline adaptive, the budget over the median recent step",
+    )
+    p.add_argument(
         "--comm-hook",
-        choices=["none", "fp16", "bf16", "powersgd", "powersgd-fp16"],
+        choices=["none", "fp16", "bf16", "powersgd", "powersgd-fp16", "localsgd"],
         default="none",
         help="gloo or gradlane: one of torch's DDP communication hooks; "
         "hook: powersgd only (PowerSGD, its warm-up steps through gradlane's hook)",
@@ -145,6 +159,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=10,
         help="powersgd: start_powerSGD_iter (plain allreduce for the steps before)",
+    )
+    p.add_argument(
+        "--localsgd-period",
+        type=int,
+        default=4,
+        help="localsgd: steps between model averages (PeriodicModelAverager's period), "
+        "after --powersgd-start steps of plain allreduce",
     )
     p.add_argument(
         "--bucket-cap-mb",
@@ -254,6 +275,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "--transport hook takes --comm-hook powersgd only (PowerSGD after the hook's "
             "warm-up); torch's other hooks go over a backend: use --transport gloo or gradlane"
         )
+    if args.deadline is not None:
+        if args.transport != "hook":
+            p.error("--deadline is the hook's: it needs --transport hook")
+        if args.deadline != "adaptive":
+            try:
+                args.deadline = float(args.deadline)
+            except ValueError:
+                p.error("--deadline is 'adaptive' or a number of seconds")
+    if args.localsgd_period < 1:
+        p.error("--localsgd-period must be positive")
     if args.powersgd_rank < 1 or args.powersgd_start < 1:
         p.error("--powersgd-rank and --powersgd-start must be positive")
     if (args.kill_rank is None) != (args.kill_step is None):
@@ -464,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
             important_format=args.important_format,
             lossy_format=args.lossy_format,
             lossy_return=args.lossy_return,
+            deadline=args.deadline,
+            deadline_factor=args.deadline_factor,
         )
         if args.comm_hook == "powersgd":
             model.register_comm_hook(gl.PowerSGDWarmup(powersgd_state(args), state), gl.powersgd_hook)
@@ -472,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.comm_hook != "none":
         register_torch_hook(model, args)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
+    averager = local_sgd_averager(args)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 5) * 0.5 * (1 + math.cos(math.pi * s / args.steps))
     )
@@ -535,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if averager is not None:
+                averager.average_parameters(model.parameters())
             schedule.step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # the step's kernels are timed too
@@ -605,7 +641,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"failure: {type(e).__name__} in step {step}: {why} ({now:.3f} s)", flush=True)
         raise
     if rank == 0:
-        ordered = sorted(step_s) or [0.0]
+        # The first step sets up every transport's connections and DDP's
+        # buckets: the step percentiles are of the steps after it (the
+        # training time keeps it).
+        ordered = sorted(step_s[1:] or step_s) or [0.0]
         p50 = ordered[len(ordered) // 2]
         p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
         target = "not reached" if reached is None else f"{reached:.1f} s"
@@ -622,7 +661,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"({t.get('reduce_ns', 0) / 1e9:.2f} s to the owners, "
                 f"{t.get('return_ns', 0) / 1e9:.2f} s back), "
                 f"zero-filled {t.get('zero_filled_lossy_bytes', 0)} B, "
-                f"late {t.get('late_lossy_bytes', 0)} B over {state.steps} steps",
+                f"late {t.get('late_lossy_bytes', 0)} B, "
+                f"{t.get('at_deadline', 0)} buckets cut at their deadline "
+                f"over {state.steps} steps",
                 flush=True,
             )
         if out is not None:
@@ -645,11 +686,33 @@ def register_torch_hook(model: DDP, args: argparse.Namespace) -> None:
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif args.comm_hook == "bf16":
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif args.comm_hook == "localsgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as local
+
+        # A subgroup of one: no allreduce at all once local SGD starts.
+        mine, _ = dist.new_subgroups(group_size=1)
+        state = local.PostLocalSGDState(
+            process_group=None, subgroup=mine, start_localSGD_iter=args.powersgd_start
+        )
+        model.register_comm_hook(state, local.post_localSGD_hook)
     elif args.comm_hook == "powersgd":
         model.register_comm_hook(powersgd_state(args), powersgd.powerSGD_hook)
     else:
         hook = default_hooks.fp16_compress_wrapper(powersgd.powerSGD_hook)
         model.register_comm_hook(powersgd_state(args), hook)
+
+
+def local_sgd_averager(args: argparse.Namespace):
+    """torch's local SGD, as its docs set it up: ``post_localSGD_hook``
+    (plain allreduce for the first --powersgd-start steps, then none) with
+    a ``PeriodicModelAverager`` that averages the parameters every
+    --localsgd-period steps after that. Each rank is its own local group
+    (one process a host). None for other hooks."""
+    if args.comm_hook != "localsgd":
+        return None
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+    return PeriodicModelAverager(period=args.localsgd_period, warmup_steps=args.powersgd_start)
 
 
 def powersgd_state(args: argparse.Namespace):
