@@ -70,10 +70,15 @@ impl LinkSender {
 
     /// Waits until quinn's datagram queue has `empty` bytes free again, or
     /// at most a second (a path that stalls that long is better served by
-    /// the receiver's grace period than by a late report). Returns whether
-    /// the queue is empty.
-    async fn wait_datagrams_sent(&self, empty: usize) -> Result<bool, LinkError> {
-        let give_up = Instant::now() + Duration::from_secs(1);
+    /// the receiver's grace period than by a late report) or until
+    /// `deadline`. Returns whether the queue is empty.
+    async fn wait_datagrams_sent(
+        &self,
+        empty: usize,
+        deadline: Option<Instant>,
+    ) -> Result<bool, LinkError> {
+        let second = Instant::now() + Duration::from_secs(1);
+        let give_up = deadline.map_or(second, |d| d.min(second));
         // quinn has no event for it: poll at the timer's granularity.
         loop {
             if self.conn.datagram_send_buffer_space() >= empty {
@@ -126,7 +131,7 @@ impl LinkSender {
                 // The socket marks what quinn sends now: let quinn put the
                 // level before into packets before marking the next.
                 if queued {
-                    self.wait_datagrams_sent(empty).await?;
+                    self.wait_datagrams_sent(empty, deadline).await?;
                 }
                 mark.set_class(l as u8 + 1);
                 queued = true;
