@@ -926,9 +926,10 @@ def test_a_straggler_s_peers_end_their_steps_at_the_hooks_deadline(cert_dir):
         for r in range(world):
             s = got[r]["stats"][step]
             assert s["budget_ns"] > 0, (r, step, s)
-            if r != straggler:
+            if r != straggler and step > 0:
                 # 200 ms waiting for the straggler's important part, past
-                # a 5 ms deadline: every bucket ran to it.
+                # a 5 ms deadline: its buckets ran to it. (In the first step
+                # the hook's Group join waits for the straggler instead.)
                 assert s["at_deadline"] >= 1, (r, step, s)
     # What an owner counted missing is what its senders were told they lost.
     for step in range(steps):
