@@ -24,6 +24,7 @@
 //!   ([`OnRankFailure`]): the survivors agree on who is left and go on.
 //! - `rejoin`: a restarted rank joins the group that went on without it.
 
+mod bucket_options;
 mod deadline;
 mod differentiated;
 mod exact;
@@ -38,7 +39,8 @@ mod rejoin;
 mod rendezvous;
 mod sparse;
 
-pub use differentiated::{AllreduceReport, BucketId, BucketOptions, LossRecovery};
+pub use bucket_options::{BucketOptions, LossRecovery};
+pub use differentiated::{AllreduceReport, BucketId};
 pub use group_config::GroupConfig;
 pub use membership::OnRankFailure;
 pub use paths::{core_share, default_sockets, paths_per_peer, MAX_SOCKETS};
