@@ -177,6 +177,49 @@ def table(runs: list[dict], target: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+# PowerSGD's first 10 steps are plain allreduces: a step's tail is read
+# from the steps after them, where every variant runs as it will on.
+STEADY_FROM = 12
+
+
+def steady_steps(out: Path, r: dict) -> list[float]:
+    """Seconds of each training step from STEADY_FROM on (the per-step
+    CSV's training clock, which stops for evaluations)."""
+    rows = evaluations(out, r)
+    clock = {int(e["step"]): float(e["train_s"]) for e in rows}
+    return [clock[s] - clock[s - 1] for s in sorted(clock) if s >= STEADY_FROM and s - 1 in clock]
+
+
+def tail_table(out: Path, runs: list[dict]) -> str:
+    """Step p50, p99 and p99/p50 over the steady steps of the tail
+    conditions' runs (medians over seeds; percentiles as train_tta's)."""
+    groups = grouped([r for r in runs if r["condition"].startswith("tail")])
+    if not groups:
+        return ""
+    lines = [
+        f"| condition | variant | runs | step p50 s | step p99 s | p99/p50 |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for cond, loss, variant in sorted(groups, key=lambda k: (k[0], k[1], variant_order(k[2]))):
+        p50s, p99s, ratios = [], [], []
+        for r in groups[(cond, loss, variant)]:
+            ordered = sorted(steady_steps(out, r))
+            if not ordered:
+                continue
+            p50 = ordered[len(ordered) // 2]
+            p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+            p50s.append(p50)
+            p99s.append(p99)
+            ratios.append(p99 / p50 if p50 > 0 else float("nan"))
+        if not ratios:
+            continue
+        lines.append(
+            f"| {cond} | {variant} | {len(ratios)} | {statistics.median(p50s):.3f} "
+            f"| {statistics.median(p99s):.3f} | {statistics.median(ratios):.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def evaluations(out: Path, r: dict) -> list[dict]:
     path = out / "runs" / f"{cell_name(r)}.csv"
     if not path.exists():
@@ -395,6 +438,13 @@ def main() -> int:
         "that meet the goal's accuracy bar):\n\n" + best_against_best(runs, args.target)
         + "\nEvery variant:\n\n" + table(runs, args.target)
     )
+    tails = tail_table(out, runs)
+    if tails:
+        md += (
+            f"\nThe tail, over steps {STEADY_FROM} and after (PowerSGD's plain warm-up "
+            "steps left out; local SGD's still mix averaging steps with local ones; "
+            "medians over seeds):\n\n" + tails
+        )
     hardware = sorted({r["hardware"] for r in runs if r.get("hardware")})
     if hardware:
         md += "\nHardware: " + "; ".join(hardware) + "\n"

@@ -309,6 +309,33 @@ def test_best_against_best_takes_each_sides_fastest_variant_per_condition(tmp_pa
     assert "met" in picked[("delay20", "0.01", "gradlane")][11]
 
 
+def test_the_tail_table_reads_the_steps_after_the_warm_up(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    fake_bench(tmp_path, [
+        ("gloo-cubic", 0, 0, 4, 6, 0.978, "tail3"),
+        ("hook-bf16log8-t0.4", 0, 0, 4, 6, 0.978, "tail3"),
+    ])
+
+    def steps(variant, seconds):
+        # Steps 2-11 slow (a warm-up the tail must not count), then
+        # `seconds(step)` each.
+        path = tmp_path / "runs" / f"tail3_{variant}_loss0_seed0.csv"
+        clock, lines = 0.0, ["train_s,step,sent_bytes,train_loss,test_acc"]
+        for step in range(1, 51):
+            clock += 2.0 if step < 12 else seconds(step)
+            lines.append(f"{clock},{step},0,0.1,0.5")
+        path.write_text("\n".join(lines) + "\n")
+
+    steps("gloo-cubic", lambda s: 0.3 if s == 30 else 0.1)
+    steps("hook-bf16log8-t0.4", lambda s: 0.13 if s == 30 else 0.1)
+    run = report(tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    tail = (tmp_path / "table.md").read_text().split("The tail, over steps 12")[1]
+    rows = {line.split("|")[2].strip(): line for line in tail.splitlines() if line.startswith("| tail3")}
+    assert rows["gloo-cubic"].rstrip().endswith("| 0.100 | 0.300 | 3.00 |"), rows
+    assert rows["hook-bf16log8-t0.4"].rstrip().endswith("| 0.100 | 0.130 | 1.30 |"), rows
+
+
 def test_pick_chooses_finalists_then_key_cells_with_three_seeds(tmp_path):
     fake_bench(tmp_path, [
         ("gloo-bbr", 0, 0, 60, 70, 0.978),
