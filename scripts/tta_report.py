@@ -177,8 +177,9 @@ def table(runs: list[dict], target: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-# PowerSGD's first 10 steps are plain allreduces: a step's tail is read
-# from the steps after them, where every variant runs as it will on.
+# PowerSGD's first 10 steps are plain allreduces, and the hook registers
+# DDP's rebuilt buckets in step 2: a step's tail is read from the steps
+# after them, where every variant runs as it will on.
 STEADY_FROM = 12
 
 
@@ -197,7 +198,7 @@ def tail_table(out: Path, runs: list[dict]) -> str:
     if not groups:
         return ""
     lines = [
-        f"| condition | variant | runs | step p50 s | step p99 s | p99/p50 |",
+        "| condition | variant | runs | step p50 s | step p99 s | p99/p50 |",
         "|---|---|---:|---:|---:|---:|",
     ]
     for cond, loss, variant in sorted(groups, key=lambda k: (k[0], k[1], variant_order(k[2]))):
