@@ -185,13 +185,16 @@ def train(rank, schedule, steps, idle):
     mine = [] if replacement else [f for f in schedule["faults"] if f["rank"] == rank]
     state = {"step": -1}
     elastic_run = schedule["policy"] == "continue"
+    # The members wait (train on) for the replacements planned, for a while;
+    # a replacement waits for those still to come after its admission, or
+    # it would stop at an end the members move on from without it.
     if replacement:
         extra = elastic.catch_up(ddp, opt)
         first, end = extra["step"] + 1, extra["end"]
+        waiting = extra["waiting"] - len(group.joined)
     else:
         first, end = 0, steps
-    # The members wait (train on) for the replacements planned, for a while.
-    waiting = 0 if replacement else len(replaced(schedule))
+        waiting = len(replaced(schedule))
     give_up = None
 
     def strike(place):
@@ -228,7 +231,9 @@ def train(rank, schedule, steps, idle):
             # Every member ends AFTER_ADMISSION steps after the last rank
             # was admitted; the ones admitted learn it from the state.
             later = max(end, step + 1 + AFTER_ADMISSION)
-            joined = elastic.admit(ddp, opt, extra={"step": step, "end": later})
+            joined = elastic.admit(
+                ddp, opt, extra={"step": step, "end": later, "waiting": waiting}
+            )
             if joined:
                 waiting -= len(joined)
                 end = later
@@ -285,7 +290,7 @@ def run_schedule(ctx, schedule, args, cert_dir, store_dir):
         "GRADLANE_CERT_DIR": cert_dir,
         "GRADLANE_ON_RANK_FAILURE": schedule["policy"],
         "GRADLANE_IDLE_TIMEOUT": str(args.idle),
-        "GRADLANE_LOG": "error",
+        "GRADLANE_LOG": os.environ.get("CHAOS_LOG", "error"),
         "CHAOS_STORE_FILE": os.path.join(store_dir, f"store-{schedule['seed']}"),
     }
     procs = [
