@@ -9,6 +9,7 @@
 #
 #   sudo bash scripts/chaos_soak.sh --schedules 500 --seed 1 --json /tmp/chaos.json
 #   sudo bash scripts/chaos_soak.sh --seed 17 --schedules 1 --policy continue   # replay one
+#   sudo CHAOS_LOG=info bash scripts/chaos_soak.sh --seed 17 --schedules 1 --policy continue   # with the ranks' logs
 #   bash scripts/chaos_soak.sh --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
