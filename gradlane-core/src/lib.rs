@@ -45,8 +45,10 @@
 //! - [`control`]: the messages of a link's control stream.
 //! - [`group`]: the messages of a group's ranks outside the rounds: the
 //!   rendezvous, the further paths, a sparse allgather's shapes, an
-//!   owner's summed shard, a new view; the survivors' agreement on that
-//!   view as a state machine, and its deterministic simulation.
+//!   owner's summed shard, a new view; the control plane as state
+//!   machines (a rank's view across collectives, the survivors'
+//!   agreement on the next view, a mesh forming) and the deterministic
+//!   simulations of N ranks that check them.
 //! - [`protocol`]: the round protocol as state machines: release, report,
 //!   confirmation, delivery, close.
 //! - [`bytes`]: the one byte reader and length-prefixed framing they use.

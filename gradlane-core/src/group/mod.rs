@@ -10,8 +10,11 @@
 //! the machine of the agreement on a new view ([`agreement`]).
 //!
 //! - [`MeshHello`] and [`AddressTable`]: the rendezvous; [`judge_hello`]
-//!   what a rank forming a mesh does with a hello.
-//! - [`PathOffer`] and [`PathHello`]: the further paths between two ranks.
+//!   what a rank forming a mesh does with a hello, and [`MeshForming`]
+//!   one rank forming a mesh (whom it dials, whose hello it takes, who
+//!   is missing) as a machine.
+//! - [`PathOffer`] and [`PathHello`]: the further paths between two ranks;
+//!   [`plan_paths`] which ones a rank makes from the offers.
 //! - [`SparseShape`]: what each rank gathers in a sparse allgather.
 //! - [`ReducedShard`]: an owner's sum in a differentiated allreduce.
 //! - [`ViewProposal`], [`ViewDecision`], [`JoinRequest`] and [`Joiners`]:
@@ -22,6 +25,10 @@
 //! - [`admission`]: which ranks asking to rejoin a member refuses, and the
 //!   view that takes the others in.
 //! - [`OnRankFailure`]: the failure policy, every decision it makes.
+//! - [`view_keeper`]: a rank's view across collectives under `Continue`
+//!   (exchange, `Done`, agreement, new mesh, admission) as a machine, and
+//!   the simulation of N ranks running collectives through deaths,
+//!   freezes, partitions and restarts.
 
 pub mod admission;
 pub mod agreement;
@@ -29,9 +36,12 @@ mod error;
 mod failure_policy;
 mod membership;
 mod mesh;
+mod mesh_forming;
+mod path_plan;
 mod paths;
 mod reduced_shard;
 mod sparse_shape;
+pub mod view_keeper;
 
 pub use error::GroupMessageError;
 pub use failure_policy::{OnRankFailure, OnTimeout};
@@ -40,6 +50,8 @@ pub use mesh::{
     judge_hello, view_digest, AddressTable, HelloVerdict, MeshHello, MeshMark, MeshRefusal,
     MAX_WORLD,
 };
+pub use mesh_forming::{DialFailed, Dials, MeshForming};
+pub use path_plan::{paths_per_peer, plan_paths, socket_of, PathPlanError, PlannedPath};
 pub use paths::{PathHello, PathOffer, MAX_SOCKETS};
 pub use reduced_shard::{encode_reduced_shard, ReducedShard, NO_LOSSY_RETURN};
 pub use sparse_shape::SparseShape;

@@ -68,7 +68,7 @@ impl Group {
         let timed_out = TimedOut {
             op,
             collective: tag >> 8,
-            missing: silent.iter().map(|&p| self.membership.members[p]).collect(),
+            missing: silent.iter().map(|&p| self.members()[p]).collect(),
             waited,
         };
         tracing::warn!(
@@ -100,7 +100,7 @@ impl Group {
                             .connection()
                             .close(VarInt::from_u32(codes::REMOVED), reason.as_bytes());
                     }
-                    self.membership.lost.insert(p);
+                    self.membership.keeper.note_lost(p);
                 }
                 GroupError::Rank {
                     rank: silent.first().copied().unwrap_or(self.rank),

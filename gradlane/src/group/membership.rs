@@ -20,22 +20,28 @@
 //! (a majority, or exactly half with its lowest rank), two quorums share
 //! a rank that accepts one decision, so no two ranks install different
 //! views of one epoch; a member whose view cannot be installed stops
-//! (`GroupError::Removed`). The rule and the
-//! exchange are the core's machine
-//! (`gradlane_core::group::agreement::Agreement`); this module only
-//! carries its messages over the links and acts on its outcome.
+//! (`GroupError::Removed`). Every decision (when to agree, what becomes
+//! of the call, when a view is whole) is the core's machines'
+//! (`gradlane_core::group::view_keeper::ViewKeeper`, which starts each
+//! `gradlane_core::group::agreement::Agreement`); this module only
+//! carries their messages over the links, forms the meshes they ask for
+//! and maps transport errors to lost ranks.
 
-use super::{tag, BucketOptions, Group, GroupConfig, GroupError, Kind};
+use super::{tag, BucketOptions, Group, GroupConfig, GroupError, Kind, PointToPoint};
+use crate::endpoint::Endpoint;
+use crate::link::Link;
 use crate::link::LinkError;
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use gradlane_core::control::codes;
-use gradlane_core::group::agreement::{Agreement, Event, MessageKind, Outcome, Seat, Transmit};
-use gradlane_core::group::{CallFate, Joiners, ViewDecision, ViewOutcome};
+use gradlane_core::group::agreement::{Agreement, Event, MessageKind, Outcome, Transmit};
+use gradlane_core::group::view_keeper::{self, Action, Failure, KeeperError, ViewKeeper};
+use gradlane_core::group::{Joiners, ViewDecision};
 use gradlane_core::layout::Layout;
 use quinn::VarInt;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -53,14 +59,9 @@ pub(super) struct Membership {
     pub(super) joined_rank: usize,
     /// The size the group was formed with.
     pub(super) joined_world: usize,
-    /// The members of the current view, by the ranks they joined as, in
-    /// increasing order: member `i` is the view's rank `i`.
-    pub(super) members: Vec<usize>,
-    /// The current view's number (0 for the mesh the group joined with).
-    pub(super) epoch: u64,
-    /// Collectives called so far (with `Continue`): numbers the one in
-    /// flight in a proposal.
-    pub(super) calls: u64,
+    /// The members, the view's number, the calls, and every decision
+    /// about them: the core's machine.
+    pub(super) keeper: ViewKeeper,
     /// Where every rank listens, by the rank it joined as.
     pub(super) addresses: Vec<SocketAddr>,
     /// What the group was joined with, to form the mesh of a new view.
@@ -68,48 +69,70 @@ pub(super) struct Membership {
     /// Every registered bucket's layout and options, to register them
     /// again on a new view's links.
     pub(super) buckets: Vec<(Layout, BucketOptions)>,
-    /// What a failed collective left for the agreement: the ranks (places
-    /// in the view) whose links failed, and the proposals that came.
-    pub(super) lost: BTreeSet<usize>,
-    alarms: BTreeMap<usize, Bytes>,
-    /// How many ranks took part in the last collective.
-    pub(super) contributors: usize,
     /// The ranks waiting at this member to rejoin.
-    pub(super) waiting: super::rejoin::Waiting,
-    /// The ranks waiting at any member, as the last collective's `Done`
-    /// messages said: every member knows the same.
-    pub(super) announced: Vec<(usize, SocketAddr)>,
-    /// The ranks the last admission brought in.
-    pub(super) joined: Vec<usize>,
+    pub(super) waiting: super::join_requests::Waiting,
     /// The links of the ranks being admitted, kept open until the new
     /// view's mesh is up.
-    pub(super) admitting: Vec<crate::link::Link>,
-    /// Set once this rank is out of the group: every later call fails
-    /// with it at once.
-    removed: Option<(u64, String)>,
+    pub(super) admitting: Vec<Link>,
 }
 
 impl Membership {
-    pub(super) fn new(config: GroupConfig, addresses: Vec<SocketAddr>) -> Self {
+    fn new(config: GroupConfig, addresses: Vec<SocketAddr>, keeper: ViewKeeper) -> Self {
         Self {
             policy: config.on_rank_failure,
             joined_rank: config.rank,
             joined_world: config.world,
-            members: (0..config.world).collect(),
-            contributors: config.world,
-            epoch: 0,
-            calls: 0,
+            keeper,
             addresses,
             config,
             buckets: Vec::new(),
-            lost: BTreeSet::new(),
-            alarms: BTreeMap::new(),
-            removed: None,
             waiting: Default::default(),
-            announced: Vec::new(),
-            joined: Vec::new(),
             admitting: Vec::new(),
         }
+    }
+}
+
+impl Group {
+    /// A group of the links of a view, this rank being `place` among them
+    /// and `keeper` keeping the view; `addresses` says where every rank
+    /// listens, by the rank it joined as.
+    pub(super) fn assemble(
+        place: usize,
+        config: GroupConfig,
+        addresses: Vec<SocketAddr>,
+        keeper: ViewKeeper,
+        links: Vec<Option<Link>>,
+        endpoint: Endpoint,
+    ) -> Group {
+        let membership = Membership::new(config, addresses, keeper);
+        let world = links.len();
+        let (senders, receivers): (Vec<_>, Vec<_>) = links
+            .into_iter()
+            .map(|l| match l.map(Link::split) {
+                Some((s, r)) => (Some(s), Some(r)),
+                None => (None, None),
+            })
+            .unzip();
+        let mut group = Group {
+            rank: place,
+            world,
+            membership,
+            senders,
+            receivers,
+            endpoint,
+            seq: 0,
+            buckets: Vec::new(),
+            next_round: vec![0; world],
+            stripes: (0..world).map(|_| Vec::new()).collect(),
+            extra_endpoints: Vec::new(),
+            running: None,
+            unfinished: None,
+            timed_out: None,
+            point_to_point: Arc::new(PointToPoint::new(0, 0, &[], Vec::new(), None)),
+        };
+        let members = group.members().to_vec();
+        group.open_point_to_point(&members);
+        group
     }
 }
 
@@ -132,37 +155,54 @@ impl ViewEvent {
     }
 }
 
-/// What a failed attempt at a collective means for the group.
-enum Failure {
-    /// A link failed: that rank (place in the view) is lost.
-    Lost(usize),
-    /// Another rank began an agreement.
-    Alarm(usize, Bytes),
-    /// Not a lost rank: the error stands.
-    Fatal(GroupError),
-}
-
-fn classify(e: GroupError, me: usize, epoch: u64) -> Failure {
+/// What a failed exchange means for the keeper, and the error that stands
+/// where it is not about membership.
+fn classify(e: GroupError) -> (Failure, Option<GroupError>) {
     match e {
         GroupError::Rank {
             rank,
             source: LinkError::Rejected { code, reason },
-        } if code == u64::from(codes::REMOVED) => Failure::Fatal(GroupError::Removed {
-            rank: me,
-            epoch,
-            why: format!("rank {rank} closed its link: {reason}"),
-        }),
+        } if code == u64::from(codes::REMOVED) => (
+            Failure::Removed(format!("rank {rank} closed its link: {reason}")),
+            None,
+        ),
         GroupError::Rank { rank, source } => match source {
             LinkError::Connection(_)
             | LinkError::PeerClosed { .. }
             | LinkError::Rejected { .. }
             | LinkError::CloseUnacknowledged { .. }
             | LinkError::Write(_)
-            | LinkError::Read(_) => Failure::Lost(rank),
-            source => Failure::Fatal(GroupError::Rank { rank, source }),
+            | LinkError::Read(_) => (Failure::Lost(rank), None),
+            source => (Failure::Fatal, Some(GroupError::Rank { rank, source })),
         },
-        GroupError::MembersChanging { rank, proposal } => Failure::Alarm(rank, proposal),
-        e => Failure::Fatal(e),
+        GroupError::MembersChanging { rank, proposal } => {
+            (Failure::Alarm(rank, proposal.to_vec()), None)
+        }
+        e => (Failure::Fatal, Some(e)),
+    }
+}
+
+/// The group's error for the keeper's.
+pub(super) fn group_error(e: KeeperError, stands: Option<GroupError>) -> GroupError {
+    match (e, stands) {
+        (_, Some(e)) => e,
+        (KeeperError::Removed { rank, epoch, why }, None) => {
+            GroupError::Removed { rank, epoch, why }
+        }
+        (
+            KeeperError::NoQuorum {
+                rank,
+                reached,
+                members,
+            },
+            None,
+        ) => GroupError::NoQuorum {
+            rank,
+            reached,
+            members,
+        },
+        (KeeperError::OutOfStep { rank, what }, None) => GroupError::OutOfStep { rank, what },
+        (e @ KeeperError::Fatal, None) => GroupError::Setup(e.to_string()),
     }
 }
 
@@ -170,13 +210,13 @@ impl Group {
     /// The ranks of the current view, by the ranks they joined as (all of
     /// them until one dies with [`OnRankFailure::Continue`]).
     pub fn members(&self) -> &[usize] {
-        &self.membership.members
+        self.membership.keeper.members()
     }
 
     /// The current view's number: 0 as joined, one more each time the
     /// members change.
     pub fn epoch(&self) -> u64 {
-        self.membership.epoch
+        self.membership.keeper.epoch()
     }
 
     /// How many ranks took part in the last collective: the size of the
@@ -185,12 +225,12 @@ impl Group {
     /// over fewer ranks than [`world`](Self::world) is short by the rest;
     /// torch's DDP divides by the world, so the backend scales it.
     pub fn contributors(&self) -> usize {
-        self.membership.contributors
+        self.membership.keeper.contributors()
     }
 
     /// The place in the current view of the rank that joined as `rank`.
     pub(super) fn place_of(&self, rank: usize) -> Option<usize> {
-        self.membership.members.binary_search(&rank).ok()
+        self.members().binary_search(&rank).ok()
     }
 
     /// Notes what a failed exchange with one rank means for an agreement
@@ -199,11 +239,9 @@ impl Group {
     pub(super) fn note_failure(&mut self, e: &GroupError) {
         match e {
             GroupError::MembersChanging { rank, proposal } => {
-                self.membership.alarms.insert(*rank, proposal.clone());
+                self.membership.keeper.note_alarm(*rank, proposal.to_vec());
             }
-            GroupError::Rank { rank, .. } => {
-                self.membership.lost.insert(*rank);
-            }
+            GroupError::Rank { rank, .. } => self.membership.keeper.note_lost(*rank),
             _ => {}
         }
     }
@@ -225,6 +263,8 @@ impl Group {
         result
     }
 
+    /// Carries out the keeper's actions for one collective until it says
+    /// return or fail.
     async fn resilient_within<T: Copy, R>(
         &mut self,
         op: &'static str,
@@ -234,70 +274,134 @@ impl Group {
         if !self.membership.policy.recovers() {
             return attempt(self, buf).await;
         }
-        self.check_member()?;
-        let mut world = self.world;
-        self.membership.calls += 1;
-        let call = self.membership.calls;
+        let me = self.membership.joined_rank;
+        self.membership
+            .keeper
+            .begin_call()
+            .map_err(|e| group_error(e, None))?;
         let input = buf.to_vec();
+        let mut held = None;
+        let mut stands = None;
         loop {
-            let (failure, held) = match attempt(self, buf).await {
-                Ok(r) => match self.done().await {
-                    Ok(()) => {
-                        self.membership.contributors = world;
-                        return Ok(r);
+            let event = match self.membership.keeper.poll() {
+                Some(Action::Exchange { rerun }) => {
+                    if rerun {
+                        tracing::info!(
+                            rank = me,
+                            epoch = self.epoch(),
+                            members = ?self.members(),
+                            "running the collective again among the survivors"
+                        );
+                        buf.copy_from_slice(&input);
+                        held = None;
+                        self.restart_deadline(op);
                     }
-                    Err(e) => (e, Some(r)),
+                    match attempt(self, buf).await {
+                        Ok(r) => {
+                            held = Some(r);
+                            view_keeper::Event::Exchanged
+                        }
+                        Err(e) => self.failed_exchange(e, &mut stands),
+                    }
+                }
+                Some(Action::Done) => match self.done().await {
+                    Ok(announced) => view_keeper::Event::DoneExchanged(announced),
+                    Err(e) => self.failed_exchange(e, &mut stands),
                 },
-                Err(e) => (e, None),
+                Some(Action::Return) => {
+                    return held.ok_or_else(|| GroupError::OutOfStep {
+                        rank: me,
+                        what: "the view kept a result this rank does not hold".into(),
+                    });
+                }
+                Some(action) => match self.carry_view_action(action, &mut stands).await? {
+                    Some(event) => event,
+                    None => continue,
+                },
+                None => {
+                    return Err(GroupError::Setup(
+                        "the view keeper asked nothing in a collective".into(),
+                    ))
+                }
             };
-            // The agreement has bounds of its own; a rerun gets a fresh
-            // deadline.
-            self.pause_deadline();
-            let outcome = self.recover(failure, held.is_some()).await?;
-            self.restart_deadline(op);
-            match (outcome.for_call(call, held.is_some()), held) {
-                (CallFate::Return, Some(r)) => {
-                    self.membership.contributors = world;
-                    return Ok(r);
-                }
-                (CallFate::Rerun, _) => {}
-                _ => {
-                    return Err(GroupError::OutOfStep {
-                        rank: self.membership.joined_rank,
-                        what: format!(
-                            "view {} decided {outcome:?} in collective {call}",
-                            self.epoch()
-                        ),
-                    })
-                }
-            }
-            tracing::info!(
-                rank = self.membership.joined_rank,
-                epoch = self.epoch(),
-                members = ?self.membership.members,
-                "running the collective again among the survivors"
-            );
-            buf.copy_from_slice(&input);
-            world = self.world;
+            self.membership.keeper.handle(event);
         }
     }
 
-    /// An error at once if this rank was removed from the group.
-    fn check_member(&self) -> Result<(), GroupError> {
-        match &self.membership.removed {
-            Some((epoch, why)) => Err(GroupError::Removed {
-                rank: self.membership.joined_rank,
-                epoch: *epoch,
-                why: why.clone(),
-            }),
-            None => Ok(()),
-        }
+    /// The keeper's event for a failed exchange; the error that stands,
+    /// where it is not about membership, goes to `stands`.
+    fn failed_exchange(
+        &mut self,
+        e: GroupError,
+        stands: &mut Option<GroupError>,
+    ) -> view_keeper::Event {
+        let (failure, error) = classify(e);
+        *stands = error;
+        view_keeper::Event::ExchangeFailed(failure)
+    }
+
+    /// Carries out an action about the view (agree, form a mesh, tell the
+    /// ranks admitted), returning the keeper's event (none where it has
+    /// more to say at once), or its error where it failed.
+    pub(super) async fn carry_view_action(
+        &mut self,
+        action: Action,
+        stands: &mut Option<GroupError>,
+    ) -> Result<Option<view_keeper::Event>, GroupError> {
+        let stopped = |e: GroupError, stands: &mut Option<GroupError>| {
+            let why = e.to_string();
+            *stands = Some(e);
+            view_keeper::Event::Stopped(why)
+        };
+        Ok(Some(match action {
+            Action::Agree(agreement) => {
+                // The agreement has bounds of its own; a rerun gets a fresh
+                // deadline.
+                self.pause_deadline();
+                match self.agree(*agreement).await {
+                    Ok(outcome) => view_keeper::Event::Agreed(outcome),
+                    Err(e) => stopped(e, stands),
+                }
+            }
+            Action::FormMesh(decision) => match self.form_view(&decision).await {
+                Ok(unlinked) => {
+                    if unlinked.is_empty() {
+                        tracing::warn!(
+                            rank = self.membership.joined_rank,
+                            epoch = decision.epoch,
+                            members = ?decision.members,
+                            outcome = ?decision.outcome,
+                            "the group goes on in a new view"
+                        );
+                    } else {
+                        tracing::warn!(
+                            rank = self.membership.joined_rank,
+                            epoch = decision.epoch,
+                            unlinked = ?unlinked.iter().map(|&p| decision.members[p]).collect::<Vec<_>>(),
+                            "members of the new view did not link up; agreeing on the next without them"
+                        );
+                    }
+                    view_keeper::Event::MeshFormed { unlinked }
+                }
+                Err(e) => stopped(e, stands),
+            },
+            Action::Admit { decision, joiners } => {
+                self.send_admissions(&decision, &joiners).await;
+                return Ok(None);
+            }
+            Action::Fail(e) => return Err(group_error(e, stands.take())),
+            action => {
+                return Err(GroupError::Setup(format!(
+                    "the view keeper asked {action:?} out of its order"
+                )))
+            }
+        }))
     }
 
     /// The end of a collective with `Continue`: this rank holds the result;
-    /// returns once every rank does. Each rank's message names the ranks
-    /// waiting at it to rejoin, so that every member knows them all.
-    async fn done(&mut self) -> Result<(), GroupError> {
+    /// returns once every rank does, with the ranks waiting to rejoin that
+    /// each rank's message named, so that every member knows them all.
+    async fn done(&mut self) -> Result<Vec<(usize, SocketAddr)>, GroupError> {
         let t = tag(self.next_seq(), Kind::Done);
         let mine = self.waiting_announcement();
         let got = self.exchange_with_all(t, &mine).await?;
@@ -306,126 +410,19 @@ impl Group {
         for (p, body) in got.iter().enumerate() {
             let body = body.as_ref().unwrap_or(&mine);
             let joiners = Joiners::decode(body, world).map_err(|e| GroupError::OutOfStep {
-                rank: self.membership.members[p],
+                rank: self.members()[p],
                 what: e.to_string(),
             })?;
             announced.extend(joiners.0);
         }
-        announced.sort_unstable_by_key(|j| j.0);
-        announced.dedup_by_key(|j| j.0);
-        self.membership.announced = announced;
-        Ok(())
-    }
-
-    /// After a failed attempt: agree on the next view, form its mesh, and
-    /// say what becomes of the collective in flight.
-    async fn recover(
-        &mut self,
-        failure: GroupError,
-        has_result: bool,
-    ) -> Result<ViewOutcome, GroupError> {
-        let me = self.membership.joined_rank;
-        match classify(failure, me, self.epoch()) {
-            Failure::Lost(rank) => {
-                self.membership.lost.insert(rank);
-            }
-            Failure::Alarm(rank, body) => {
-                self.membership.alarms.insert(rank, body);
-            }
-            Failure::Fatal(e) => {
-                if let GroupError::Removed { epoch, why, .. } = &e {
-                    self.membership.removed = Some((*epoch, why.clone()));
-                }
-                return Err(e);
-            }
-        }
-        // Who waits to rejoin is announced again after the next collective
-        // of the new view: the last one's may not have reached everyone.
-        self.membership.announced.clear();
-        let suspects = std::mem::take(&mut self.membership.lost);
-        let alarms = std::mem::take(&mut self.membership.alarms);
-        self.settle(suspects, alarms, has_result).await
-    }
-
-    /// Agrees on the next view and forms its mesh, again without any
-    /// member that did not link up (it died after the agreement, or this
-    /// rank cannot reach it), until a view's mesh is whole: each round
-    /// leaves a rank out, so at most a view's size of them. Says what
-    /// becomes of the collective in flight, as the last view decided.
-    /// `has_result`: this rank holds the result of the call it is in.
-    pub(super) async fn settle(
-        &mut self,
-        mut suspects: BTreeSet<usize>,
-        mut alarms: BTreeMap<usize, Bytes>,
-        mut has_result: bool,
-    ) -> Result<ViewOutcome, GroupError> {
-        let me = self.membership.joined_rank;
-        loop {
-            let formed = match self.agree(suspects, alarms, has_result).await {
-                Ok(decision) => self
-                    .form_view(&decision)
-                    .await
-                    .map(|unlinked| (decision, unlinked)),
-                Err(e) => Err(e),
-            };
-            let (decision, unlinked) = match formed {
-                Ok(formed) => formed,
-                Err(e) => {
-                    // Whatever stopped the agreement or the new mesh, this
-                    // rank is out: it must not go on with its old state.
-                    self.membership.removed = Some(match &e {
-                        GroupError::Removed { epoch, why, .. } => (*epoch, why.clone()),
-                        e => (self.epoch(), e.to_string()),
-                    });
-                    return Err(e);
-                }
-            };
-            if unlinked.is_empty() {
-                tracing::warn!(
-                    rank = me,
-                    epoch = decision.epoch,
-                    members = ?decision.members,
-                    outcome = ?decision.outcome,
-                    "the group goes on without the ranks it lost"
-                );
-                return Ok(decision.outcome);
-            }
-            tracing::warn!(
-                rank = me,
-                epoch = decision.epoch,
-                unlinked = ?unlinked.iter().map(|&p| self.membership.members[p]).collect::<Vec<_>>(),
-                "members of the new view did not link up; agreeing on the next without them"
-            );
-            // Still this call: a result held is still held where the view
-            // completed it, and to be run again where it did not.
-            let call = self.membership.calls;
-            has_result = decision.outcome.for_call(call, has_result) == CallFate::Return;
-            suspects = unlinked.into_iter().collect();
-            alarms = BTreeMap::new();
-        }
+        Ok(announced)
     }
 
     /// The agreement on the next view (the module's header): drives the
-    /// core's machine over the links and returns the decision, once this
+    /// core's machine over the links and returns its outcome, once this
     /// rank has it and has passed it on.
-    async fn agree(
-        &mut self,
-        suspects: BTreeSet<usize>,
-        alarms: BTreeMap<usize, Bytes>,
-        has_result: bool,
-    ) -> Result<ViewDecision, GroupError> {
-        let m = &self.membership;
-        let epoch = m.epoch + 1;
-        let seat = Seat::new(
-            self.rank,
-            m.members.clone(),
-            m.joined_world,
-            epoch,
-            m.calls,
-            has_result,
-        )
-        .map_err(|e| GroupError::Setup(format!("agreeing on view {epoch}: {e}")))?;
-        let mut agreement = Agreement::new(seat, suspects, alarms);
+    async fn agree(&mut self, mut agreement: Agreement) -> Result<Outcome, GroupError> {
+        let epoch = agreement.seat().epoch();
         loop {
             while let Some(transmit) = agreement.poll_transmit() {
                 for p in self.send_view(epoch, &transmit).await {
@@ -433,7 +430,7 @@ impl Group {
                 }
             }
             if let Some(outcome) = agreement.outcome() {
-                return self.take_decision(outcome.clone());
+                return Ok(outcome.clone());
             }
             let Some((p, event)) = self.next_view_event(epoch, agreement.suspects()).await else {
                 return Err(GroupError::Setup(format!(
@@ -441,38 +438,6 @@ impl Group {
                 )));
             };
             agreement.handle(event.as_event(p));
-        }
-    }
-
-    /// Takes the agreement's outcome: this rank's next view, or why it
-    /// has none.
-    fn take_decision(&mut self, outcome: Outcome) -> Result<ViewDecision, GroupError> {
-        let me = self.membership.joined_rank;
-        self.membership.epoch = outcome.decision().epoch;
-        match outcome {
-            Outcome::Member { decision, .. } => Ok(decision),
-            Outcome::NoQuorum { decision, .. } => Err(GroupError::NoQuorum {
-                rank: me,
-                reached: decision.members,
-                members: self.membership.members.clone(),
-            }),
-            Outcome::Abandoned { decision, from } => Err(GroupError::Removed {
-                rank: me,
-                epoch: decision.epoch,
-                why: format!(
-                    "it accepted view {:?} but rank {from} showed that not every member \
-                     can install it",
-                    decision.members
-                ),
-            }),
-            Outcome::Removed { decision, from } => Err(GroupError::Removed {
-                rank: me,
-                epoch: decision.epoch,
-                why: format!(
-                    "rank {from} decided the view without it (members {:?})",
-                    decision.members
-                ),
-            }),
         }
     }
 
@@ -530,7 +495,7 @@ impl Group {
         if let Some(p) = unlinked {
             return Some((p, ViewEvent::Lost));
         }
-        let joined = self.membership.members.clone();
+        let joined = self.members().to_vec();
         let mut waiting: FuturesUnordered<_> = self
             .receivers
             .iter_mut()
@@ -621,7 +586,7 @@ impl Group {
         );
         for (p, sender) in self.senders.iter().enumerate() {
             let Some(sender) = sender else { continue };
-            match members.contains(&self.membership.members[p]) {
+            match members.contains(&self.members()[p]) {
                 true => sender
                     .connection()
                     .close(VarInt::from_u32(codes::CLOSED), b"a new view"),
@@ -633,7 +598,7 @@ impl Group {
         let (senders, receivers) = links
             .links
             .into_iter()
-            .map(|l| match l.map(crate::link::Link::split) {
+            .map(|l| match l.map(Link::split) {
                 Some((s, r)) => (Some(s), Some(r)),
                 None => (None, None),
             })
@@ -645,8 +610,7 @@ impl Group {
         self.seq = 0;
         self.next_round = vec![0; members.len()];
         self.stripes = (0..members.len()).map(|_| Vec::new()).collect();
-        self.membership.members = members;
-        self.open_point_to_point();
+        self.open_point_to_point(&members);
         if !unlinked.is_empty() {
             return Ok(unlinked);
         }

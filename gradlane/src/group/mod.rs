@@ -29,6 +29,7 @@ mod deadline;
 mod differentiated;
 mod exact;
 mod group_config;
+mod join_requests;
 mod membership;
 mod movement;
 mod paths;
@@ -37,6 +38,7 @@ mod point_to_point;
 mod port_range;
 mod rejoin;
 mod rendezvous;
+mod shards;
 mod sparse;
 
 pub use bucket_options::{BucketOptions, LossRecovery};
@@ -443,7 +445,7 @@ impl Group {
 
     /// Makes the point-to-point messages of the links of the current
     /// view (at the join and at each view change).
-    fn open_point_to_point(&mut self) {
+    fn open_point_to_point(&mut self, members: &[usize]) {
         let links = self
             .senders
             .iter()
@@ -458,7 +460,7 @@ impl Group {
         self.point_to_point = Arc::new(PointToPoint::new(
             self.membership.joined_rank,
             self.membership.addresses.len(),
-            &self.membership.members,
+            members,
             links,
             self.membership.config.collective_timeout,
         ));

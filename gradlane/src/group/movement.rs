@@ -12,7 +12,7 @@
 //! they must agree). Ranks are places in the current view, as the other
 //! collectives number them; a `root` is a rank as it joined.
 
-use super::exact::shard;
+use super::shards::shard;
 use super::{tag, Group, GroupError, Kind};
 use bytes::Bytes;
 use gradlane_core::typed::{self, Dtype, Op};

@@ -34,7 +34,7 @@ use crate::endpoint::Endpoint;
 use crate::link::{LinkError, LinkReceiver, LinkSender};
 use bytes::{Bytes, BytesMut};
 use futures_util::future::try_join_all;
-use gradlane_core::group::{PathHello, PathOffer};
+use gradlane_core::group::{plan_paths, PathHello, PathOffer};
 use gradlane_core::layout::{Layout, TensorSpec};
 use std::net::SocketAddr;
 use tokio::time::Instant;
@@ -68,26 +68,7 @@ pub fn default_sockets() -> usize {
     }
 }
 
-/// Connections a rank with `sockets` sockets offers each peer in a group
-/// of `world`: its sockets shared among its peers, at least one each
-/// (`ceil(sockets / (world - 1))`, at most `sockets`).
-pub fn paths_per_peer(sockets: usize, world: usize) -> usize {
-    let sockets = sockets.max(1);
-    match world.saturating_sub(1) {
-        0 => 1,
-        peers => sockets.div_ceil(peers).clamp(1, sockets),
-    }
-}
-
-/// The endpoint (of `sockets`) that carries path `path` (1 or more) to
-/// `peer`: paths beyond the first go round the endpoints beyond the first,
-/// starting at a place that differs by peer.
-fn endpoint_of(sockets: usize, peer: usize, path: usize) -> usize {
-    match sockets {
-        0 | 1 => 0,
-        _ => 1 + (path - 1 + peer) % (sockets - 1),
-    }
-}
+pub use gradlane_core::group::paths_per_peer;
 
 /// One path beyond the first to a peer: both halves of its link.
 pub(super) struct Path {
@@ -248,40 +229,26 @@ impl Group {
         let t = tag(0, Kind::Paths);
         let body = Bytes::from(offer.encode());
         let got = self.exchange_with_all(t, &body).await?;
-        // What each pair uses: the fewer paths of the two offers.
-        let mut planned = Vec::new();
-        for (peer, body) in got.iter().enumerate() {
-            let Some(body) = body else { continue };
-            let theirs = PathOffer::decode(body).map_err(|e| GroupError::OutOfStep {
-                rank: peer,
-                what: format!("no valid offer of paths: {e}"),
+        // What each pair uses: the core's plan from the two offers.
+        let plan =
+            plan_paths(self.rank, sockets, offered, &got).map_err(|e| GroupError::OutOfStep {
+                rank: e.peer(),
+                what: e.to_string(),
             })?;
-            let paths = offered.min(theirs.paths);
-            for path in 1..paths {
-                let their_socket = endpoint_of(theirs.ports.len() + 1, self.rank, path);
-                let remote = match self.rank > peer {
-                    true => {
-                        let port = *theirs.ports.get(their_socket - 1).ok_or_else(|| {
-                            GroupError::OutOfStep {
-                                rank: peer,
-                                what: format!("path {path} on a socket it did not offer"),
-                            }
-                        })?;
-                        let ip = self.senders[peer]
-                            .as_ref()
-                            .map(|s| s.connection().remote_address().ip());
-                        Some(SocketAddr::new(ip.unwrap_or(local.ip()), port))
-                    }
-                    false => None,
-                };
-                planned.push(Planned {
-                    peer,
-                    path,
-                    local: endpoint_of(sockets, peer, path),
-                    remote,
-                });
-            }
-        }
+        let planned: Vec<Planned> = plan
+            .into_iter()
+            .map(|p| Planned {
+                peer: p.peer,
+                path: p.path,
+                local: p.socket,
+                remote: p.dial_port.map(|port| {
+                    let ip = self.senders[p.peer]
+                        .as_ref()
+                        .map(|s| s.connection().remote_address().ip());
+                    SocketAddr::new(ip.unwrap_or(local.ip()), port)
+                }),
+            })
+            .collect();
         let made = tokio::time::timeout_at(deadline, connect_paths(config, &extra, &planned)).await;
         let made = made.map_err(|_| GroupError::Missing {
             missing: planned.iter().map(|p| p.peer).collect(),
@@ -390,38 +357,4 @@ async fn accept_paths(
         }
     }
     Ok(got)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_share_the_sockets_among_the_peers() {
-        assert_eq!(paths_per_peer(4, 1), 1);
-        assert_eq!(paths_per_peer(4, 2), 4);
-        assert_eq!(paths_per_peer(4, 4), 2);
-        assert_eq!(paths_per_peer(4, 5), 1);
-        assert_eq!(paths_per_peer(4, 32), 1);
-        assert_eq!(paths_per_peer(1, 2), 1);
-        assert_eq!(paths_per_peer(0, 2), 1);
-        // Connections per rank stay under sockets + world.
-        for sockets in 1..=8 {
-            for world in 2..=40 {
-                let conns = paths_per_peer(sockets, world) * (world - 1);
-                assert!(conns < sockets + world, "{sockets} sockets, {world} ranks");
-            }
-        }
-        // Paths beyond the first use the sockets beyond the first, and a
-        // rank's peers start at different ones.
-        assert_eq!(endpoint_of(4, 0, 1), 1);
-        assert_eq!(endpoint_of(4, 1, 1), 2);
-        assert_eq!(endpoint_of(4, 3, 1), 1);
-        assert_eq!(endpoint_of(4, 0, 3), 3);
-        for peer in 0..10 {
-            for path in 1..4 {
-                assert!((1..4).contains(&endpoint_of(4, peer, path)));
-            }
-        }
-    }
 }

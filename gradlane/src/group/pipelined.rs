@@ -19,7 +19,7 @@
 //! group whose first failure ends the collective pipelines
 //! ([`OnRankFailure::pipelines_collectives`](super::OnRankFailure::pipelines_collectives)).
 
-use super::exact::{copy_into, shard, to_bytes};
+use super::shards::{copy_into, shard, to_bytes};
 use super::{join_peers, paths, tag, Group, GroupError, Kind, ReduceOp};
 use bytes::Bytes;
 use gradlane_core::format::Element;

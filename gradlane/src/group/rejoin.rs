@@ -17,78 +17,19 @@
 //! view it was removed from, is refused with a clear error: it is never
 //! merged silently.
 
-use super::membership::Membership;
+use super::join_requests::{lock, refuse, take_requests};
+use super::membership::group_error;
 use super::rendezvous::{apply_failure_timeout, dial, form_view, listen_address, open_endpoint};
 use super::{tag, Group, GroupConfig, GroupError, Kind, OnRankFailure, Rendezvous};
-use crate::endpoint::{Endpoint, Incoming};
+use crate::endpoint::Endpoint;
 use crate::link::Link;
 use bytes::Bytes;
-use futures_util::FutureExt;
-use gradlane_core::control::codes;
+use gradlane_core::group::view_keeper::{Action, ViewKeeper};
 use gradlane_core::group::{
-    admission, AddressTable, GroupMessageError, JoinRequest, Joiners, ViewDecision, ViewOutcome,
+    admission, AddressTable, GroupMessageError, JoinRequest, Joiners, ViewDecision,
 };
-use quinn::VarInt;
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-
-/// How long a member waits for a connecting rank's request.
-const REQUEST_WAIT: Duration = Duration::from_secs(10);
-
-/// The ranks waiting at this member to rejoin: each one's link and
-/// request, as the handshakes complete (on tasks of their own, so that a
-/// collective never waits for one).
-pub(super) type Waiting = Arc<Mutex<Vec<(Link, JoinRequest)>>>;
-
-fn lock(w: &Waiting) -> MutexGuard<'_, Vec<(Link, JoinRequest)>> {
-    w.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Takes the connections the endpoint holds now, without waiting, and
-/// completes each on a task: a `JoinRequest` goes to `waiting`, anything
-/// else is dropped.
-pub(super) fn take_requests(endpoint: &Endpoint, waiting: &Waiting) {
-    while let Some(Some(incoming)) = endpoint.incoming().now_or_never() {
-        let waiting = waiting.clone();
-        tokio::spawn(read_request(incoming, waiting));
-    }
-}
-
-async fn read_request(incoming: Incoming, waiting: Waiting) {
-    let remote = incoming.remote_address();
-    let mut link = match incoming.finish().await {
-        Ok(link) => link,
-        Err(e) => {
-            tracing::info!(%remote, %e, "a connection to the group failed its handshake");
-            return;
-        }
-    };
-    let got = tokio::time::timeout(REQUEST_WAIT, link.receiver().recv_message()).await;
-    let request = match got {
-        Ok(Ok((t, body))) if t == tag(0, Kind::Join) => JoinRequest::decode(&body),
-        other => {
-            tracing::info!(%remote, ?other, "a connection to the group asked nothing");
-            return;
-        }
-    };
-    match request {
-        Ok(request) => {
-            tracing::info!(rank = request.rank, %remote, "a rank asks to rejoin");
-            lock(&waiting).push((link, request));
-        }
-        Err(e) => {
-            tracing::info!(%remote, %e, "a malformed request to rejoin");
-            refuse(&link, &format!("malformed request to rejoin: {e}"));
-        }
-    }
-}
-
-fn refuse(link: &Link, why: &str) {
-    link.connection()
-        .close(VarInt::from_u32(codes::REMOVED), why.as_bytes());
-}
 
 impl Group {
     /// Joins a group that went on without this rank: a restarted process
@@ -176,16 +117,9 @@ impl Group {
         })?;
         // The contact kept its end open until its mesh was up; so did this.
         drop(contact_link);
-        let mut membership = Membership::new(config, table);
-        membership.members = decision.members;
-        membership.epoch = decision.epoch;
-        membership.calls = match decision.outcome {
-            ViewOutcome::Complete { call } | ViewOutcome::Rerun { call } => call,
-            ViewOutcome::NoQuorum => 0,
-        };
-        membership.joined = joiners;
-        tracing::info!(rank, epoch = membership.epoch, members = ?membership.members, "rejoined");
-        let mut group = Group::assemble(place, membership, links, endpoint);
+        let keeper = ViewKeeper::admitted(rank, world, &decision, joiners);
+        tracing::info!(rank, epoch = decision.epoch, members = ?decision.members, "rejoined");
+        let mut group = Group::assemble(place, config, table, keeper, links, endpoint);
         // As the members do once the view's mesh is up (`form_view`).
         let config = group.membership.config.clone();
         group
@@ -201,22 +135,52 @@ impl Group {
     /// [`OnRankFailure::Fail`]). The new ranks hold none of the group's
     /// state: hand it to them next ([`joined`](Self::joined) says who).
     pub async fn admit(&mut self) -> Result<Vec<usize>, GroupError> {
-        self.membership.joined.clear();
-        if !self.membership.policy.admits_rejoiners() || self.membership.announced.is_empty() {
+        let policy = self.membership.policy;
+        let begun = self.membership.keeper.admit(policy);
+        if !begun.map_err(|e| group_error(e, None))? {
             return Ok(Vec::new());
         }
-        let announced = std::mem::take(&mut self.membership.announced);
-        let m = &self.membership;
-        let Some((decision, joiners)) =
-            admission::admitting_view(&m.members, m.epoch, m.calls, &announced)
-        else {
-            return Ok(Vec::new());
+        let mut stands = None;
+        let result = loop {
+            let event = match self.membership.keeper.poll() {
+                Some(Action::Admitted(joined)) => break Ok(joined),
+                Some(action) => match self.carry_view_action(action, &mut stands).await {
+                    Ok(Some(event)) => event,
+                    Ok(None) => continue,
+                    Err(e) => break Err(e),
+                },
+                None => {
+                    break Err(GroupError::Setup(
+                        "the view keeper asked nothing in an admission".into(),
+                    ))
+                }
+            };
+            self.membership.keeper.handle(event);
         };
-        for &(r, addr) in &joiners {
+        self.membership.admitting.clear();
+        let joined = result?;
+        tracing::info!(
+            rank = self.membership.joined_rank,
+            epoch = self.epoch(),
+            ?joined,
+            "the group grew"
+        );
+        Ok(joined)
+    }
+
+    /// Tells each rank `decision` admits that waits at this member its
+    /// view, every rank's address and who else it admits; their links stay
+    /// open until the new view's mesh is up.
+    pub(super) async fn send_admissions(
+        &mut self,
+        decision: &ViewDecision,
+        joiners: &[(usize, SocketAddr)],
+    ) {
+        for &(r, addr) in joiners {
             self.membership.addresses[r] = addr;
         }
         let table = AddressTable(self.membership.addresses.clone()).encode();
-        let admitted = Joiners(joiners.clone()).encode();
+        let admitted = Joiners(joiners.to_vec()).encode();
         let waiting: Vec<(Link, JoinRequest)> = {
             let mut w = lock(&self.membership.waiting);
             let (mine, rest) = w
@@ -233,45 +197,21 @@ impl Group {
                     tracing::info!(rank = req.rank, %e, "the admission did not go out");
                 }
             }
-            // The link goes once the new view's mesh is up.
             self.membership.admitting.push(link);
         }
-        self.membership.epoch = decision.epoch;
-        let formed = self.form_view(&decision).await;
-        self.membership.admitting.clear();
-        let unlinked = formed?;
-        if !unlinked.is_empty() {
-            // A member or a joiner died while the mesh formed: the next
-            // view goes on without it, between collectives (this call's
-            // result is in every member's hands).
-            self.settle(unlinked.into_iter().collect(), BTreeMap::new(), true)
-                .await?;
-        }
-        self.membership.joined = joiners
-            .iter()
-            .map(|j| j.0)
-            .filter(|&r| self.place_of(r).is_some())
-            .collect();
-        tracing::info!(
-            rank = self.membership.joined_rank,
-            epoch = decision.epoch,
-            joined = ?self.membership.joined,
-            "the group grew"
-        );
-        Ok(self.membership.joined.clone())
     }
 
     /// The ranks the last [`admit`](Self::admit) (or, on a rank that
     /// rejoined, its admission) brought in.
     pub fn joined(&self) -> &[usize] {
-        &self.membership.joined
+        self.membership.keeper.joined()
     }
 
     /// What this member says in its `Done`: the ranks waiting at it (after
     /// refusing those that cannot rejoin).
     pub(super) fn waiting_announcement(&mut self) -> Bytes {
         take_requests(&self.endpoint, &self.membership.waiting);
-        let members = self.membership.members.clone();
+        let members = self.members().to_vec();
         let world = self.membership.joined_world;
         let mut w = lock(&self.membership.waiting);
         w.retain(

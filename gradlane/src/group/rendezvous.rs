@@ -3,19 +3,20 @@
 //! first message.
 
 use super::port_range::open_in;
-use super::{server_name, tag, Group, GroupConfig, GroupError, Kind, PointToPoint};
+use super::{server_name, tag, Group, GroupConfig, GroupError, Kind};
 use crate::attempts::{self, Windows};
 use crate::endpoint::{Endpoint, IncomingError};
 use crate::handshake_failure::HandshakeFailure;
 use crate::link::{Link, LinkError};
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use gradlane_core::group::view_keeper::ViewKeeper;
 use gradlane_core::group::{
-    judge_hello, view_digest, AddressTable, HelloVerdict, MeshHello, MeshMark, MeshRefusal,
+    view_digest, AddressTable, Dials, HelloVerdict, MeshForming, MeshHello, MeshMark, MeshRefusal,
 };
 use gradlane_core::layout::{Layout, TensorSpec};
+use std::cell::RefCell;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -69,27 +70,19 @@ pub(super) async fn join(mut config: GroupConfig) -> Result<Group, GroupError> {
         epoch: 0,
         digest: None,
     };
-    let forming = form(
-        &config,
-        &endpoint,
-        &mut links,
-        &mut failed,
-        first,
-        Dials::InTurn,
-    );
+    let mesh = RefCell::new(MeshForming::new(rank, world, first, Dials::InTurn));
+    let forming = form(&config, &endpoint, &mut links, &mut failed, &mesh);
     let formed = tokio::time::timeout_at(deadline, forming).await;
     match formed {
         Ok(Ok(table)) => {
-            let membership = super::membership::Membership::new(config.clone(), table);
-            let mut group = Group::assemble(rank, membership, links, endpoint);
+            let keeper = ViewKeeper::new(rank, world);
+            let mut group = Group::assemble(rank, config.clone(), table, keeper, links, endpoint);
             group.form_paths(&config, deadline).await?;
             Ok(group)
         }
         Ok(Err(e)) => Err(e),
         Err(_) => Err(GroupError::Missing {
-            missing: (0..world)
-                .filter(|&r| r != rank && links[r].is_none())
-                .collect(),
+            missing: mesh.into_inner().missing(),
             waited: config.join_timeout,
             failed,
         }),
@@ -119,44 +112,6 @@ pub(super) fn open_endpoint(
             config.link.clone(),
         )
     })
-}
-
-impl Group {
-    /// A group of the links of a view, this rank being `place` among them.
-    pub(super) fn assemble(
-        place: usize,
-        membership: super::membership::Membership,
-        links: Vec<Option<Link>>,
-        endpoint: Endpoint,
-    ) -> Group {
-        let world = links.len();
-        let (senders, receivers): (Vec<_>, Vec<_>) = links
-            .into_iter()
-            .map(|l| match l.map(Link::split) {
-                Some((s, r)) => (Some(s), Some(r)),
-                None => (None, None),
-            })
-            .unzip();
-        let mut group = Group {
-            rank: place,
-            world,
-            membership,
-            senders,
-            receivers,
-            endpoint,
-            seq: 0,
-            buckets: Vec::new(),
-            next_round: vec![0; world],
-            stripes: (0..world).map(|_| Vec::new()).collect(),
-            extra_endpoints: Vec::new(),
-            running: None,
-            unfinished: None,
-            timed_out: None,
-            point_to_point: Arc::new(PointToPoint::new(0, 0, &[], Vec::new(), None)),
-        };
-        group.open_point_to_point();
-        group
-    }
 }
 
 /// The mesh of a new view as it stood when forming it ended: a link to
@@ -215,20 +170,12 @@ pub(super) async fn form_view(
     };
     let mut links: Vec<Option<Link>> = (0..view.world).map(|_| None).collect();
     let mut failed = Vec::new();
-    let forming = form(
-        &view,
-        endpoint,
-        &mut links,
-        &mut failed,
-        mark,
-        Dials::EachAlone,
-    );
+    let mesh = RefCell::new(MeshForming::new(place, view.world, mark, Dials::EachAlone));
+    let forming = form(&view, endpoint, &mut links, &mut failed, &mesh);
     if let Ok(Err(e)) = tokio::time::timeout(wait, forming).await {
         return Err(e);
     }
-    let missing = (0..view.world)
-        .filter(|&r| r != place && links[r].is_none())
-        .collect();
+    let missing = mesh.into_inner().missing();
     Ok(ViewMesh {
         links,
         missing,
@@ -237,46 +184,31 @@ pub(super) async fn form_view(
     })
 }
 
-/// How a rank connects to the lower ranks of a mesh.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Dials {
-    /// One after the other, the first failure failing the mesh: the
-    /// join, where every rank must come and a refusal names its reason.
-    InTurn,
-    /// All at once, a failure leaving that rank's link out: a new view,
-    /// where a member that died since the agreement must not keep this
-    /// rank from linking up with the others.
-    EachAlone,
-}
-
-/// Fills `links` with a link to every other rank of view `epoch` and
-/// returns where each rank listens; `failed` collects the accepted
-/// connections that failed their handshake.
+/// Fills `links` with a link to every other rank of the mesh `mesh`
+/// forms, as it says whom to dial and whose hello to take, and returns
+/// where each rank listens; `failed` collects the accepted connections
+/// that failed their handshake.
 async fn form(
     config: &GroupConfig,
     endpoint: &Endpoint,
     links: &mut [Option<Link>],
     failed: &mut Vec<(SocketAddr, HandshakeFailure)>,
-    mark: MeshMark,
-    dials: Dials,
+    mesh: &RefCell<MeshForming>,
 ) -> Result<Vec<SocketAddr>, GroupError> {
     let (rank, world) = (config.rank, config.world);
+    let mark = mesh.borrow().mark();
     let table = match &config.rendezvous {
         Rendezvous::Addresses(addrs) => addrs.clone(),
         Rendezvous::Root { root, .. } if rank == 0 => {
             // Every other rank connects here first and says where it
             // listens; the table goes back to each once all are in.
             let mut table = vec![*root; world];
-            let expected: Vec<usize> = (1..world).collect();
             let mut learn = |hello: &MeshHello| {
                 if let Some(addr) = hello.listen {
                     table[hello.rank] = addr;
                 }
             };
-            accept_into(
-                config, endpoint, &expected, links, 0, &mut learn, failed, mark,
-            )
-            .await?;
+            accept_into(config, endpoint, mesh, links, 0, &mut learn, failed).await?;
             let body = Bytes::from(AddressTable(table.clone()).encode());
             for (r, link) in links.iter_mut().enumerate() {
                 if let Some(link) = link {
@@ -290,6 +222,7 @@ async fn form(
         }
         Rendezvous::Root { root, .. } => {
             let link = connect_to(config, endpoint, 0, *root, true, mark).await?;
+            mesh.borrow_mut().linked(0);
             let link = links[0].insert(link);
             let failed = |source| GroupError::Rank { rank: 0, source };
             let (got, body) = link.receiver().recv_message().await.map_err(failed)?;
@@ -310,53 +243,39 @@ async fn form(
             }
         }
     };
-    // The rest of the mesh: connect to every lower rank not linked yet,
-    // accept every higher one, at the same time.
+    // The rest of the mesh: dial the lower ranks the machine says, accept
+    // every higher one, at the same time.
     let (lower, rest) = links.split_at_mut(rank);
     let higher = &mut rest[1..];
+    let dials = mesh.borrow().dials();
     let connect = async {
-        if dials == Dials::EachAlone {
-            let table = &table;
-            let mut dialing: FuturesUnordered<_> = (0..lower.len())
-                .filter(|&r| lower[r].is_none())
-                .map(|r| async move {
+        let table = &table;
+        let mut dialing = FuturesUnordered::new();
+        loop {
+            let next = mesh.borrow_mut().poll_dial();
+            if let Some(r) = next {
+                dialing.push(async move {
                     (
                         r,
                         connect_to(config, endpoint, r, table[r], false, mark).await,
                     )
-                })
-                .collect();
-            while let Some((r, dialed)) = dialing.next().await {
-                match dialed {
-                    Ok(link) => lower[r] = Some(link),
-                    Err(e) => tracing::info!(rank = r, %e, "no link to a member of the new view"),
-                }
+                });
+                continue;
             }
-            return Ok(());
-        }
-        for (r, slot) in lower.iter_mut().enumerate() {
-            if slot.is_none() {
-                *slot = Some(connect_to(config, endpoint, r, table[r], false, mark).await?);
+            let Some((r, dialed)) = dialing.next().await else {
+                return Ok::<_, GroupError>(());
+            };
+            let ended = mesh.borrow_mut().dialed(r, dialed.is_ok());
+            match dialed {
+                Ok(link) => lower[r] = Some(link),
+                Err(e) if ended.is_err() || dials == Dials::InTurn => return Err(e),
+                Err(e) => tracing::info!(rank = r, %e, "no link to a member of the new view"),
             }
         }
-        Ok::<_, GroupError>(())
     };
     let accept = async {
-        let expected: Vec<usize> = (rank + 1..world)
-            .filter(|&r| higher[r - rank - 1].is_none())
-            .collect();
         let hello = &mut |_: &MeshHello| {};
-        accept_into(
-            config,
-            endpoint,
-            &expected,
-            higher,
-            rank + 1,
-            hello,
-            failed,
-            mark,
-        )
-        .await
+        accept_into(config, endpoint, mesh, higher, rank + 1, hello, failed).await
     };
     let (c, a) = tokio::join!(connect, accept);
     c.and(a).map(|()| table)
@@ -482,17 +401,16 @@ fn route_to(peer: SocketAddr) -> std::io::Result<std::net::IpAddr> {
 async fn accept_into(
     config: &GroupConfig,
     endpoint: &Endpoint,
-    expected: &[usize],
+    mesh: &RefCell<MeshForming>,
     links: &mut [Option<Link>],
     offset: usize,
     on_hello: &mut dyn FnMut(&MeshHello),
     failed: &mut Vec<(SocketAddr, HandshakeFailure)>,
-    mark: MeshMark,
 ) -> Result<(), GroupError> {
-    let mut found = 0;
     let mut greeting = FuturesUnordered::new();
     let mut accepting = true;
-    while found < expected.len() {
+    let mark = mesh.borrow().mark();
+    while mesh.borrow().awaits_hellos() {
         let (link, got) = tokio::select! {
             incoming = endpoint.incoming(), if accepting => {
                 match incoming {
@@ -549,13 +467,8 @@ async fn accept_into(
                 continue;
             }
         };
-        let awaited = |r: usize| {
-            expected.contains(&r)
-                && r.checked_sub(offset)
-                    .and_then(|i| links.get(i))
-                    .is_some_and(Option::is_none)
-        };
-        match judge_hello(&hello, mark, config.rank, config.world, awaited) {
+        let verdict = mesh.borrow_mut().hello(&hello);
+        match verdict {
             HelloVerdict::Take => {}
             HelloVerdict::OtherView => {
                 // A rank forming another view (an agreement that went on
@@ -573,12 +486,15 @@ async fn accept_into(
                 })
             }
         }
-        let Some(slot) = links.get_mut(hello.rank - offset) else {
+        let Some(slot) = hello
+            .rank
+            .checked_sub(offset)
+            .and_then(|i| links.get_mut(i))
+        else {
             continue;
         };
         on_hello(&hello);
         *slot = Some(link);
-        found += 1;
     }
     Ok(())
 }

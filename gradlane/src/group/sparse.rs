@@ -14,7 +14,7 @@
 //! The result holds every rank's rows and values in rank order;
 //! [`SparseRows::sum_duplicates`] sums rows that several ranks hold.
 
-use super::exact::{copy_into, to_bytes};
+use super::shards::{copy_into, to_bytes};
 use super::{tag, Group, GroupError, Kind};
 use bytes::Bytes;
 use gradlane_core::group::SparseShape;
