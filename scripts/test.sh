@@ -53,13 +53,17 @@ setup_log=$(mktemp)
 setup_pid=$!
 
 step "cargo test --workspace --no-fail-fast"
-# The agreement's simulation writes its summary (how many schedules it
-# checked, how fast, their outcomes) here, shown after the run.
+# The simulations (the view agreement's, the whole group's) write their
+# summaries (how many schedules they checked, how fast, their outcomes)
+# here, shown after the run.
 agreement_summary=$(mktemp)
-GRADLANE_AGREEMENT_SUMMARY="$agreement_summary" cargo test --workspace --no-fail-fast
+group_summary=$(mktemp)
+GRADLANE_AGREEMENT_SUMMARY="$agreement_summary" GRADLANE_GROUP_SIM_SUMMARY="$group_summary" \
+    cargo test --workspace --no-fail-fast
 rust_status=$?
 echo "== the view agreement's simulation: $(cat "$agreement_summary")"
-rm -f "$agreement_summary"
+echo "== the group's simulation: $(cat "$group_summary")"
+rm -f "$agreement_summary" "$group_summary"
 
 step "waiting for the venv"
 wait "$setup_pid"

@@ -29,7 +29,7 @@ fn thousands_of_schedules_keep_every_invariant() {
     let tally = soak(54, 0, schedules, &settings);
     let secs = started.elapsed().as_secs_f64();
     let c = &tally.counts;
-    println!(
+    let summary = format!(
         "{} schedules in {secs:.1} s ({:.0} schedules/s): {} views installed, {} calls returned, \
          {} reruns, {} agreements, {} admissions ({} ranks joined, {} failed to link up), \
          {} removed, {} killed, {} restarts; {} epochs formed with different members, \
@@ -49,6 +49,11 @@ fn thousands_of_schedules_keep_every_invariant() {
         c.clashes,
         c.refused_hellos,
     );
+    println!("{summary}");
+    // The test command shows it after the run (scripts/test.sh).
+    if let Some(path) = std::env::var_os("GRADLANE_GROUP_SIM_SUMMARY") {
+        std::fs::write(path, format!("{summary}\n")).expect("the summary file is writable");
+    }
     for (seed, violation) in &tally.failures {
         println!(
             "seed {seed}: {violation}\n  replay: {}",
