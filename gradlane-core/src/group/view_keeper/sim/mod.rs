@@ -4,7 +4,8 @@
 //! seeded model of their links, with deaths, freezes, cuts, partitions
 //! and restarts. One seed, one schedule; no clock, no socket.
 //!
-//! The model (`plan.rs` draws it, `world.rs` runs it):
+//! The model (`plan.rs` draws it, `world/` runs it: links, faults and
+//! restarts, each rank's program and keeper, meshes):
 //! - every rank runs C collectives (2 to 5), calling `admit` after each
 //!   one it returns, as a training step's boundary does; rank `r`'s input
 //!   to call `c` is a mixed hash, and a call's result in a view is a fold
