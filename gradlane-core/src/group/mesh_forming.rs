@@ -59,7 +59,9 @@ pub struct MeshForming {
 }
 
 impl MeshForming {
-    /// A rank at `place` (below `world`) forming mesh `mark`.
+    /// A rank at `place` (below `world`) forming mesh `mark`. A place
+    /// outside the mesh (the shell never gives one) makes every rank a
+    /// lower one, to dial: never a panic.
     pub fn new(place: usize, world: usize, mark: MeshMark, dials: Dials) -> Self {
         let peers = (0..world)
             .map(|p| if p == place { Peer::Me } else { Peer::Waiting })
@@ -97,7 +99,8 @@ impl MeshForming {
     /// [`Dials::EachAlone`], the next once the last linked with
     /// [`Dials::InTurn`].
     pub fn poll_dial(&mut self) -> Option<usize> {
-        let lower = &mut self.peers[..self.place];
+        let split = self.place.min(self.peers.len());
+        let lower = &mut self.peers[..split];
         if self.dials == Dials::InTurn && lower.contains(&Peer::Dialing) {
             return None;
         }
@@ -137,7 +140,10 @@ impl MeshForming {
 
     /// Whether a higher rank's hello is still to come.
     pub fn awaits_hellos(&self) -> bool {
-        self.peers[self.place + 1..].contains(&Peer::Waiting)
+        self.peers
+            .iter()
+            .skip(self.place + 1)
+            .any(|&p| p == Peer::Waiting)
     }
 
     /// Whether nothing is left to happen: every dial ended and every
@@ -248,5 +254,16 @@ mod tests {
             ),
             "a lower rank is dialed, never accepted"
         );
+    }
+
+    #[test]
+    fn a_place_outside_the_mesh_dials_every_rank_and_does_not_panic() {
+        let members = [0, 1];
+        let mut m = MeshForming::new(5, 2, mark(1, &members), Dials::EachAlone);
+        assert_eq!(m.poll_dial(), Some(0));
+        assert_eq!(m.poll_dial(), Some(1));
+        assert_eq!(m.poll_dial(), None);
+        assert!(!m.awaits_hellos());
+        assert_eq!(m.missing(), [0, 1]);
     }
 }
