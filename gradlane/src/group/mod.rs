@@ -252,6 +252,11 @@ pub enum GroupError {
     },
 }
 
+/// How long [`Group::close`] waits for quinn's driver to let go of the
+/// group's socket once its connections are gone: it does so as soon as
+/// the runtime gets to it, so this bounds a stalled runtime only.
+const SOCKET_RELEASE_WAIT: Duration = Duration::from_secs(1);
+
 /// One rank of a group: links to every other rank.
 pub struct Group {
     /// This rank's place in the current view (its index in `members`):
@@ -484,6 +489,10 @@ impl Group {
         drop(self.senders);
         drop(self.receivers);
         drop(self.stripes);
+        // The point-to-point streams hold their connections, and a
+        // connection holds the endpoint's socket: it goes before the wait
+        // below, not at the end of this call.
+        drop(self.point_to_point);
         for extra in &self.extra_endpoints {
             extra.wait_idle().await;
         }
@@ -495,9 +504,14 @@ impl Group {
         // runtime gets to them, not within this call: wait until the
         // address can be bound again (at most a second).
         if let Ok(addr) = local {
-            for _ in 0..1000 {
+            let until = tokio::time::Instant::now() + SOCKET_RELEASE_WAIT;
+            loop {
                 match std::net::UdpSocket::bind(addr) {
                     Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                        if tokio::time::Instant::now() >= until {
+                            tracing::warn!(%addr, "closed group's socket still bound");
+                            break;
+                        }
                         tokio::time::sleep(Duration::from_millis(1)).await
                     }
                     _ => break,

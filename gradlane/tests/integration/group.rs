@@ -390,8 +390,8 @@ async fn killed_mid_allreduce(tag: &str, n: usize) {
     );
 }
 
-/// A closed group frees its sockets: the same ranks join again on the same
-/// addresses and work.
+/// A closed group frees its sockets by the time close() returns: the same
+/// ranks join again on the same addresses and work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_closes_and_is_rebuilt_on_the_same_addresses() {
     let world = 3;
@@ -425,6 +425,50 @@ async fn a_group_closes_and_is_rebuilt_on_the_same_addresses() {
         );
         join_all(groups.into_iter().map(|g| g.close())).await;
     }
+}
+
+/// Counts the warnings whose message names a socket still bound.
+struct StillBound(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StillBound {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" {
+                    self.0 = format!("{v:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        if *event.metadata().level() == tracing::Level::WARN && message.0.contains("still bound") {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// close() lets go of every connection before it waits for the socket, so
+/// the socket is free when it returns rather than after its wait gives up
+/// (a connection left held kept it bound, and every close took its whole
+/// wait). One thread, so that the counting subscriber sees every task.
+#[tokio::test(flavor = "current_thread")]
+async fn close_frees_the_socket_before_its_wait_gives_up() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let warned = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let subscriber = tracing_subscriber::registry().with(StillBound(warned.clone()));
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let mut groups = group_by_addresses("close-frees", 3).await;
+    let mut bufs: Vec<Vec<f32>> = (0..3).map(|r| values(r, 100)).collect();
+    let calls = groups
+        .iter_mut()
+        .zip(bufs.iter_mut())
+        .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
+    for r in join_all(calls).await {
+        r.unwrap();
+    }
+    join_all(groups.into_iter().map(|g| g.close())).await;
+    assert_eq!(warned.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
 
 /// Ranks start at different times: a rank that reaches rank 0 before it
