@@ -93,6 +93,29 @@ pub fn bit_equal(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// How many packets the kernel has dropped at the UDP socket bound to
+/// `addr` (an IPv4 one), for want of room in its receive buffer: the
+/// `drops` column of `/proc/net/udp`. `None` where that cannot be read.
+/// On a loaded machine a receiver starved of CPU lets its buffer fill, and
+/// what the kernel drops there never reaches quinn, with no loss injected.
+pub fn kernel_receive_drops(addr: SocketAddr) -> Option<u64> {
+    let SocketAddr::V4(v4) = addr else {
+        return None;
+    };
+    let local = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(v4.ip().octets()),
+        v4.port()
+    );
+    let table = std::fs::read_to_string("/proc/net/udp").ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(1) == Some(&local.as_str()))
+            .then(|| fields.last()?.parse().ok())
+            .flatten()
+    })
+}
+
 /// A loopback port free a moment ago, for a rank to listen on.
 pub fn free_port() -> SocketAddr {
     let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
