@@ -65,7 +65,8 @@ create_exception!(
     CollectiveTimeoutError,
     GroupError,
     "A collective waited past the group's timeout (collective_timeout; \
-     torch's process group timeout) for ranks whose links are alive. \
+     torch's process group timeout), or a monitored barrier past its own, \
+     for ranks whose links are alive. \
      `missing` lists the ranks it did not hear from; `rank` is the first. \
      With on_rank_failure=\"fail\" the group is unusable afterwards."
 );

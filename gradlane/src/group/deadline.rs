@@ -7,6 +7,21 @@ use gradlane_core::control::codes;
 use gradlane_core::group::OnTimeout;
 use quinn::{ConnectionError, VarInt};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// When the running collective's time is up, and what it is told it
+/// waited.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Deadline {
+    /// The collective.
+    pub(super) op: &'static str,
+    /// When its time is up.
+    pub(super) at: tokio::time::Instant,
+    /// The bound a timeout names: the group's collective timeout, or the
+    /// call's own (a monitored barrier's), so that the error and the
+    /// reason sent to the other ranks say what the caller asked for.
+    pub(super) after: Duration,
+}
 
 impl Group {
     /// Starts collective `op`: its deadline, where the group has a
@@ -40,11 +55,11 @@ impl Group {
 
     /// A fresh deadline for collective `op`, run again in a new view.
     pub(super) fn restart_deadline(&mut self, op: &'static str) {
-        self.running = self
-            .membership
-            .config
-            .collective_timeout
-            .map(|t| (op, tokio::time::Instant::now() + t));
+        self.running = self.membership.config.collective_timeout.map(|t| Deadline {
+            op,
+            at: tokio::time::Instant::now() + t,
+            after: t,
+        });
     }
 
     /// The error of an exchange cut at the deadline, the ranks of `heard`
@@ -55,12 +70,16 @@ impl Group {
     /// removed and they count as lost, so that the survivors agree on a
     /// view without them; the error is a lost rank's.
     pub(super) fn silent_past_deadline(&mut self, tag: u64, heard: &[AtomicBool]) -> GroupError {
-        let op = self.running.map_or("collective", |(op, _)| op);
-        let waited = self
-            .membership
-            .config
-            .collective_timeout
-            .unwrap_or_default();
+        let op = self.running.map_or("collective", |d| d.op);
+        let waited = self.running.map_or_else(
+            || {
+                self.membership
+                    .config
+                    .collective_timeout
+                    .unwrap_or_default()
+            },
+            |d| d.after,
+        );
         let silent: Vec<usize> = (0..self.world)
             .filter(|&p| p != self.rank && self.senders[p].is_some())
             .filter(|&p| !heard.get(p).is_some_and(|h| h.load(Ordering::Relaxed)))
@@ -91,9 +110,8 @@ impl Group {
                 error
             }
             OnTimeout::RemoveTheSilent => {
-                let reason = format!(
-                    "silent past the group's timeout ({waited:?}) in {op}: removed from the group"
-                );
+                let reason =
+                    format!("silent past the timeout ({waited:?}) of {op}: removed from the group");
                 for &p in &silent {
                     if let Some(sender) = &self.senders[p] {
                         sender

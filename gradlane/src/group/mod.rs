@@ -208,11 +208,11 @@ pub enum GroupError {
         why: String,
     },
     /// A collective waited past the group's
-    /// [`collective_timeout`](GroupConfig::collective_timeout) for ranks
-    /// whose links are alive. With [`OnRankFailure::Fail`] every later
+    /// [`collective_timeout`](GroupConfig::collective_timeout) (a
+    /// monitored barrier past its own) for ranks whose links are alive. With [`OnRankFailure::Fail`] every later
     /// collective returns this error again: the group is unusable.
     #[error(
-        "{op} waited past the group's timeout ({waited:?}) for ranks {missing:?}, \
+        "{op} waited past its timeout ({waited:?}) for ranks {missing:?}, \
          whose links are alive; the group is unusable"
     )]
     Timeout {
@@ -286,8 +286,8 @@ pub struct Group {
     /// The endpoints of those paths (sockets beyond the first).
     extra_endpoints: Vec<Endpoint>,
     /// The collective running now and when its time is up (the group's
-    /// `collective_timeout`), if it has one.
-    running: Option<(&'static str, tokio::time::Instant)>,
+    /// `collective_timeout`, or the call's own bound), if it has one.
+    running: Option<deadline::Deadline>,
     /// The collective begun and not ended, if any: one still set when the
     /// next begins was cancelled.
     unfinished: Option<&'static str>,
@@ -569,7 +569,7 @@ impl Group {
                 })
             },
         );
-        let deadline = self.running.map(|(_, at)| at);
+        let deadline = self.running.map(|d| d.at);
         let waits = self.membership.policy.exchange_waits_for_every_peer();
         let ended = join_peers(waits, deadline, work).await;
         let mut got = vec![None; self.world];

@@ -12,6 +12,7 @@
 //! they must agree). Ranks are places in the current view, as the other
 //! collectives number them; a `root` is a rank as it joined.
 
+use super::deadline::Deadline;
 use super::shards::shard;
 use super::{tag, Group, GroupError, Kind};
 use bytes::Bytes;
@@ -311,18 +312,14 @@ impl Group {
             .policy
             .monitored_barrier_wait(self.rank, timeout);
         let saved = self.running;
-        self.running = Some(("monitored_barrier", tokio::time::Instant::now() + bound));
+        self.running = Some(Deadline {
+            op: "monitored_barrier",
+            at: tokio::time::Instant::now() + bound,
+            after: timeout,
+        });
         let result = self.monitored_exchanges().await;
         self.running = saved;
-        result.map_err(|mut e| {
-            if let GroupError::Timeout { waited, .. } = &mut e {
-                *waited = timeout;
-            }
-            if let Some(t) = &mut self.timed_out {
-                t.waited = timeout;
-            }
-            e
-        })
+        result
     }
 
     async fn monitored_exchanges(&mut self) -> Result<(), GroupError> {

@@ -277,7 +277,7 @@ impl Group {
                     tokio::try_join!(send, receive).map(drop)
                 })
             });
-        let deadline = self.running.map(|(_, at)| at);
+        let deadline = self.running.map(|d| d.at);
         let waits = self.membership.policy.exchange_waits_for_every_peer();
         let ended = join_peers(waits, deadline, work).await;
         self.peers_ended(give_back, &heard, ended).map(drop)

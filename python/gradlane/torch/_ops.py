@@ -500,20 +500,30 @@ class OpsMixin:
                 f"Rank {self._rank} timed out in monitoredBarrier after {ms} ms (gradlane)"
             )
 
+        def not_released(e):
+            # As gloo's: this rank came, rank 0 did not let it pass.
+            err = MonitoredBarrierError(
+                f"Rank {self._rank} successfully reached monitoredBarrier, but "
+                f"received errors while waiting for send/recv from rank 0 (gradlane: {e})"
+            )
+            err.missing = [0]
+            err.rank = 0
+            return err
+
         def body(_):
             try:
                 self.group.monitored_barrier(seconds)
+            except gradlane.RankFailedError as e:
+                # Rank 0 gave up on another rank and closed its links before
+                # this rank's own wait ended (which is longer, or merely
+                # later): the same failure as a timeout here.
+                if self._rank != 0 and e.rank == 0:
+                    raise not_released(e) from e
+                raise
             except gradlane.CollectiveTimeoutError as e:
                 missing = list(e.missing or [])
                 if self._rank != 0:
-                    # As gloo's: this rank came, rank 0 did not let it pass.
-                    err = MonitoredBarrierError(
-                        f"Rank {self._rank} successfully reached monitoredBarrier, but "
-                        f"received errors while waiting for send/recv from rank 0 (gradlane: {e})"
-                    )
-                    err.missing = missing
-                    err.rank = 0
-                    raise err from e
+                    raise not_released(e) from e
                 if not missing:
                     raise
                 if wait_all_ranks:
