@@ -262,9 +262,10 @@ def scenario_ops(rank, file_dir):
     out["split"] = outcome(split)
 
     # Last: rank 1 stays away from a monitored barrier on a subgroup (which
-    # is unusable afterwards). The other ranks beyond 0 wait as long as
-    # rank 0 (their own timeout or rank 0's giving up, whichever comes
-    # first, ends their wait), then longer (rank 0's giving up does).
+    # is unusable afterwards). Ranks beyond 1 wait as long as rank 0 the
+    # first time (their own timeout or rank 0's giving up, whichever comes
+    # first, ends their wait), ten times as long the second (rank 0's
+    # giving up does).
     for wait_all in (False, True):
         watched = dist.new_group(ranks=list(range(world)), backend="gradlane")
         seconds = 10 if wait_all and rank > 1 else 1
@@ -293,7 +294,7 @@ def scenario_ops(rank, file_dir):
 
 @pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"{w}ranks")
 def ops(request, cert_dir, tmp_path_factory):
-    """What every rank recorded, one list entry a rank, at 2 and 3 ranks."""
+    """What every rank recorded, by rank, at 2 and 3 ranks."""
     d = str(tmp_path_factory.mktemp("stores"))
     return run_ranks(scenario_ops, cert_dir, d, world=request.param)
 
@@ -341,8 +342,8 @@ def float_sums_in_rank_order(what, world):
             acc = acc + p
         return acc
     if what == "complex":
-        return [bits(summed([torch.complex(values(q, torch.float64), values(q + 7, torch.float64))
-                             for q in range(world)]))][0]
+        return bits(summed([torch.complex(values(q, torch.float64), values(q + 7, torch.float64))
+                            for q in range(world)]))
     a = summed([values(q, torch.float64, 4) for q in range(world)])
     b = summed([values(q + 5, torch.float64, 3) for q in range(world)])
     gathered = [bits(t) for q in range(world)

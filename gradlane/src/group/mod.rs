@@ -209,8 +209,9 @@ pub enum GroupError {
     },
     /// A collective waited past the group's
     /// [`collective_timeout`](GroupConfig::collective_timeout) (a
-    /// monitored barrier past its own) for ranks whose links are alive. With [`OnRankFailure::Fail`] every later
-    /// collective returns this error again: the group is unusable.
+    /// monitored barrier past its own) for ranks whose links are alive.
+    /// With [`OnRankFailure::Fail`] every later collective returns this
+    /// error again: the group is unusable.
     #[error(
         "{op} waited past its timeout ({waited:?}) for ranks {missing:?}, \
          whose links are alive; the group is unusable"
