@@ -460,13 +460,7 @@ async fn close_frees_the_socket_before_its_wait_gives_up() {
     let _guard = tracing::subscriber::set_default(subscriber);
     let mut groups = group_by_addresses("close-frees", 3).await;
     let mut bufs: Vec<Vec<f32>> = (0..3).map(|r| values(r, 100)).collect();
-    let calls = groups
-        .iter_mut()
-        .zip(bufs.iter_mut())
-        .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
-    for r in join_all(calls).await {
-        r.unwrap();
-    }
+    allreduce_all(&mut groups, &mut bufs, ReduceOp::Sum).await;
     join_all(groups.into_iter().map(|g| g.close())).await;
     assert_eq!(warned.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
