@@ -13,11 +13,7 @@
 #   bash scripts/chaos_soak.sh --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${GRADLANE_TEST_VENV:-.venv-test}
-if [ ! -x "$VENV/bin/python" ]; then
-    echo "chaos_soak: no venv at $VENV: run bash scripts/test.sh first (it makes it and installs gradlane)" >&2
-    exit 2
-fi
+. scripts/test_venv.sh
 for a in "$@"; do
     if [ "$a" = "--help" ] || [ "$a" = "-h" ]; then exec "$VENV/bin/python" scripts/chaos_soak.py --help; fi
 done

@@ -11,11 +11,7 @@
 # it first, unless GRADLANE_SUITE_NO_BUILD=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${GRADLANE_TEST_VENV:-.venv-test}
-if [ ! -x "$VENV/bin/python" ]; then
-    echo "no venv at $VENV: run README's test command (bash scripts/test.sh) once" >&2
-    exit 2
-fi
+. scripts/test_venv.sh
 if [ "${GRADLANE_SUITE_NO_BUILD:-0}" != 1 ]; then
     wheels=$(mktemp -d)
     PATH="$VENV/bin:$PATH" VIRTUAL_ENV="$PWD/$VENV" \

@@ -121,9 +121,14 @@ pub(crate) struct PyGroup {
     /// Bytes sent when the group was closed, for `bytes_sent` afterwards.
     bytes_at_close: AtomicU64,
     /// The current view's point-to-point messages, outside `state`'s lock:
-    /// a send or a receive never waits for a collective to end.
-    point_to_point: Mutex<Option<Arc<PointToPoint>>>,
+    /// a send or a receive never waits for a collective to end. Shared with
+    /// the exit's registry, which drops it before the close: it holds the
+    /// links, and with them the socket the close waits for.
+    point_to_point: Arc<PointToPointSlot>,
 }
+
+/// A Group's point-to-point messages, `None` once closed.
+pub(crate) type PointToPointSlot = Mutex<Option<Arc<PointToPoint>>>;
 
 /// A Group's joined state, `None` once closed.
 pub(crate) type GroupState = Mutex<Option<State>>;
@@ -334,13 +339,13 @@ impl PyGroup {
             }
         });
         let group = joined.map_err(|e| e.into_py(py))?;
-        let point_to_point = Mutex::new(Some(group.point_to_point()));
+        let point_to_point = Arc::new(Mutex::new(Some(group.point_to_point())));
         let state = Arc::new(Mutex::new(Some(State {
             group,
             buckets: Vec::new(),
             formats,
         })));
-        crate::group_exit::register(&state);
+        crate::group_exit::register(&state, &point_to_point);
         Ok(Self {
             rank,
             world,
@@ -602,8 +607,8 @@ pub(crate) fn bytes_of<T: Copy, const N: usize>(
     values.iter().flat_map(|&v| to_bytes(v)).collect()
 }
 
-fn lock_point_to_point(
-    m: &Mutex<Option<Arc<PointToPoint>>>,
+pub(crate) fn lock_point_to_point(
+    m: &PointToPointSlot,
 ) -> MutexGuard<'_, Option<Arc<PointToPoint>>> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -11,7 +11,7 @@
 //! closes in the same order in the background ([`close_in_background`]),
 //! and the exit waits for those closes too.
 
-use crate::group::GroupState;
+use crate::group::{lock_point_to_point, GroupState, PointToPointSlot};
 use crate::runtime;
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex, TryLockError, Weak};
@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 
-/// The groups of this process not yet dropped.
-static LIVE: Mutex<Vec<Weak<GroupState>>> = Mutex::new(Vec::new());
+/// The groups of this process not yet dropped, with their point-to-point
+/// messages.
+static LIVE: Mutex<Vec<(Weak<GroupState>, Weak<PointToPointSlot>)>> = Mutex::new(Vec::new());
 
 /// The closes of dropped groups, still running or not yet waited for.
 static CLOSING: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
@@ -31,11 +32,11 @@ static CLOSING: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
 /// not wait out a collective's timeout.
 const CALL_WAIT: Duration = Duration::from_secs(1);
 
-/// Keeps `state` for the exit to close.
-pub(crate) fn register(state: &Arc<GroupState>) {
+/// Keeps `state` and its `point_to_point` for the exit to close.
+pub(crate) fn register(state: &Arc<GroupState>, point_to_point: &Arc<PointToPointSlot>) {
     let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
-    live.retain(|g| g.strong_count() > 0);
-    live.push(Arc::downgrade(state));
+    live.retain(|(g, _)| g.strong_count() > 0);
+    live.push((Arc::downgrade(state), Arc::downgrade(point_to_point)));
 }
 
 /// Closes `group`, dropped without `close()`, on the runtime `rt`: its
@@ -57,13 +58,18 @@ pub(crate) fn close_in_background(rt: &Runtime, group: gradlane::Group) {
 pub(crate) fn close_groups_at_exit(py: Python<'_>) {
     py.detach(|| {
         let live = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|e| e.into_inner()));
-        let states: Vec<Arc<GroupState>> = live.iter().filter_map(Weak::upgrade).collect();
+        let states: Vec<Arc<GroupState>> = live.iter().filter_map(|(s, _)| s.upgrade()).collect();
         let dropped = std::mem::take(&mut *CLOSING.lock().unwrap_or_else(|e| e.into_inner()));
         if states.is_empty() && dropped.is_empty() {
             return;
         }
         // A forked child: the runtime's threads are not here.
         let Ok(rt) = runtime() else { return };
+        // The point-to-point messages hold the links: dropped first, so
+        // that each close finds its socket free at once.
+        for slot in live.iter().filter_map(|(_, p)| p.upgrade()) {
+            lock_point_to_point(&slot).take();
+        }
         for group in states.iter().filter_map(|s| take_when_free(s)) {
             close_in_background(rt, group);
         }

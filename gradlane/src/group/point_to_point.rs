@@ -73,7 +73,16 @@ struct Held {
     by_tag: HashMap<u64, VecDeque<MessageBody>>,
     bytes: usize,
     /// Why the peer's messages ended (its link failed or closed).
-    ended: Option<String>,
+    ended: Option<Ended>,
+}
+
+/// How a peer's messages ended.
+struct Ended {
+    /// The link's error, for the receive that names the peer.
+    why: String,
+    /// The peer closed its link in order (it is done, not dead): a
+    /// receive from any rank waits on for the others.
+    in_order: bool,
 }
 
 fn lock(m: &Mutex<Held>) -> MutexGuard<'_, Held> {
@@ -164,8 +173,10 @@ impl PointToPoint {
     /// whichever rank has one (`None`: the lowest rank first when several
     /// have); returns the rank it came from and the body, as it came
     /// ([`MessageBody::copy_to`] the buffer it is for). Fails when that
-    /// rank's link fails (any rank's, receiving from any), or past the
-    /// group's collective timeout.
+    /// rank's link ends; receiving from any rank, when a link fails, or
+    /// when every other rank closed its link in order with no message of
+    /// `tag` left (one that closed is done, not dead: the others may still
+    /// send); past the group's collective timeout.
     pub async fn recv(
         &self,
         from: Option<usize>,
@@ -190,6 +201,7 @@ impl PointToPoint {
                 let arrived = self.arrived.notified();
                 tokio::pin!(arrived);
                 arrived.as_mut().enable();
+                let mut closed_in_order = 0;
                 for &(rank, peer) in &sources {
                     let mut held = lock(&peer.mailbox.held);
                     if let Some(body) = held.by_tag.get_mut(&tag).and_then(VecDeque::pop_front) {
@@ -198,14 +210,31 @@ impl PointToPoint {
                         peer.mailbox.taken.notify_one();
                         return Ok((rank, body));
                     }
-                    if let Some(why) = &held.ended {
-                        return Err(GroupError::Rank {
-                            rank,
-                            source: LinkError::Protocol(format!(
-                                "its point-to-point messages ended: {why}"
-                            )),
-                        });
+                    match &held.ended {
+                        // A rank that sent its last message and closed is
+                        // no reason to fail a receive another may satisfy.
+                        Some(ended) if ended.in_order && from.is_none() => closed_in_order += 1,
+                        Some(ended) => {
+                            return Err(GroupError::Rank {
+                                rank,
+                                source: LinkError::Protocol(format!(
+                                    "its point-to-point messages ended: {}",
+                                    ended.why
+                                )),
+                            })
+                        }
+                        None => {}
                     }
+                }
+                if closed_in_order == sources.len() {
+                    return Err(GroupError::Rank {
+                        rank: sources[0].0,
+                        source: LinkError::Protocol(format!(
+                            "a receive from any rank with tag {tag}: every other rank ({:?}) \
+                             closed its link with no such message left",
+                            sources.iter().map(|s| s.0).collect::<Vec<_>>()
+                        )),
+                    });
                 }
                 arrived.await;
             }
@@ -254,7 +283,12 @@ async fn read_into(
                 held.bytes += body.len();
                 held.by_tag.entry(tag).or_default().push_back(body);
             }
-            Err(e) => held.ended = Some(e.to_string()),
+            Err(e) => {
+                held.ended = Some(Ended {
+                    in_order: matches!(e, LinkError::PeerClosed { .. }),
+                    why: e.to_string(),
+                })
+            }
         }
         let ended = held.ended.is_some();
         drop(held);

@@ -1,8 +1,9 @@
 //! Point-to-point messages between two ranks of a group, beside the
 //! collectives: order per peer and tag, a receive from any rank, a
 //! receive posted before collectives that both ranks run and sent after
-//! them, large messages both ways at once, and the errors (a peer gone, a
-//! timeout, bad ranks).
+//! them, large messages both ways at once, a receive from any rank that
+//! outlives a sender that closed, and the errors (a peer gone, a timeout,
+//! bad ranks).
 
 use crate::common::{at_root, cert_dir, free_port, group_config, group_with};
 use bytes::Bytes;
@@ -106,6 +107,55 @@ async fn a_receive_from_a_rank_that_left_fails_naming_it() {
     match p2p.recv(Some(1), 4).await {
         Err(GroupError::Rank { rank, .. }) => assert_eq!(rank, 1),
         other => panic!("expected rank 1's error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_from_any_rank_outlives_a_sender_that_closed_after_its_last_message() {
+    let mut groups = group_with("p2p-any-closed", 3, |_, c| c).await;
+    let p2p: Vec<_> = groups.iter().map(Group::point_to_point).collect();
+    // Rank 1 sends its messages and closes at once, as a rank whose last
+    // act is a send ends; rank 2 sends only after that.
+    for i in 0..3 {
+        p2p[1].send(0, 6, body(1, 6, i, 40)).await.unwrap();
+    }
+    let rank_2 = groups.pop().unwrap();
+    groups.pop().unwrap().close().await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let (from, b) = p2p[0].recv(None, 6).await.unwrap();
+        got.push((from, b.into_bytes()));
+    }
+    // Rank 1 is gone now, in order: a receive from any rank waits on for
+    // rank 2 instead of failing on rank 1's end.
+    let waiting = {
+        let p2p = p2p[0].clone();
+        tokio::spawn(async move { p2p.recv(None, 6).await })
+    };
+    for i in 0..2 {
+        p2p[2].send(0, 6, body(2, 6, i, 40)).await.unwrap();
+    }
+    let (from, b) = waiting.await.unwrap().unwrap();
+    got.push((from, b.into_bytes()));
+    let (from, b) = p2p[0].recv(None, 6).await.unwrap();
+    got.push((from, b.into_bytes()));
+    let want: Vec<_> = [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1)]
+        .into_iter()
+        .map(|(r, i)| (r, body(r, 6, i, 40)))
+        .collect();
+    assert_eq!(got, want);
+    // A receive from rank 1 itself still fails, naming it; from any rank
+    // fails once every other rank has closed.
+    match p2p[0].recv(Some(1), 6).await {
+        Err(GroupError::Rank { rank: 1, .. }) => {}
+        other => panic!("expected rank 1's error, got {other:?}"),
+    }
+    rank_2.close().await;
+    match p2p[0].recv(None, 6).await {
+        Err(e @ GroupError::Rank { .. }) => {
+            assert!(e.to_string().contains("every other rank ([1, 2])"), "{e}")
+        }
+        other => panic!("expected every rank closed, got {other:?}"),
     }
 }
 

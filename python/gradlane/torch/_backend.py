@@ -83,6 +83,9 @@ BACKEND_NAME = "gradlane"
 #: The least time forming a group may take, in seconds, whatever the
 #: process group's timeout (which bounds each collective).
 MIN_JOIN_TIMEOUT = 60.0
+#: Seconds shutdown (destroy_process_group) gives the sends and receives
+#: already posted before it closes the Group under them.
+SHUTDOWN_GRACE = 2.0
 #: The store key under which rank 0 publishes its "ip:port".
 ROOT_KEY = "gradlane/root"
 #: The store keys (ADDRESS_KEY/RANK) under which every rank publishes the
@@ -520,18 +523,22 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
         return self._run("barrier", [], [], [], lambda _: self.group.barrier(), [])
 
     def shutdown(self):
-        """Runs the collectives issued so far, then closes the gradlane
-        Group (the links to the other ranks)."""
+        """Runs the collectives issued so far, gives the sends and
+        receives already posted SHUTDOWN_GRACE seconds, then closes the
+        gradlane Group (the links to the other ranks): a receive still
+        waiting fails with GroupClosedError. Returns once none of the
+        group's threads runs (gradlane.torch._job_threads)."""
         self._order.close()
+        self._stop_lanes(SHUTDOWN_GRACE, self.group.close)
         self.group.close()
-        self._stop_lanes()
 
     def abort(self):
         """Closes the gradlane Group as soon as the collective in flight
-        (if any) ends: the queued ones fail with GroupClosedError."""
+        (if any) ends: the queued ones, and the sends and receives still
+        waiting, fail with GroupClosedError."""
         self.group.close()
         self._order.close()
-        self._stop_lanes()
+        self._stop_lanes(0.0, self.group.close)
 
 
 delegate_cpu_ops(GradlaneProcessGroup)

@@ -39,6 +39,8 @@ import queue
 import threading
 from collections.abc import Callable
 
+from gradlane.torch._job_threads import joined, track
+
 log = logging.getLogger(__name__)
 
 #: Backward passes watched at once, at most (see _watch_backward).
@@ -101,6 +103,7 @@ class IssueOrder:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
+                track(self)
             self._jobs.put(job)
 
     def failed(self, error: BaseException) -> None:
@@ -150,15 +153,25 @@ class IssueOrder:
     def close(self) -> None:
         """Runs the jobs submitted so far, then stops the thread (at once
         when called from inside a job: the thread ends after it)."""
+        self.stop()
+        self.join(None)
+
+    def stop(self) -> None:
+        """Lets the jobs submitted so far run, then ends the thread; a
+        later :meth:`submit` raises."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            thread = self._thread
-            if thread is not None:
+            if self._thread is not None:
                 self._jobs.put(None)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+
+    def join(self, timeout: float | None) -> bool:
+        """Waits for the thread to end after :meth:`stop` (``joined``)."""
+        return joined(self._thread, timeout)
+
+    def __repr__(self) -> str:
+        return f"IssueOrder({self._name!r})"
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:

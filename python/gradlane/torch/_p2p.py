@@ -22,14 +22,22 @@ staged through host buffers as the collectives' are.
 
 from __future__ import annotations
 
+import logging
 import queue
 import sys
 import threading
 
 import torch
 
+from gradlane.torch._job_threads import joined, stop_and_join, track
 from gradlane.torch._staging import future_for
 from gradlane.torch._work import GradlaneWork
+
+log = logging.getLogger(__name__)
+
+#: Seconds a lane gets to end once its Group is closed (a receive waiting
+#: on it fails at once then).
+LANE_CLOSE_WAIT = 10.0
 
 
 class PointToPointWork(GradlaneWork):
@@ -57,15 +65,22 @@ class _Lane:
     def __init__(self, name: str):
         self._name = name
         self._jobs: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
         self._turn = threading.Condition()
         self._given = 0
         #: Every job up to this one has ended.
         self._ended = 0
+        self._stopped = False
 
     def _take_turn(self) -> int:
         with self._turn:
+            self._check_running()
             self._given += 1
             return self._given
+
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise RuntimeError(f"gradlane: {self._name} is shut down; no send or receive runs")
 
     def _wait_turn(self, turn: int) -> None:
         with self._turn:
@@ -81,10 +96,14 @@ class _Lane:
         # One lock for the turn and the queue: the thread takes jobs in the
         # order of their turns.
         with self._turn:
+            self._check_running()
             if self._jobs is None:
                 self._jobs = queue.SimpleQueue()
-                threading.Thread(target=self._run, args=(self._jobs,), name=self._name,
-                                 daemon=True).start()
+                self._thread = threading.Thread(
+                    target=self._run, args=(self._jobs,), name=self._name, daemon=True
+                )
+                self._thread.start()
+                track(self)
             self._given += 1
             self._jobs.put((self._given, job))
 
@@ -106,14 +125,29 @@ class _Lane:
             self._wait_turn(turn)
             try:
                 job()
+            except BaseException:  # noqa: BLE001 - a job completes its own Work
+                # The lane runs on: the jobs behind this one still have
+                # Works to complete.
+                log.exception("gradlane: a job on %s raised", self._name)
             finally:
                 self._end_turn(turn)
 
     def stop(self) -> None:
+        """Lets the jobs given so far run, then ends the thread; a later
+        :meth:`put` or :meth:`run_now` raises."""
         with self._turn:
-            jobs = self._jobs
-        if jobs is not None:
-            jobs.put(None)
+            if self._stopped:
+                return
+            self._stopped = True
+            if self._jobs is not None:
+                self._jobs.put(None)
+
+    def join(self, timeout: float | None) -> bool:
+        """Waits for the thread to end after :meth:`stop` (``joined``)."""
+        return joined(self._thread, timeout)
+
+    def __repr__(self) -> str:
+        return f"_Lane({self._name!r})"
 
 
 def _blocking_call() -> bool:
@@ -150,17 +184,34 @@ class PointToPointMixin:
     ``group``, ``_rank``, ``_size``, ``_stager`` and ``asynchronous``)."""
 
     def _lane(self, key) -> _Lane:
+        """The lane of ``key``, made at its first job; after
+        :meth:`_stop_lanes`, a RuntimeError."""
         lanes = self.__dict__.setdefault("_p2p_lanes", {})
         lock = self.__dict__.setdefault("_p2p_lock", threading.Lock())
         with lock:
+            if self.__dict__.get("_p2p_stopped"):
+                raise RuntimeError(
+                    f"gradlane: rank {self._rank}'s process group is shut down; no send or "
+                    "receive runs"
+                )
             lane = lanes.get(key)
             if lane is None:
                 lane = lanes[key] = _Lane(f"gradlane-pg{self._rank}-{key[0]}")
             return lane
 
-    def _stop_lanes(self) -> None:
-        for lane in self.__dict__.pop("_p2p_lanes", {}).values():
-            lane.stop()
+    def _stop_lanes(self, grace: float, close) -> None:
+        """Stops every lane, gives the jobs already given them ``grace``
+        seconds, then calls ``close`` (a receive still waiting fails) and
+        waits for the lanes to end: none may still complete a Work once
+        the interpreter ends (gradlane.torch._job_threads). Later sends
+        and receives raise."""
+        lock = self.__dict__.setdefault("_p2p_lock", threading.Lock())
+        with lock:
+            self.__dict__["_p2p_stopped"] = True
+            lanes = list(self.__dict__.get("_p2p_lanes", {}).values())
+        running = stop_and_join(lanes, grace, close, LANE_CLOSE_WAIT)
+        for lane in running:
+            log.warning("gradlane: %r still runs after its group closed", lane)
 
     def _check_peer(self, what: str, rank: int) -> None:
         if not 0 <= rank < self._size or rank == self._rank:
