@@ -36,7 +36,8 @@ local SGD, ``post_localSGD_hook`` with a ``PeriodicModelAverager`` of
 ``--localsgd-period`` after ``--powersgd-start`` steps) over the gloo or
 gradlane backend, as a PyTorch user would turn one on. With ``--transport
 hook``, ``--comm-hook powersgd`` is gradlane's ``powersgd_hook``:
-PowerSGD whose warm-up steps go through gradlane's hook. Needs
+PowerSGD whose warm-up steps and low-rank factors go through gradlane's
+differentiated allreduce. Needs
 ``pip install "./python[torch]" scikit-learn``.
 
 Failure and recovery (``scripts/elastic_bench.sh``): ``--kill-rank R
@@ -499,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
             deadline_factor=args.deadline_factor,
         )
         if args.comm_hook == "powersgd":
-            model.register_comm_hook(gl.PowerSGDWarmup(powersgd_state(args), state), gl.powersgd_hook)
+            model.register_comm_hook(gl.PowerSGDHookState(powersgd_state(args), state), gl.powersgd_hook)
         else:
             model.register_comm_hook(state, gl.ddp_hook)
     elif args.comm_hook != "none":

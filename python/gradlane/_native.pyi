@@ -108,7 +108,7 @@ class Group:
     def register_bucket(
         self,
         shapes: list[tuple[str, list[int], Literal["conv2d", "dense"]]],
-        recovery: Literal["zero_fill", "rescale", "error_feedback"] = "zero_fill",
+        recovery: Literal["zero_fill", "rescale", "error_feedback", "drop"] = "zero_fill",
         *,
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         important_format: Literal["f32", "bf16", "f16"] | None = None,

@@ -71,9 +71,10 @@ pub(crate) fn loss_recovery(recovery: &str) -> PyResult<LossRecovery> {
         "zero_fill" => Ok(LossRecovery::ZeroFill),
         "rescale" => Ok(LossRecovery::Rescale),
         "error_feedback" => Ok(LossRecovery::ErrorFeedback),
+        "drop" => Ok(LossRecovery::Drop),
         _ => Err(PyValueError::new_err(format!(
-            "unknown recovery {recovery:?}: expected \"zero_fill\", \"rescale\" or \
-             \"error_feedback\""
+            "unknown recovery {recovery:?}: expected \"zero_fill\", \"rescale\", \
+             \"error_feedback\" or \"drop\""
         ))),
     }
 }

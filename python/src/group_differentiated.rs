@@ -27,8 +27,10 @@ impl PyGroup {
     /// bucket. `recovery` says what becomes of a lossy chunk that did not
     /// arrive: "zero_fill" (counted as zero; late chunks added into the
     /// next call), "rescale" (each value's sum scaled up to all ranks from
-    /// those whose part arrived) or "error_feedback" (the rank keeps what
-    /// it lost and adds it into its next gradient of this bucket).
+    /// those whose part arrived), "error_feedback" (the rank keeps what
+    /// it lost and adds it into its next gradient of this bucket) or
+    /// "drop" (counted as zero, late chunks dropped: for a compressor with
+    /// error feedback of its own, such as PowerSGD's factors).
     ///
     /// dtype: what the buffer holds, "float32" (default), "bfloat16" or
     /// "float16"; a 16-bit bucket travels as itself.

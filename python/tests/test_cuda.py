@@ -238,12 +238,13 @@ def test_fsdp2_on_cuda_trains_like_the_reference(cert_dir):
             assert np.array_equal(bits(a), bits(b)), f"rank {r} vs 0"
 
 
-def test_powersgd_after_the_hooks_warmup_on_cuda_trains_as_torchs(cert_dir):
+def test_powersgd_through_the_hook_on_cuda_trains_as_torchs(cert_dir):
     steps, start = 5, 3
     got = run_ranks(scenario_powersgd_warmup, cert_dir, "gradlane", steps, start, "cuda")
     for r in range(WORLD):
         o = got[r]
         assert o["warmup_steps"][-1] == start and o["iter"] == o["reference_iter"]
+        assert o["compressed_steps"][-1] == steps - start
         for step in range(steps):
             for a, b in zip(o["ours"][step], o["theirs"][step], strict=True):
                 np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"rank {r} step {step}")

@@ -533,10 +533,11 @@ def scenario_amp(rank, backend, transport):
 
 
 def scenario_powersgd_warmup(rank, backend, steps, start, device="cpu"):
-    """gradlane's powersgd_hook (its warm-up through gradlane's hook,
-    without loss) next to torch's powerSGD_hook, same settings, same
-    batches: the parameters of each step and the step counters. On
-    ``device`` "cuda", rank r trains on cuda:r mod the count."""
+    """gradlane's powersgd_hook (its warm-up and its factors through
+    gradlane's differentiated allreduce, without loss) next to torch's
+    powerSGD_hook, same settings, same batches: the parameters of each
+    step, the step counters and the bytes of each step. On ``device``
+    "cuda", rank r trains on cuda:r mod the count."""
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
@@ -564,12 +565,13 @@ def scenario_powersgd_warmup(rank, backend, steps, start, device="cpu"):
     # full receive buffer); the hook then sends its lossy chunks as
     # datagrams, one may be zero filled or late as designed, and the two
     # models part.
-    state = gl.PowerSGDWarmup(powersgd_state(), gl.HookState(loss_tolerance=0.0))
+    state = gl.PowerSGDHookState(powersgd_state(), gl.HookState(loss_tolerance=0.0))
     ddp_ours.register_comm_hook(state, gl.powersgd_hook)
     reference = powersgd_state()
     ddp_theirs.register_comm_hook(reference, psgd.powerSGD_hook)
     opts = [torch.optim.SGD(m.parameters(), lr=LR) for m in (ddp_ours, ddp_theirs)]
-    out = {"ours": [], "theirs": [], "warmup_steps": [], "iter": [], "reference_iter": []}
+    out = {"ours": [], "theirs": [], "warmup_steps": [], "iter": [], "reference_iter": [],
+           "compressed_steps": [], "sent_important_bytes": []}
     for step in range(steps):
         x, y = batch(step, rank, n=8)
         for ddp, opt in zip((ddp_ours, ddp_theirs), opts):
@@ -579,9 +581,11 @@ def scenario_powersgd_warmup(rank, backend, steps, start, device="cpu"):
         out["ours"].append(params_of(ours))
         out["theirs"].append(params_of(theirs))
         out["warmup_steps"].append(state.warmup_steps)
+        out["compressed_steps"].append(state.compressed_steps)
+        out["sent_important_bytes"].append(state.hook.last_stats["sent_important_bytes"])
         out["iter"].append(state.powersgd.iter)
         out["reference_iter"].append(reference.iter)
-    state.warmup.close()
+    state.close()
     dist.destroy_process_group()
     return out
 
@@ -869,17 +873,23 @@ def test_torchs_own_hooks_train_over_gradlane_as_over_gloo(cert_dir, hook):
 
 
 @pytest.mark.parametrize("backend", ["gradlane", "gloo"])
-def test_powersgd_after_the_hooks_warmup_trains_as_torchs_powersgd(cert_dir, backend):
+def test_powersgd_through_the_hook_trains_as_torchs_powersgd(cert_dir, backend):
     steps, start = 5, 3
     got = run_ranks("powersgd_warmup", cert_dir, backend, steps, start)
     for r in range(WORLD):
         o = got[r]
-        # The first `start` steps went through gradlane's hook, the rest
-        # through PowerSGD; PowerSGD counted every step as its own hook does.
+        # The first `start` steps went whole through gradlane's hook, the
+        # rest as factors through its differentiated allreduce; PowerSGD
+        # counted every step as its own hook does.
         assert o["warmup_steps"] == [min(s + 1, start) for s in range(steps)], o["warmup_steps"]
+        assert o["compressed_steps"] == [max(0, s + 1 - start) for s in range(steps)]
         assert o["iter"] == o["reference_iter"] == list(range(1, steps + 1)), o["iter"]
-        # Without loss the hook's average is the exact one, so PowerSGD then
-        # starts from the same parameters and trains the same.
+        # The factors are what a compressed step sends: far fewer bytes
+        # than a full gradient's.
+        full, factors = o["sent_important_bytes"][start - 1], o["sent_important_bytes"][-1]
+        assert 0 < factors < full / 4, o["sent_important_bytes"]
+        # Without loss every allreduce is the exact one, so the two train
+        # the same: PowerSGD's algorithm, gradlane's transport.
         for step in range(steps):
             for a, b in zip(o["ours"][step], o["theirs"][step], strict=True):
                 np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"rank {r} step {step}")
@@ -887,15 +897,15 @@ def test_powersgd_after_the_hooks_warmup_trains_as_torchs_powersgd(cert_dir, bac
             assert np.array_equal(bits(a), bits(b)), f"rank {r} vs 0"
 
 
-def test_powersgd_warmup_takes_only_the_states_it_names():
+def test_powersgd_hook_state_takes_only_the_states_it_names():
     import gradlane.torch as gl
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
     with pytest.raises(TypeError, match="PowerSGDState"):
-        gl.PowerSGDWarmup(gl.HookState(), gl.HookState())
+        gl.PowerSGDHookState(gl.HookState(), gl.HookState())
     ps = psgd.PowerSGDState(process_group=None, start_powerSGD_iter=2)
     with pytest.raises(TypeError, match="HookState"):
-        gl.PowerSGDWarmup(ps, ps)
+        gl.PowerSGDHookState(ps, ps)
 
 
 @pytest.mark.parametrize(("backend", "transport"), [("gradlane", "backend"), ("gloo", "hook")])

@@ -25,6 +25,20 @@ pub enum LossRecovery {
     /// dropped at the owner instead of merged (they would count twice).
     /// Costs a copy of the bucket per rank.
     ErrorFeedback,
+    /// Counted as zero, and late chunks are dropped at the owner instead of
+    /// merged: for values whose producer keeps its own error feedback
+    /// (PowerSGD's factors, whose residual `M - P Q^T` absorbs what was
+    /// lost), where a stale chunk added into the next call would be noise.
+    /// Costs nothing.
+    Drop,
+}
+
+impl LossRecovery {
+    /// Whether an owner adds chunks that come late into the next call's
+    /// sum.
+    pub fn merges_late(self) -> bool {
+        matches!(self, Self::ZeroFill | Self::Rescale)
+    }
 }
 
 /// How a bucket is reduced: what becomes of lost chunks, and what its

@@ -226,7 +226,7 @@ impl Group {
             pieces.push(counts);
             layouts.push(tensors);
         }
-        let merge_late = recovery != LossRecovery::ErrorFeedback;
+        let merge_late = recovery.merges_late();
         let bucket_index = self.buckets.len();
         let registrations = self.senders.iter_mut().enumerate().filter_map(|(r, s)| {
             let s = s.as_mut()?;

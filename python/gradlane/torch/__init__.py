@@ -17,8 +17,9 @@ WORLD_SIZE as usual.
 The hook: ``model.register_comm_hook(HookState(loss_tolerance=0.2),
 ddp_hook)`` sends each gradient bucket through gradlane's differentiated
 allreduce (the important chunks exact, the rest lossy), with any process
-group (gradlane or gloo). :func:`powersgd_hook` runs torch's PowerSGD
-with its warm-up steps (full gradients) through that hook.
+group (gradlane or gloo). :func:`powersgd_hook` runs PowerSGD through
+it: the warm-up steps' full gradients, then every step's low-rank
+factors.
 
 Elastic training: with GRADLANE_ON_RANK_FAILURE=continue the ranks left
 after a death train on; :mod:`gradlane.torch.elastic` admits a restarted
@@ -33,7 +34,7 @@ from gradlane.torch._backend import (
 )
 from gradlane.torch._work import GradlaneWork
 from gradlane.torch._hook import HookState, ddp_hook
-from gradlane.torch._powersgd import PowerSGDWarmup, powersgd_hook
+from gradlane.torch._powersgd import PowerSGDHookState, powersgd_hook
 from gradlane.torch import elastic
 
 # Importing registers the backend, for torch releases that do not load
@@ -45,7 +46,7 @@ __all__ = [
     "GradlaneProcessGroup",
     "GradlaneWork",
     "HookState",
-    "PowerSGDWarmup",
+    "PowerSGDHookState",
     "create_process_group",
     "ddp_hook",
     "elastic",

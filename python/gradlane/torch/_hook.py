@@ -275,22 +275,44 @@ class HookState:
         if self._own_group and self.group is not None:
             self.group.close()
 
-    def _reduce(
-        self, key, shapes, flat, buf, fut, last: bool, queued_ns: int, staged=None
-    ) -> None:
-        """One bucket's allreduce in place, then its future (on the thread
-        of the Group's issue order). With ``staged`` (a CUDA bucket),
-        ``flat`` is its host copy, copied back to ``buf`` before the future
-        completes."""
+    def _submit(self, fut, value, work, last: bool, queued_ns: int, staged=None):
+        """Runs ``work()`` (one bucket's allreduces, which return their
+        statistics) on the thread of the Group's issue order, then
+        completes ``fut`` with ``value``; returns the future DDP reads.
+        Waits for it here unless ``overlap``. With ``staged`` (a CUDA
+        bucket), ``work`` runs once the copies to the host are in, and the
+        future completes once the copies back are queued."""
+        done = threading.Event()
+
+        def job():
+            try:
+                self._run(fut, value, work, last, queued_ns, staged)
+            finally:
+                done.set()
+
+        self._order.submit(job)
+        if not self.overlap:
+            done.wait()
+        # DDP reads a future's value in C++, where an exception set from
+        # Python is only a value that is not a tensor ("Unable to cast ...
+        # to Tensor"); reading it in a callback makes it the chained
+        # future's error.
+        return fut.then(lambda f: f.value())
+
+    def _failed_future(self, fut, error: BaseException):
+        """``fut`` failed with ``error`` before any work was issued."""
+        self._failed = self._failed or error
+        fut.set_exception(error)
+        return fut.then(lambda f: f.value())
+
+    def _run(self, fut, value, work, last: bool, queued_ns: int, staged) -> None:
         started = time.perf_counter_ns()
         try:
             if self._failed is not None:
                 raise self._failed
-            g = self.group
-            bid = self._bucket_id(g, key, shapes)
             if staged is not None:
                 staged.wait_copied_in()
-            stats = g.allreduce_differentiated(bid, flat, op="mean")
+            stats = work()
         except BaseException as e:  # noqa: BLE001 - handed to DDP through the future
             if self._failed is None:
                 self._failed = e
@@ -303,10 +325,10 @@ class HookState:
         stats["wait_ns"] = started - queued_ns
         self._record(stats, last)
         if staged is None:
-            fut.set_result(buf)
+            fut.set_result(value)
         else:
             staged.finish()
-            staged.complete(fut, buf)
+            staged.complete(fut, value)
 
     # ----------------------------------------------------------- layout
     def _bucket_id(self, g: gradlane.Group, key: tuple, shapes: tuple) -> int:
@@ -366,30 +388,17 @@ def ddp_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
         )
     fut: torch.futures.Future[torch.Tensor] = future_for(buf.device)
     try:
-        state._join()
+        g = state._join()
     except BaseException as e:  # noqa: BLE001 - handed to DDP through the future
-        state._failed = state._failed or e
-        fut.set_exception(e)
-        return fut.then(lambda f: f.value())
+        return state._failed_future(fut, e)
     shapes = tuple(tuple(p.shape) for p in bucket.parameters())
     staged = state._stager.call([buf], [True], [True]) if state._stager.needs_staging([buf]) else None
     flat, dtype = values_view(staged.host[0] if staged is not None else buf)
     # DDP rebuilds its buckets after the first step, so the shapes are
     # part of the key.
     key = (bucket.index(), shapes, dtype)
-    last = bucket.is_last()
-    done = threading.Event()
 
-    def job():
-        try:
-            state._reduce(key, shapes, flat, buf, fut, last, queued, staged)
-        finally:
-            done.set()
+    def work():
+        return g.allreduce_differentiated(state._bucket_id(g, key, shapes), flat, op="mean")
 
-    state._order.submit(job)
-    if not state.overlap:
-        done.wait()
-    # DDP reads a future's value in C++, where an exception set from Python
-    # is only a value that is not a tensor ("Unable to cast ... to Tensor");
-    # reading it in a callback makes it the chained future's error.
-    return fut.then(lambda f: f.value())
+    return state._submit(fut, buf, work, bucket.is_last(), queued, staged)
