@@ -45,6 +45,13 @@ pub enum GradientError {
         /// What was passed.
         got: usize,
     },
+    /// A chunk classed lossy by the caller holds a value that is not
+    /// finite (see [`Encoder::start_classed`](crate::encode::Encoder::start_classed)).
+    #[error("chunk {chunk} holds a value that is not finite and was classed lossy")]
+    NonFiniteLossy {
+        /// The chunk's id.
+        chunk: u32,
+    },
 }
 
 /// Checks that `grads` matches the plan's tensors in count and length.

@@ -42,13 +42,21 @@ impl PyGroup {
     /// tensor's) in the lossy format.
     /// compression_feedback: keep what rounding took from this rank's
     /// values and add it into its next gradient (None: on for log8).
-    /// deadline: a bound on each call's lossy part, from the call: None
-    /// (default: wait for it as the links' timing says), "adaptive"
-    /// (deadline_factor times the median of the last 16 calls, after 3
-    /// calls without) or a number of seconds. Lossy chunks still on their
-    /// way at the deadline count as missing, for `recovery` to handle
-    /// ("error_feedback" delays them a step instead of losing them); the
-    /// important chunks are never cut.
+    /// deadline: a bound on each half of a call, from its start: None
+    /// (default: wait for the lossy parts as the links' timing says),
+    /// "adaptive" (deadline_factor times the median of the half's last 16
+    /// calls, after 3 calls without) or a number of seconds. Lossy chunks
+    /// of the first half still on their way at the deadline count as
+    /// missing, for `recovery` to handle ("error_feedback" delays them a
+    /// step instead of losing them). With a deadline the return is bounded
+    /// too: the least important chunks of each summed shard
+    /// (loss_tolerance of each tensor's) travel lossy, a chunk any rank
+    /// missed is zero at every rank and its owner adds it into its next
+    /// call, so every rank keeps the same bits. The important chunks are
+    /// never cut.
+    ///
+    /// gather: an allgather bucket for allgather_differentiated: `shapes`
+    /// holds one tensor per rank, each rank's own (see there).
     ///
     /// This is a collective: every rank registers the same buckets, with
     /// the same settings, in the same order. Returns the bucket's id (0,
@@ -64,6 +72,7 @@ impl PyGroup {
         compression_feedback = None,
         deadline = None,
         deadline_factor = 1.25,
+        gather = false,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn register_bucket(
@@ -78,6 +87,7 @@ impl PyGroup {
         compression_feedback: Option<bool>,
         deadline: Option<&Bound<'_, PyAny>>,
         deadline_factor: f64,
+        gather: bool,
     ) -> PyResult<usize> {
         let recovery = loss_recovery(recovery)?;
         let deadline = step_deadline(deadline, deadline_factor)?;
@@ -120,6 +130,7 @@ impl PyGroup {
                 lossy_return,
                 compression_feedback,
                 deadline,
+                gather,
             };
             let id = rt.block_on(s.group.register_bucket_with(&layout, options))?;
             s.buckets.push(Bucket { id, values, dtype });
@@ -151,6 +162,11 @@ impl PyGroup {
     /// - lost_ranges, lost_values: chunks (values) of this rank's own
     ///   gradient that did not reach their owners in time (kept for the
     ///   next call with error_feedback);
+    /// - return_lossy_bytes, return_missed_values, return_budget_ns,
+    ///   return_at_deadline: with a deadline, the return's lossy part
+    ///   sent, the values of the sum some rank missed (zero at every
+    ///   rank, carried into the owners' next call), the return's budget
+    ///   and whether it ran to it;
     /// - reduce_ns, return_ns: how long the two halves took at this rank:
     ///   this rank's parts to their owners and its own shard in (waiting
     ///   for ranks that called later included), then the summed shards
@@ -201,12 +217,39 @@ impl PyGroup {
             })
         })?;
         let (report, took) = report;
-        let out = report_dict(py, &report)?;
-        out.set_item(
-            "network_ns",
-            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
-        )?;
-        Ok(out)
+        timed_report_dict(py, &report, took)
+    }
+
+    /// Gathers every rank's tensor of an allgather bucket (registered with
+    /// gather=True, float32) into `buf`, in place: this rank's own tensor
+    /// goes to every other rank, its least important chunks (loss_tolerance
+    /// of them) lossy and, with the bucket's deadline, cut at it; a chunk
+    /// any rank missed is zero at every rank, the sender's copy included,
+    /// so every rank ends with the same bits. Returns the statistics
+    /// allreduce_differentiated does (the return's keys count here).
+    #[pyo3(signature = (bucket, buf))]
+    fn allgather_differentiated<'py>(
+        &self,
+        py: Python<'py>,
+        bucket: usize,
+        buf: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let id = self.with_state(py, |s, _| {
+            s.buckets.get(bucket).map(|b| b.id).ok_or_else(|| {
+                CallError::Value(format!(
+                    "no bucket {bucket}: {} registered",
+                    s.buckets.len()
+                ))
+            })
+        })?;
+        let mut out = OutBuf::<f32>::get(buf, "buf", "float32")?;
+        let values = out.as_mut_slice();
+        let (report, took) = self.with_state(py, |s, rt| {
+            let started = Instant::now();
+            let report = rt.block_on(s.group.allgather_differentiated(id, values))?;
+            Ok((report, started.elapsed()))
+        })?;
+        timed_report_dict(py, &report, took)
     }
 
     /// Gathers every rank's sparse rows of a height x width matrix: `rows`
@@ -259,4 +302,19 @@ impl PyGroup {
         let values = PyByteArray::new(py, &bytes_of(&all.values, f32::to_ne_bytes));
         PyTuple::new(py, [rows, values])
     }
+}
+
+/// A call's report as the dict Python gets, with `network_ns`: how long
+/// the Rust call took.
+fn timed_report_dict<'py>(
+    py: Python<'py>,
+    report: &gradlane::AllreduceReport,
+    took: std::time::Duration,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = report_dict(py, report)?;
+    out.set_item(
+        "network_ns",
+        u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
+    )?;
+    Ok(out)
 }

@@ -47,9 +47,28 @@ pub(crate) fn report_dict<'py>(
     out.set_item("reduce_ns", ns(report.reduce_time))?;
     out.set_item("return_ns", ns(report.return_time))?;
     out.set_item("budget_ns", report.budget.map_or(0, ns))?;
+    // A bounded return (a deadline): its lossy part as sent, what some
+    // rank missed of it (zero everywhere, carried by the owners), its
+    // budget and whether it ran to it.
+    let return_lossy: u64 = report
+        .return_sent
+        .iter()
+        .flatten()
+        .map(|s| s.lossy_bytes.iter().sum::<u64>())
+        .sum();
+    out.set_item("return_lossy_bytes", return_lossy)?;
+    out.set_item(
+        "return_missed_values",
+        report.return_missed.iter().map(|r| r.len()).sum::<usize>(),
+    )?;
+    out.set_item("return_budget_ns", report.return_budget.map_or(0, ns))?;
     // The first half ran to its deadline: the lossy data still on its
     // way was cut (counted in missing and lost).
     let at_deadline = report.budget.is_some_and(|b| report.reduce_time >= b);
     out.set_item("at_deadline", u64::from(at_deadline))?;
+    let return_at_deadline = report
+        .return_budget
+        .is_some_and(|b| report.return_time >= b);
+    out.set_item("return_at_deadline", u64::from(return_at_deadline))?;
     Ok(out)
 }

@@ -12,6 +12,7 @@
 //! - `errors`: the exception classes and the mapping of Rust errors.
 //! - `group_exit`: every open group closed (its messages flushed) as the
 //!   process exits.
+//! - `codec`: the sparse log-quantized codec's frames (encode, decode).
 //! - `settings`: every `GRADLANE_*` variable the module reads, checked.
 //!
 //! Every network call runs on one tokio runtime per process (two worker
@@ -22,6 +23,7 @@
 // Its macros are the Group's: declared first, so `group` sees them.
 #[macro_use]
 mod buffer;
+mod codec;
 mod errors;
 mod group;
 mod group_arguments;
@@ -164,6 +166,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(generate_job_certs, m)?)?;
     m.add_class::<group::PyGroup>()?;
     m.add_function(wrap_pyfunction!(group_exit::close_groups_at_exit, m)?)?;
+    m.add_function(wrap_pyfunction!(codec::codec_encode, m)?)?;
+    m.add_function(wrap_pyfunction!(codec::codec_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(codec::codec_decode_add, m)?)?;
+    m.add_function(wrap_pyfunction!(codec::codec_header, m)?)?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

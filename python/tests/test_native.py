@@ -472,7 +472,7 @@ def test_bad_buffers_are_type_and_value_errors(solo):
 
 def test_bad_buckets_and_sparse_rows_are_value_errors(solo):
     with pytest.raises(ValueError, match="unknown recovery"):
-        solo.register_bucket(BUCKET, recovery="drop")
+        solo.register_bucket(BUCKET, recovery="forget")
     with pytest.raises(ValueError, match="unknown kind"):
         solo.register_bucket([("w", [4], "conv")])
     with pytest.raises(ValueError, match="conv2d"):
@@ -496,6 +496,20 @@ def test_bad_buckets_and_sparse_rows_are_value_errors(solo):
     grad = gradient(0, 0)
     stats = solo.allreduce_differentiated(b, grad.copy(), op="sum")
     assert stats["lost_ranges"] == 0
+    # An allgather bucket holds one tensor per rank, and takes
+    # allgather_differentiated only (and a plain bucket only the allreduce).
+    with pytest.raises(ValueError, match="one tensor per rank"):
+        solo.register_bucket([("a", [8], "dense"), ("b", [8], "dense")], gather=True)
+    gb = solo.register_bucket([("rank0", [8], "dense")], gather=True)
+    with pytest.raises(ValueError, match="allgather"):
+        solo.allreduce_differentiated(gb, np.zeros(8, np.float32))
+    with pytest.raises(ValueError, match="not an f32 allgather bucket"):
+        solo.allgather_differentiated(b, np.zeros(BUCKET_VALUES, np.float32))
+    with pytest.raises(ValueError, match="given 7"):
+        solo.allgather_differentiated(gb, np.zeros(7, np.float32))
+    mine = np.arange(8, dtype=np.float32)
+    solo.allgather_differentiated(gb, mine)
+    assert_same_bits(mine, np.arange(8, dtype=np.float32), "a group of one gathers itself")
     rows = np.array([3, 1], np.uint64)
     vals = np.arange(4, dtype=np.float32)
     with pytest.raises(ValueError, match="outside"):

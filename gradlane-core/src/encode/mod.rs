@@ -206,6 +206,56 @@ impl Encoder {
         Ok(framer)
     }
 
+    /// Fixes the packets of round `round` with the caller's `classes` (one
+    /// per chunk: [`IMPORTANT`] or a lossy level of this encoder's), not
+    /// scored and classed: for a sender whose split must be the same on
+    /// several links and known to itself (an owner's return of a summed
+    /// shard). The contribution history does not advance. A chunk that
+    /// holds a value that is not finite must be important (a lossy level
+    /// in `Log8` could not carry it); else, as a bad level or a wrong
+    /// count, nothing is framed and the error says why.
+    pub fn start_classed<G: AsRef<[f32]>>(
+        &mut self,
+        round: u32,
+        grads: &[G],
+        classes: &[Class],
+        max_datagram: usize,
+    ) -> Result<RoundFramer, EncodeError> {
+        if max_datagram < MIN_DATAGRAM {
+            return Err(EncodeError::DatagramTooSmall { got: max_datagram });
+        }
+        crate::score::check_shapes(&self.plan, grads)?;
+        let levels = self.classifier.config().levels;
+        if classes.len() != self.plan.len() {
+            return Err(crate::classify::ClassifyError::Contributions {
+                expected: self.plan.len(),
+                got: classes.len(),
+            }
+            .into());
+        }
+        if let Some(&bad) = classes.iter().find(|&&c| c > levels) {
+            return Err(crate::classify::ClassifyError::Levels(bad).into());
+        }
+        for (id, chunk) in self.plan.chunks().iter().enumerate() {
+            let values = &grads[chunk.tensor as usize].as_ref()
+                [chunk.start as usize..(chunk.start + chunk.len) as usize];
+            if classes[id] != IMPORTANT && values.iter().any(|v| !v.is_finite()) {
+                return Err(
+                    crate::score::GradientError::NonFiniteLossy { chunk: id as u32 }.into(),
+                );
+            }
+        }
+        let spare = self.spare.take();
+        Ok(RoundFramer::new(
+            self.plan.clone(),
+            (self.layout_id, round),
+            classes.to_vec(),
+            (levels, self.formats),
+            max_datagram,
+            spare,
+        ))
+    }
+
     /// Hands a sent round back so its buffer is reused by the next round:
     /// mapping ~100 MB of fresh memory every round costs more than the
     /// framing itself. The buffer is reclaimed when the next round starts,

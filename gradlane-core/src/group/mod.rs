@@ -40,6 +40,7 @@ mod mesh_forming;
 mod path_plan;
 mod paths;
 mod reduced_shard;
+mod return_report;
 mod sparse_shape;
 pub mod view_keeper;
 
@@ -54,6 +55,7 @@ pub use mesh_forming::{DialFailed, Dials, MeshForming};
 pub use path_plan::{paths_per_peer, plan_paths, socket_of, PathPlanError, PlannedPath};
 pub use paths::{PathHello, PathOffer, MAX_SOCKETS};
 pub use reduced_shard::{encode_reduced_shard, ReducedShard, NO_LOSSY_RETURN};
+pub use return_report::{encode_return_report, missed_by_any, ReturnReport};
 pub use sparse_shape::SparseShape;
 
 /// The words of a text message: the first names its kind and version.

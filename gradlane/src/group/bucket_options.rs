@@ -84,8 +84,21 @@ pub struct BucketOptions {
     /// handle: with [`LossRecovery::ErrorFeedback`] their senders add them
     /// into their next gradient, so nothing is lost, only delayed a step.
     /// [`StepDeadline::Adaptive`] follows recent calls (OptiReduce's
-    /// adaptive timeout). The important part is never cut.
+    /// adaptive timeout). With a deadline (and a loss tolerance above 0)
+    /// the return is bounded too, by a tracker of its own: the least
+    /// important chunks of each summed shard travel lossy (in the lossy
+    /// format, whatever `lossy_return` says), a chunk any rank missed is
+    /// zero at every rank and its owner adds it into its next call
+    /// (reported in `return_missed`). The important part is never cut.
     pub deadline: StepDeadline,
+    /// An allgather bucket ([`Group::allgather_differentiated`]): its
+    /// layout holds one tensor per rank, and each rank's tensor is its own
+    /// shard, which every rank gets back as a bounded return does (the
+    /// least important chunks lossy, a chunk any rank missed zero at every
+    /// rank) and which nothing is summed into. Default off.
+    ///
+    /// [`Group::allgather_differentiated`]: crate::Group::allgather_differentiated
+    pub gather: bool,
 }
 
 impl BucketOptions {

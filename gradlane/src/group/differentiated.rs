@@ -20,15 +20,15 @@
 
 use super::bucket_options::{BucketOptions, LossRecovery};
 use super::{tag, Group, GroupError, Kind, ReduceOp};
-use crate::link::{LayoutId, SendReport};
+use crate::link::{LayoutId, LinkReceiver, LinkSender, SendReport};
 use bytes::Bytes;
 use futures_util::future::try_join_all;
-use gradlane_core::classify::IMPORTANT;
+use gradlane_core::classify::{Class, IMPORTANT};
 use gradlane_core::format::{self, log8_scale, ClassFormats, Element, ValueFormat};
 use gradlane_core::group::{encode_reduced_shard, GroupMessageError, ReducedShard};
 use gradlane_core::layout::{ChunkOptions, ConvChunking, Layout, TensorKind, TensorSpec};
-use gradlane_core::protocol::DeadlineTracker;
-use gradlane_core::reassembly::RoundStats;
+use gradlane_core::protocol::{DeadlineTracker, StepDeadline};
+use gradlane_core::reassembly::{Round, RoundStats};
 use std::ops::Range;
 use std::time::Duration;
 
@@ -40,22 +40,22 @@ pub struct BucketId(pub(super) usize);
 pub(super) struct Bucket {
     values: usize,
     /// Shard `r`'s range of the flat buffer, by rank.
-    shards: Vec<Range<usize>>,
+    pub(super) shards: Vec<Range<usize>>,
     /// Shard `r`'s tensors (pieces of the bucket's), by rank: a round of
     /// them goes to rank `r`. Their value counts, to cut the shard.
-    pieces: Vec<Vec<usize>>,
+    pub(super) pieces: Vec<Vec<usize>>,
     /// The layout id of shard `r` on the link to rank `r`.
     ids: Vec<Option<LayoutId>>,
-    recovery: LossRecovery,
+    pub(super) recovery: LossRecovery,
     /// The buffer's type.
     dtype: ValueFormat,
     /// The formats its rounds travel in (a 16-bit buffer's own type where
     /// the options asked for an element format).
-    formats: ClassFormats,
+    pub(super) formats: ClassFormats,
     lossy_return: bool,
     /// The links' loss tolerance: the share of each tensor's chunks a
     /// lossy return sends in the lossy format.
-    tolerance: f64,
+    pub(super) tolerance: f64,
     /// Compression feedback is on.
     feedback: bool,
     /// What this rank adds into its next gradient: its values that did not
@@ -64,13 +64,24 @@ pub(super) struct Bucket {
     pub(super) residual: Vec<f32>,
     /// Each shard's chunks, as value ranges within the shard, by local
     /// chunk id (the id in the shard's own chunk plan).
-    chunks: Vec<Vec<Range<usize>>>,
+    pub(super) chunks: Vec<Vec<Range<usize>>>,
     /// A 16-bit buffer widened to `f32` for the call (kept for the next).
     widened: Vec<f32>,
     /// The owner's sum (kept for the next call).
-    sum: Vec<f32>,
+    pub(super) sum: Vec<f32>,
     /// Recent calls' times and the next call's budget.
     deadline: DeadlineTracker,
+    /// The return's own (a bounded return), from its start.
+    pub(super) return_deadline: DeadlineTracker,
+    /// The return is bounded: the bucket has a deadline and a loss
+    /// tolerance, so the return's least important chunks travel lossy
+    /// and may be cut (`bounded_return.rs`).
+    pub(super) bounded: bool,
+    /// An allgather bucket: no first half, nothing summed or carried.
+    pub(super) gather: bool,
+    /// This rank's sums of its own shard's chunks that some rank missed in
+    /// the last bounded return (zero elsewhere), added into its next sum.
+    pub(super) carry: Vec<f32>,
 }
 
 /// What one differentiated allreduce did, seen from one rank.
@@ -102,6 +113,15 @@ pub struct AllreduceReport {
     /// The call's budget for its lossy part, from the call, if the bucket
     /// has a [`StepDeadline`](gradlane_core::protocol::StepDeadline) and it was past its warm-up.
     pub budget: Option<Duration>,
+    /// With a bounded return: this rank's return round to each other rank.
+    pub return_sent: Vec<Option<SendReport>>,
+    /// With a bounded return: the ranges of the bucket (one per chunk) of
+    /// the sum that some rank missed, zero at every rank (their owners add
+    /// them into their next call).
+    pub return_missed: Vec<Range<usize>>,
+    /// With a bounded return: the return's budget for its lossy part,
+    /// from its start, once past its warm-up.
+    pub return_budget: Option<Duration>,
 }
 
 impl Group {
@@ -174,9 +194,11 @@ impl Group {
             .flatten()
             .next()
             .map_or(0.0, |s| s.loss_tolerance());
-        let feedback = options
-            .compression_feedback
-            .unwrap_or(formats.lossy == ValueFormat::Log8);
+        // An allgather's values are its ranks' own: nothing to feed back.
+        let feedback = !options.gather
+            && options
+                .compression_feedback
+                .unwrap_or(formats.lossy == ValueFormat::Log8);
         let recovery = options.recovery;
         let chunking = self
             .senders
@@ -189,7 +211,6 @@ impl Group {
             .plan(chunking)
             .map_err(|e| GroupError::Size(format!("bucket layout: {e}")))?;
         let world = self.world;
-        // Shard boundaries at chunk boundaries, about equal in bytes.
         let total: u64 = layout.total_values();
         let mut bounds = vec![0usize; world + 1];
         let starts: Vec<u64> = plan
@@ -197,9 +218,23 @@ impl Group {
             .iter()
             .map(|c| layout.value_offset(c.tensor as usize) + c.start as u64)
             .collect();
-        for (r, b) in bounds.iter_mut().enumerate().skip(1) {
-            let target = total * r as u64 / world as u64;
-            *b = starts.partition_point(|&s| s < target);
+        if options.gather {
+            // Each rank's tensor is its shard.
+            if layout.tensors().len() != world {
+                return Err(GroupError::Size(format!(
+                    "an allgather bucket holds one tensor per rank: {} for {world} ranks",
+                    layout.tensors().len()
+                )));
+            }
+            for (r, b) in bounds.iter_mut().enumerate().skip(1) {
+                *b = plan.chunks().partition_point(|c| (c.tensor as usize) < r);
+            }
+        } else {
+            // Shard boundaries at chunk boundaries, about equal in bytes.
+            for (r, b) in bounds.iter_mut().enumerate().skip(1) {
+                let target = total * r as u64 / world as u64;
+                *b = starts.partition_point(|&s| s < target);
+            }
         }
         bounds[world] = plan.len();
         let mut shards = Vec::with_capacity(world);
@@ -228,37 +263,37 @@ impl Group {
         }
         let merge_late = recovery.merges_late();
         let bucket_index = self.buckets.len();
+        let me = self.rank;
         let registrations = self.senders.iter_mut().enumerate().filter_map(|(r, s)| {
             let s = s.as_mut()?;
-            let tensors = layouts[r].clone();
+            let (reduce, back) = (layouts[r].clone(), layouts[me].clone());
             Some(async move {
-                // An empty shard (fewer chunks than ranks) still takes an
-                // id, so that ids keep following bucket indexes; no round
-                // is ever sent on it.
-                let tensors = match tensors.is_empty() {
-                    true => vec![TensorSpec::dense("empty shard", [1])],
-                    false => tensors,
-                };
-                let layout = Layout::new(tensors)
-                    .map_err(|e| GroupError::Size(format!("shard {r}: {e}")))?;
+                let failed = |source| GroupError::Rank { rank: r, source };
+                // Shard r's part to its owner; then this rank's own shard,
+                // for a bounded return to r, whose late chunks are dropped
+                // (every rank must hold the same sum).
                 let id = s
-                    .register_layout_with(&layout, merge_late, Some(formats))
+                    .register_layout_with(&shard_layout(r, reduce)?, merge_late, Some(formats))
                     .await
-                    .map_err(|source| GroupError::Rank { rank: r, source })?;
-                Ok::<_, GroupError>((r, Some(id)))
+                    .map_err(failed)?;
+                let back = s
+                    .register_layout_with(&shard_layout(me, back)?, false, Some(formats))
+                    .await
+                    .map_err(failed)?;
+                Ok::<_, GroupError>((r, id, back))
             })
         });
         let mut ids = vec![None; world];
-        for (r, id) in try_join_all(registrations).await? {
+        for (r, id, back) in try_join_all(registrations).await? {
             // Every rank registers the same buckets in the same order, so
-            // a bucket's id on every link is its index plus one (0 is the
-            // handshake's): an owner knows a round's bucket by it.
-            if id.is_some_and(|id| id as usize != bucket_index + 1) {
+            // a bucket's ids on every link are 2b + 1 and 2b + 2 (0 is the
+            // handshake's): a rank knows a round's bucket and half by it.
+            if (id, back) != bucket_layouts(bucket_index) {
                 return Err(GroupError::Setup(format!(
-                    "bucket {bucket_index} got layout {id:?} on the link to rank {r}"
+                    "bucket {bucket_index} got layouts {id} and {back} on the link to rank {r}"
                 )));
             }
-            ids[r] = id;
+            ids[r] = Some(id);
         }
         self.buckets.push(Bucket {
             values: total as usize,
@@ -279,6 +314,11 @@ impl Group {
             widened: Vec::new(),
             sum: Vec::new(),
             deadline,
+            return_deadline: DeadlineTracker::new(options.deadline)
+                .map_err(|e| GroupError::Unsupported(e.to_string()))?,
+            bounded: options.gather || (options.deadline != StepDeadline::Off && tolerance > 0.0),
+            gather: options.gather,
+            carry: Vec::new(),
         });
         Ok(BucketId(bucket_index))
     }
@@ -331,6 +371,12 @@ impl Group {
         let Some(b) = self.buckets.get_mut(bucket.0) else {
             return Err(GroupError::Size(format!("no bucket {}", bucket.0)));
         };
+        if b.gather {
+            return Err(GroupError::Unsupported(format!(
+                "bucket {} is an allgather bucket: use allgather_differentiated",
+                bucket.0
+            )));
+        }
         if T::FORMAT != b.dtype {
             return Err(GroupError::Unsupported(format!(
                 "bucket {} holds {} values, given a buffer of {}",
@@ -364,6 +410,58 @@ impl Group {
         report
     }
 
+    /// Every rank's tensor of an allgather bucket ([`BucketOptions::gather`])
+    /// to every rank, in place: this rank's own tensor goes to each other
+    /// rank as a gradlane round, its least important chunks (the links'
+    /// loss tolerance of them) lossy and, with a deadline, cut at it; a
+    /// chunk any rank missed is zero at every rank, in its sender's tensor
+    /// too (the report's `return_missed`), so every rank ends with the
+    /// same bits.
+    ///
+    /// [`BucketOptions::gather`]: super::BucketOptions::gather
+    pub async fn allgather_differentiated(
+        &mut self,
+        bucket: BucketId,
+        buf: &mut [f32],
+    ) -> Result<AllreduceReport, GroupError> {
+        let Some(b) = self.buckets.get(bucket.0) else {
+            return Err(GroupError::Size(format!("no bucket {}", bucket.0)));
+        };
+        if !b.gather || b.dtype != ValueFormat::F32 {
+            return Err(GroupError::Unsupported(format!(
+                "bucket {} is not an f32 allgather bucket: use allreduce_differentiated",
+                bucket.0
+            )));
+        }
+        if buf.len() != b.values {
+            return Err(GroupError::Size(format!(
+                "a bucket of {} values given {}",
+                b.values,
+                buf.len()
+            )));
+        }
+        self.resilient(
+            "allgather_differentiated",
+            buf,
+            async |g: &mut Group, buf: &mut [f32]| {
+                let b = &g.buckets[bucket.0];
+                let own = b.shards[g.rank].clone();
+                let first = FirstHalf {
+                    sum: buf[own].to_vec(),
+                    parts: (0..g.world).map(|_| None).collect(),
+                    report: AllreduceReport {
+                        sent: vec![None; g.world],
+                        received: vec![None; g.world],
+                        missing: vec![Vec::new(); g.world],
+                        ..AllreduceReport::default()
+                    },
+                };
+                g.bounded_return(bucket, buf, first).await
+            },
+        )
+        .await
+    }
+
     /// [`allreduce_differentiated`](Self::allreduce_differentiated) on the
     /// `f32` values of a checked bucket.
     async fn reduce_bucket(
@@ -386,7 +484,7 @@ impl Group {
         let recovery = b.recovery;
         let formats = b.formats;
         let own_chunks = b.chunks[me].clone();
-        let layout_id = bucket.0 + 1;
+        let layout_id = bucket_layouts(bucket.0).0 as usize;
 
         // 1. Every rank's part of shard r to rank r, as a round; at the
         //    same time this rank's shard from every other rank.
@@ -397,7 +495,7 @@ impl Group {
         let rounds = &mut self.next_round;
         let halves = self.senders.iter_mut().zip(self.receivers.iter_mut());
         let work = halves.enumerate().filter_map(|(r, (sender, receiver))| {
-            let (sender, receiver) = (sender.as_mut()?, receiver.as_mut()?);
+            let halves = (sender.as_mut()?, receiver.as_mut()?);
             let round = rounds[r];
             rounds[r] += 1;
             let part = &buf[shards[r].clone()];
@@ -405,29 +503,13 @@ impl Group {
             let id = ids[r].filter(|_| !shards[r].is_empty());
             let receive_own = !own.is_empty();
             Some(async move {
-                let failed = |source| GroupError::Rank { rank: r, source };
-                let send = async {
-                    match id {
-                        Some(id) => sender
-                            .send_round_until(id, round, &grads, until)
-                            .await
-                            .map(Some)
-                            .map_err(failed),
-                        None => Ok(None),
-                    }
-                };
-                let recv = async {
-                    if !receive_own {
-                        return Ok(None);
-                    }
-                    receiver
-                        .recv_round_until(until)
-                        .await
-                        .map(Some)
-                        .map_err(failed)
-                };
-                let (sent, got) = tokio::join!(send, recv);
-                Ok::<_, GroupError>((r, sent?, got?))
+                let out = id.map(|layout| OutRound {
+                    layout,
+                    round,
+                    grads: &grads,
+                    classes: None,
+                });
+                round_both_ways(r, halves, out, receive_own, until).await
             })
         });
         let results = try_join_all(work).await?;
@@ -438,8 +520,7 @@ impl Group {
             budget,
             ..AllreduceReport::default()
         };
-        let mut parts: Vec<Option<gradlane_core::reassembly::Round>> =
-            (0..world).map(|_| None).collect();
+        let mut parts: Vec<Option<Round>> = (0..world).map(|_| None).collect();
         for (r, sent, got) in results {
             report.sent[r] = sent;
             if let Some(got) = got {
@@ -447,9 +528,9 @@ impl Group {
                     return Err(GroupError::OutOfStep {
                         rank: r,
                         what: format!(
-                            "a round of bucket {} where bucket {} was due",
-                            got.layout as usize - 1,
-                            bucket.0
+                            "a round of layout {} where bucket {}'s first half (layout \
+                             {layout_id}) was due",
+                            got.layout, bucket.0
                         ),
                     });
                 }
@@ -525,6 +606,20 @@ impl Group {
             }
             _ => {}
         }
+        // What the last bounded return could not deliver everywhere.
+        if b.carry.len() == sum.len() {
+            for (s, c) in sum.iter_mut().zip(b.carry.iter_mut()) {
+                *s += *c;
+                *c = 0.0;
+            }
+        }
+        if b.bounded {
+            let summed = started.elapsed();
+            b.deadline.observe(summed);
+            report.reduce_time = summed;
+            let first_half = FirstHalf { sum, parts, report };
+            return self.bounded_return(bucket, buf, first_half).await;
+        }
 
         // 3. The sums back to everyone, reliably, in their formats, with
         //    every rank's lost chunks: one message for all, so that it is
@@ -593,8 +688,83 @@ impl Group {
     }
 }
 
+/// The layout ids of bucket `b` on every link: its first half's, and its
+/// bounded return's.
+pub(super) fn bucket_layouts(b: usize) -> (LayoutId, LayoutId) {
+    ((2 * b + 1) as LayoutId, (2 * b + 2) as LayoutId)
+}
+
+/// The layout of shard `r`'s pieces. An empty shard (fewer chunks than
+/// ranks) still takes an id, so that ids keep following bucket indexes;
+/// no round is ever sent on it.
+fn shard_layout(r: usize, tensors: Vec<TensorSpec>) -> Result<Layout, GroupError> {
+    let tensors = match tensors.is_empty() {
+        true => vec![TensorSpec::dense("empty shard", [1])],
+        false => tensors,
+    };
+    Layout::new(tensors).map_err(|e| GroupError::Size(format!("shard {r}: {e}")))
+}
+
+/// A round for [`round_both_ways`] to send.
+pub(super) struct OutRound<'a> {
+    pub(super) layout: LayoutId,
+    pub(super) round: u32,
+    pub(super) grads: &'a [&'a [f32]],
+    /// The sender's classes, or `None` for the link's own.
+    pub(super) classes: Option<&'a [Class]>,
+}
+
+/// One round each way on the link to `rank` at once: `out` sent (if any),
+/// the peer's next round received (if `receive`), the lossy parts of both
+/// cut at `until`. Returns the rank with what was sent and what came.
+pub(super) async fn round_both_ways(
+    rank: usize,
+    (sender, receiver): (&mut LinkSender, &mut LinkReceiver),
+    out: Option<OutRound<'_>>,
+    receive: bool,
+    until: Option<std::time::Instant>,
+) -> Result<(usize, Option<SendReport>, Option<Round>), GroupError> {
+    let failed = |source| GroupError::Rank { rank, source };
+    let send = async {
+        let Some(out) = out else { return Ok(None) };
+        let sent = match out.classes {
+            Some(classes) => {
+                sender
+                    .send_round_classed_until(out.layout, out.round, out.grads, classes, until)
+                    .await
+            }
+            None => {
+                sender
+                    .send_round_until(out.layout, out.round, out.grads, until)
+                    .await
+            }
+        };
+        sent.map(Some).map_err(failed)
+    };
+    let recv = async {
+        if !receive {
+            return Ok(None);
+        }
+        receiver
+            .recv_round_until(until)
+            .await
+            .map(Some)
+            .map_err(failed)
+    };
+    let (sent, got) = tokio::join!(send, recv);
+    Ok((rank, sent?, got?))
+}
+
+/// What the first half of a call leaves for the return: the owner's sum,
+/// the parts that came, and the report so far.
+pub(super) struct FirstHalf {
+    pub(super) sum: Vec<f32>,
+    pub(super) parts: Vec<Option<Round>>,
+    pub(super) report: AllreduceReport,
+}
+
 /// `values` cut into consecutive pieces of `counts` values.
-fn cut<'a>(values: &'a [f32], counts: &[usize]) -> Vec<&'a [f32]> {
+pub(super) fn cut<'a>(values: &'a [f32], counts: &[usize]) -> Vec<&'a [f32]> {
     let mut out = Vec::with_capacity(counts.len());
     let mut rest = values;
     for &n in counts {
@@ -669,7 +839,7 @@ fn keep_rounding_error(b: &mut Bucket, buf: &[f32], sent: &[Option<SendReport>])
 /// its tensors' value counts) a lossy return sends in the lossy format:
 /// of each tensor, the `tolerance` share with the smallest mean magnitude
 /// of the sum (ties by position), as a sender classes its own chunks.
-fn least_important(
+pub(super) fn least_important(
     sum: &[f32],
     chunks: &[Range<usize>],
     pieces: &[usize],

@@ -24,6 +24,7 @@
 //!   ([`OnRankFailure`]): the survivors agree on who is left and go on.
 //! - `rejoin`: a restarted rank joins the group that went on without it.
 
+mod bounded_return;
 mod bucket_options;
 mod deadline;
 mod differentiated;
@@ -371,6 +372,9 @@ enum Kind {
     MonitoredArrive = 26,
     /// The lowest member's release of the others.
     MonitoredRelease = 27,
+    /// A rank's report after a bounded return of the differentiated
+    /// allreduce: its shard's lost chunks, the return chunks it missed.
+    ReturnReport = 28,
 }
 
 fn tag(seq: u64, kind: Kind) -> u64 {

@@ -8,6 +8,7 @@ use super::lanes::{frame_pipelined, lane_count, write_lane};
 use super::lossy::{lossy_datagram_limit, ClassGuard, LossyQueue};
 use super::*;
 use crate::blocking;
+use gradlane_core::classify::Class;
 use gradlane_core::protocol::{Counter, RoundSend, SendAction, SendEvent, SendFailure, SendPlan};
 
 impl LinkSender {
@@ -65,7 +66,29 @@ impl LinkSender {
         lossy_until: Option<Instant>,
     ) -> Result<SendReport, LinkError> {
         let span = tracing::info_span!("send_round", round, layout);
-        self.send_round_inner(layout, round, grads, None, lossy_until)
+        self.send_round_inner(layout, round, grads, None, None, lossy_until)
+            .instrument(span)
+            .await
+    }
+
+    /// [`send_round_until`](Self::send_round_until) with the caller's
+    /// `classes` (one per chunk of the layout's plan:
+    /// [`IMPORTANT`](gradlane_core::classify::IMPORTANT) or a lossy level),
+    /// not scored and classed by the link: for a round whose split must be
+    /// the same on several links and known to the sender (an owner's
+    /// return of a summed shard). A chunk holding a value that is not
+    /// finite must be important ([`LinkError::Encode`] otherwise, before
+    /// anything is sent).
+    pub async fn send_round_classed_until<G: AsRef<[f32]>>(
+        &mut self,
+        layout: LayoutId,
+        round: u32,
+        grads: &[G],
+        classes: &[Class],
+        lossy_until: Option<Instant>,
+    ) -> Result<SendReport, LinkError> {
+        let span = tracing::info_span!("send_round", round, layout, classed = true);
+        self.send_round_inner(layout, round, grads, None, Some(classes), lossy_until)
             .instrument(span)
             .await
     }
@@ -89,7 +112,7 @@ impl LinkSender {
             .iter()
             .map(|g| gradlane_core::encode::shared_f32_bytes(g.clone()))
             .collect();
-        self.send_round_inner(0, round, &values, Some(&views), None)
+        self.send_round_inner(0, round, &values, Some(&views), None, None)
             .instrument(span)
             .await
     }
@@ -104,13 +127,14 @@ impl LinkSender {
     }
 
     /// `shared`, if given, holds `grads` as little-endian bytes to take
-    /// views of.
+    /// views of; `classes`, if given, is the round's classing.
     async fn send_round_inner<G: AsRef<[f32]>>(
         &mut self,
         layout: LayoutId,
         round: u32,
         grads: &[G],
         shared: Option<&[Bytes]>,
+        classes: Option<&[Class]>,
         lossy_until: Option<Instant>,
     ) -> Result<SendReport, LinkError> {
         let start = Instant::now();
@@ -137,7 +161,10 @@ impl LinkSender {
         // Scoring and classing read the whole round: every check on the
         // gradients happens here, before a byte is sent.
         let encoder = &mut self.encoders[layout as usize];
-        let framer = blocking(|| encoder.start(round, grads, max))?;
+        let framer = match classes {
+            Some(classes) => blocking(|| encoder.start_classed(round, grads, classes, max))?,
+            None => blocking(|| encoder.start(round, grads, max))?,
+        };
         // From here on bytes of this round may reach the peer.
         self.last_sent = Some(round);
         self.lost_seen = lost;

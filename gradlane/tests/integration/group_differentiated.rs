@@ -16,7 +16,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 /// A bucket like a small CNN's: conv kernels, biases, a linear layer.
-fn bucket() -> Layout {
+pub(crate) fn bucket() -> Layout {
     Layout::new(vec![
         TensorSpec::conv2d("conv1.weight", [32, 16, 3, 3]),
         TensorSpec::dense("conv1.bias", [32]),
@@ -29,7 +29,7 @@ fn bucket() -> Layout {
 
 /// A rank's gradient: magnitudes that differ by chunk, so that the
 /// important chunks differ between ranks.
-fn gradient(rank: usize, step: usize, n: usize) -> Vec<f32> {
+pub(crate) fn gradient(rank: usize, step: usize, n: usize) -> Vec<f32> {
     let mut rng = SplitMix64::new(7919 * rank as u64 + step as u64);
     let mut scale = 1.0f32;
     (0..n)
@@ -44,7 +44,7 @@ fn gradient(rank: usize, step: usize, n: usize) -> Vec<f32> {
 
 /// Asserts two buffers hold the same bits, naming the first differences.
 #[track_caller]
-fn same_bits(a: &[f32], b: &[f32], what: &str) {
+pub(crate) fn same_bits(a: &[f32], b: &[f32], what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: lengths");
     let diff: Vec<(usize, f32, f32)> = (0..a.len())
         .filter(|&i| a[i].to_bits() != b[i].to_bits())
@@ -67,7 +67,7 @@ fn same_bits(a: &[f32], b: &[f32], what: &str) {
 /// round on streams (and lose nothing) until quinn has declared a loss.
 /// Packets stay Ethernet-sized: a bucket this small fills a few 64 KB
 /// packets, and the seeded draws must meet many packets.
-fn lossy(p: f64) -> impl Fn(usize, gradlane::Config) -> gradlane::Config {
+pub(crate) fn lossy(p: f64) -> impl Fn(usize, gradlane::Config) -> gradlane::Config {
     move |rank, mut c| {
         c.packets = gradlane::Packets::Ethernet;
         c.quic.max_idle_timeout = Some(std::time::Duration::from_secs(15));
@@ -98,7 +98,7 @@ async fn register(groups: &mut [Group], recovery: LossRecovery) -> BucketId {
 
 /// One differentiated allreduce on every rank: the buffers after it and
 /// the reports.
-async fn allreduce(
+pub(crate) async fn allreduce(
     groups: &mut [Group],
     id: BucketId,
     inputs: &[Vec<f32>],
@@ -126,7 +126,7 @@ fn inside(ranges: &[Range<usize>], i: usize) -> bool {
 /// inputs and what each owner reported missing: per value, the sum in rank
 /// order of the parts that arrived (an owner's own part always does),
 /// rescaled to all ranks if asked.
-fn expected(
+pub(crate) fn expected(
     inputs: &[Vec<f32>],
     reports: &[AllreduceReport],
     op: ReduceOp,
@@ -301,21 +301,15 @@ async fn error_feedback_adds_what_was_lost_into_the_next_round() {
 /// A stalled peer (rank 2, whose packets all take 100 ms to leave) under a
 /// 20 ms deadline: its lossy part is cut at the owners, counted in their
 /// `missing` and its `lost`, and added into its next gradient; every rank
-/// ends every step with the same bits, those of the parts that arrived.
-/// Without a deadline the same groups wait for it and lose nothing.
+/// ends every step with the same bits, those of the parts that arrived
+/// (less the return chunks some rank missed, which their owners carry:
+/// group_bounded_return.rs). Without a deadline the same groups wait for
+/// it and lose nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_peer_s_lossy_part_is_cut_at_the_deadline_and_folded_into_the_next_step() {
     let world = 3;
     let stalled = 2;
-    let slow = |rank, mut c: gradlane::Config| {
-        c.packets = gradlane::Packets::Ethernet;
-        c.faults = (rank == stalled).then(|| Faults {
-            delay: Duration::from_millis(100),
-            ..Faults::default()
-        });
-        c
-    };
-    let mut groups = group_with("diff-deadline", world, slow).await;
+    let mut groups = group_with("diff-deadline", world, stalling(stalled)).await;
     let budget = Duration::from_millis(20);
     let with_deadline = BucketOptions {
         recovery: LossRecovery::ErrorFeedback,
@@ -325,6 +319,7 @@ async fn a_stalled_peer_s_lossy_part_is_cut_at_the_deadline_and_folded_into_the_
     let id = register_with(&mut groups, with_deadline).await;
     let n = bucket().total_values() as usize;
     let mut owed: Vec<Vec<f32>> = vec![vec![0.0; n]; world];
+    let mut carry = vec![0.0f32; n];
     for step in 0..3 {
         let fresh: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 40 + step, n)).collect();
         let sent: Vec<Vec<f32>> = fresh
@@ -333,7 +328,11 @@ async fn a_stalled_peer_s_lossy_part_is_cut_at_the_deadline_and_folded_into_the_
             .map(|(g, o)| g.iter().zip(o).map(|(a, b)| a + b).collect())
             .collect();
         let (got, reports) = allreduce(&mut groups, id, &fresh, ReduceOp::Sum).await;
-        let want = expected(&sent, &reports, ReduceOp::Sum, false);
+        let want = with_return_missed(
+            expected(&sent, &reports, ReduceOp::Sum, false),
+            &mut carry,
+            &reports,
+        );
         for (r, g) in got.iter().enumerate() {
             same_bits(g, &want, &format!("step {step} rank {r}"));
             assert_eq!(reports[r].budget, Some(budget), "step {step} rank {r}");
@@ -402,12 +401,60 @@ async fn a_deadline_that_cannot_be_followed_is_refused_at_registration() {
     }
 }
 
-async fn register_with(groups: &mut [Group], options: BucketOptions) -> BucketId {
-    let layout = bucket();
+/// `sums`, the owners' sums of a call with a bounded return, as every rank
+/// ends with them: `carry` (what the owners kept from the call before)
+/// added in, then the chunks some rank missed zero, and kept in `carry`
+/// for the next call. Every rank reports the same missed chunks.
+pub(crate) fn with_return_missed(
+    mut sums: Vec<f32>,
+    carry: &mut [f32],
+    reports: &[AllreduceReport],
+) -> Vec<f32> {
+    for (s, c) in sums.iter_mut().zip(carry.iter_mut()) {
+        *s += *c;
+        *c = 0.0;
+    }
+    let mut missed = reports[0].return_missed.clone();
+    missed.sort_by_key(|r| r.start);
+    for (r, rep) in reports.iter().enumerate() {
+        let mut theirs = rep.return_missed.clone();
+        theirs.sort_by_key(|r| r.start);
+        assert_eq!(theirs, missed, "rank {r}'s missed return chunks");
+    }
+    for range in missed {
+        carry[range.clone()].copy_from_slice(&sums[range.clone()]);
+        sums[range].fill(0.0);
+    }
+    sums
+}
+
+/// Links on which rank `stalled`'s packets all take 100 ms to leave.
+pub(crate) fn stalling(stalled: usize) -> impl Fn(usize, gradlane::Config) -> gradlane::Config {
+    move |rank, mut c| {
+        c.packets = gradlane::Packets::Ethernet;
+        c.faults = (rank == stalled).then(|| Faults {
+            delay: Duration::from_millis(100),
+            ..Faults::default()
+        });
+        c
+    }
+}
+
+pub(crate) async fn register_with(groups: &mut [Group], options: BucketOptions) -> BucketId {
+    register_layout(groups, &bucket(), options).await
+}
+
+/// `layout` registered on every rank with `options`: its id, the same on
+/// every rank.
+pub(crate) async fn register_layout(
+    groups: &mut [Group],
+    layout: &Layout,
+    options: BucketOptions,
+) -> BucketId {
     let ids: Vec<_> = join_all(
         groups
             .iter_mut()
-            .map(|g| g.register_bucket_with(&layout, options)),
+            .map(|g| g.register_bucket_with(layout, options)),
     )
     .await;
     let ids: Vec<BucketId> = ids.into_iter().map(|r| r.unwrap()).collect();

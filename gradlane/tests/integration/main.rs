@@ -15,6 +15,7 @@ mod common;
 mod connect;
 mod dscp;
 mod group;
+mod group_bounded_return;
 mod group_differentiated;
 mod group_job_certs;
 mod group_movement;

@@ -19,7 +19,8 @@ ddp_hook)`` sends each gradient bucket through gradlane's differentiated
 allreduce (the important chunks exact, the rest lossy), with any process
 group (gradlane or gloo). :func:`powersgd_hook` runs PowerSGD through
 it: the warm-up steps' full gradients, then every step's low-rank
-factors.
+factors. :func:`sparse_hook` sends each gradient's largest entries,
+log-quantized by gradlane's codec, and keeps the rest for later steps.
 
 Elastic training: with GRADLANE_ON_RANK_FAILURE=continue the ranks left
 after a death train on; :mod:`gradlane.torch.elastic` admits a restarted
@@ -35,6 +36,7 @@ from gradlane.torch._backend import (
 from gradlane.torch._work import GradlaneWork
 from gradlane.torch._hook import HookState, ddp_hook
 from gradlane.torch._powersgd import PowerSGDHookState, powersgd_hook
+from gradlane.torch._sparse_hook import SparseHookState, sparse_hook
 from gradlane.torch import elastic
 
 # Importing registers the backend, for torch releases that do not load
@@ -47,8 +49,10 @@ __all__ = [
     "GradlaneWork",
     "HookState",
     "PowerSGDHookState",
+    "SparseHookState",
     "create_process_group",
     "ddp_hook",
     "elastic",
     "powersgd_hook",
+    "sparse_hook",
 ]

@@ -31,7 +31,29 @@ IMPORTANT_FORMATS = ("f32", "bf16", "f16")
 LOSSY_FORMATS = ("f32", "bf16", "f16", "log8")
 
 
-class HookState:
+class StepStatistics:
+    """A hook state's statistics: ``last_stats``, the sums over the
+    buckets of the last complete step; ``totals``, over all ``steps``."""
+
+    def __init__(self):
+        self._step: dict[str, int] = {}
+        self.last_stats: dict[str, int] = {}
+        self.totals: dict[str, int] = {}
+        self.steps = 0
+
+    def _record(self, stats: dict[str, int], last: bool) -> None:
+        """Adds one bucket's ``stats``; ``last``: the step's last bucket."""
+        for k, v in stats.items():
+            self._step[k] = self._step.get(k, 0) + int(v)
+        if last:
+            self.last_stats = self._step
+            for k, v in self._step.items():
+                self.totals[k] = self.totals.get(k, 0) + v
+            self._step = {}
+            self.steps += 1
+
+
+class HookState(StepStatistics):
     """The state of :func:`ddp_hook`: its gradlane Group, the layout of
     every bucket, and the statistics of the steps so far.
 
@@ -75,20 +97,23 @@ class HookState:
       (docs/RESULTS.md: 4 ranks sharing 2 cores). Either way the
       allreduces run on the thread that runs the Group's collectives in
       issue order: the backend's, when the hook shares its Group.
-    - ``deadline`` (default None): a bound on each bucket's lossy part,
-      counted from the call, for a network whose other tenants make some
-      steps far slower than most (a shared cloud). ``"adaptive"``
-      follows recent steps: ``deadline_factor`` (default 1.25) times the
-      median of the bucket's last 16 steps (from the call until its
-      lossy part is in), after 3 steps without. A number is a fixed
-      deadline in seconds. Lossy chunks still on their way at the
-      deadline count as missing, for ``recovery`` to handle: use
-      ``"error_feedback"`` with it, so that what was cut is added into
-      the next step, not lost. The important chunks are never cut, so
-      raise ``loss_tolerance`` (0.3-0.5) for more of each step to be
+    - ``deadline`` (default None): a bound on each half of a bucket's
+      allreduce, for a network whose other tenants make some steps far
+      slower than most (a shared cloud). ``"adaptive"`` follows recent
+      steps: ``deadline_factor`` (default 1.25) times the median of the
+      half's last 16 steps, after 3 steps without. A number is a fixed
+      deadline in seconds, for each half. Lossy chunks of the first half
+      still on their way at the deadline count as missing, for
+      ``recovery`` to handle: use ``"error_feedback"`` with it, so that
+      what was cut is added into the next step, not lost. The return
+      half is bounded too: the least important chunks of the summed
+      gradient travel lossy, a chunk any rank missed is zero at every
+      rank, and its owner adds it into the next step (every rank keeps
+      the same bits). The important chunks are never cut, so raise
+      ``loss_tolerance`` (0.3-0.5) for more of each step to be
       boundable. ``deadline_factor`` nearer 1 cuts more steps and bounds
-      the tail more tightly. The steps cut are counted in the
-      statistics' ``at_deadline``.
+      the tail more tightly. The halves cut are counted in the
+      statistics' ``at_deadline`` and ``return_at_deadline``.
     - ``lossy_carrier``: what carries the lossy chunks. ``"adaptive"``
       (default) sends them on low-priority streams while the path loses
       nothing and as datagrams after a loss; cheapest in CPU.
@@ -131,8 +156,11 @@ class HookState:
     Python side costs), itself split into ``reduce_ns`` and
     ``return_ns``, its two halves; ``wait_ns``, how long buckets waited
     on the thread for the collectives issued before them. With a
-    ``deadline``: ``budget_ns``, the buckets' budgets (0 in warm-up), and
-    ``at_deadline``, how many buckets ran to theirs and were cut.
+    ``deadline``: ``budget_ns`` and ``return_budget_ns``, the halves'
+    budgets (0 in warm-up), ``at_deadline`` and ``return_at_deadline``,
+    how many ran to theirs and were cut, ``return_lossy_bytes``, the
+    return's lossy part, and ``return_missed_values``, the values some
+    rank missed (zero everywhere, carried into the next step).
     """
 
     def __init__(
@@ -207,10 +235,7 @@ class HookState:
         self._own_group = False
         # (bucket index, parameter shapes) -> gradlane bucket id.
         self._buckets: dict[tuple, int] = {}
-        self._step: dict[str, int] = {}
-        self.last_stats: dict[str, int] = {}
-        self.totals: dict[str, int] = {}
-        self.steps = 0
+        super().__init__()
         # The thread that runs the Group's collectives in issue order (the
         # backend's when the Group is its), chosen when the Group is
         # joined. The first failure, which every later bucket gets too.
@@ -352,16 +377,6 @@ class HookState:
             )
             self._buckets[key] = bid
         return bid
-
-    def _record(self, stats: dict[str, int], last: bool) -> None:
-        for k, v in stats.items():
-            self._step[k] = self._step.get(k, 0) + int(v)
-        if last:
-            self.last_stats = self._step
-            for k, v in self._step.items():
-                self.totals[k] = self.totals.get(k, 0) + v
-            self._step = {}
-            self.steps += 1
 
 
 def ddp_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
