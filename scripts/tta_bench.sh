@@ -24,11 +24,16 @@
 #              hook-datagrams (zero fill, the lossy part always datagrams),
 #              hook-bf16log8-tT (the hook with bf16 important chunks, log8
 #              lossy ones with compression feedback, the owners' lossy
-#              return, loss tolerance T); hook-bf16log8-tT+powersgd is
-#              gradlane's powersgd_hook: PowerSGD as +powersgd, its
-#              warm-up steps through that hook; hook-bf16log8-tT-dl[F]
-#              adds the adaptive deadline (factor F, default 1.25) with
-#              error feedback; +localsgd[-pP] is torch's local SGD
+#              return, loss tolerance T); hook-f16-tT (the same in f16);
+#              hook-...-tT+powersgd is gradlane's powersgd_hook: PowerSGD
+#              as +powersgd, every step through that hook (the warm-up's
+#              full gradients, then the factors); hook-...-tT-dl[F] adds
+#              the adaptive deadline (factor F, default 1.25, both halves
+#              of every allreduce) with error feedback; -rot the Hadamard
+#              rotation; +sparse[-dD] is gradlane's sparse_hook keeping a
+#              share D (default 0.01), exact over gloo or the backend,
+#              through the differentiated allgather after a hook base;
+#              +localsgd[-pP] is torch's local SGD
 #              (post_localSGD_hook, averaging every P steps, default 4,
 #              from step 10; its ranks' parameters differ between
 #              averages, so params_equal says no where a run ends between)
@@ -181,8 +186,16 @@ run_cells() {
             torch_hook=localsgd
             args+=(--localsgd-period "${BASH_REMATCH[1]}")
         fi
+        # +sparse-dD: gradlane's sparse hook keeping a share D (default
+        # 0.01): exact over gloo or the backend, the differentiated
+        # allgather after a hook base.
+        if [[ $torch_hook =~ ^sparse(-d([0-9.]+))?$ ]]; then
+            torch_hook=sparse
+            args+=(--sparse-density "${BASH_REMATCH[2]:-0.01}")
+        fi
         case $torch_hook in
             none) ;;
+            sparse) args+=(--comm-hook sparse) ;;
             localsgd) args+=(--comm-hook localsgd) ;;
             fp16 | bf16) args+=(--comm-hook "$torch_hook") ;;
             # One bucket: see docs/RESULTS.md on PowerSGD over gloo.
@@ -198,21 +211,31 @@ run_cells() {
             gradlane-sync) args+=(--transport gradlane); async=0 ;;
             hook-zero_fill | hook-rescale | hook-error_feedback) args+=(--transport hook --recovery "${base#hook-}") ;;
             hook-datagrams) args+=(--transport hook --lossy-carrier datagrams) ;;
-            hook-bf16log8-t*-dl*)
-                # The deadline variant: adaptive, error feedback; -dlF sets
-                # the factor over the median step (default 1.25).
-                local spec=${base#hook-bf16log8-t} factor
-                factor=${spec#*-dl}
-                args+=(--transport hook --important-format bf16 --lossy-format log8 --lossy-return
-                    --loss-tolerance "${spec%%-dl*}" --deadline adaptive --recovery error_feedback
-                    --deadline-factor "${factor:-1.25}") ;;
-            hook-bf16log8-t*)
-                args+=(--transport hook --important-format bf16 --lossy-format log8 --lossy-return
-                    --loss-tolerance "${base#hook-bf16log8-t}") ;;
+            hook-bf16log8-t* | hook-f16-t*)
+                # The hook in bf16 + log8 (the owners' lossy return) or in
+                # f16 (torch's fp16 hook's bytes, through the hook), at
+                # loss tolerance T; -dl[F]: the adaptive deadline, factor F
+                # over the median step (default 1.25), with error feedback
+                # (both halves bounded); -rot: the Hadamard rotation.
+                local spec=${base#hook-*-t} factor
+                case $base in
+                    hook-f16-t*) args+=(--transport hook --important-format f16 --lossy-format f16) ;;
+                    *) args+=(--transport hook --important-format bf16 --lossy-format log8 --lossy-return) ;;
+                esac
+                if [[ $spec == *-rot* ]]; then
+                    args+=(--rotation hadamard)
+                    spec=${spec/-rot/}
+                fi
+                if [[ $spec == *-dl* ]]; then
+                    factor=${spec#*-dl}
+                    args+=(--deadline adaptive --recovery error_feedback --deadline-factor "${factor:-1.25}")
+                fi
+                args+=(--loss-tolerance "${spec%%-dl*}") ;;
             *) die "unknown variant $variant" ;;
         esac
-        [[ $torch_hook == none || $base == gloo-* || $base == gradlane* || $torch_hook == powersgd ]] ||
-            die "$variant: torch's hooks go over a backend (gloo-*, gradlane); gradlane's hook takes +powersgd only"
+        [[ $torch_hook == none || $base == gloo-* || $base == gradlane* || $torch_hook == powersgd ||
+            $torch_hook == sparse ]] ||
+            die "$variant: torch's hooks go over a backend (gloo-*, gradlane); gradlane's hook takes +powersgd or +sparse"
         compete=0 dscp=0 delay=0 tenants="0 1 1 1"
         case $condition in
             plain) ;;

@@ -55,13 +55,22 @@ VARIANTS = [
 # The conditions of the best-against-best table and the goal for each:
 # gradlane's best at most this ratio of gloo's best.
 KEY_CELLS = [
-    ("plain", 0.0, 1.0),
+    ("plain", 0.0, 0.9),
     ("plain", 0.01, 0.7),
+    ("plain", 0.02, 0.5),
     ("plain", 0.05, 0.7),
     ("delay20", 0.01, 0.7),
     ("tail1.5", 0.0, 0.6),
     ("tail3", 0.0, 0.5),
 ]
+# The attribution: per compressor, how a variant's name says which path
+# carries it (gloo, gradlane's exact backend, gradlane's differentiated
+# path), for the same compressor's steps three ways.
+COMPRESSORS = {
+    "PowerSGD": ("+powersgd",),
+    "sparse (codec)": ("+sparse",),
+    "fp16": ("+fp16", "hook-f16-"),
+}
 
 
 def family(variant: str) -> str:
@@ -191,34 +200,94 @@ def steady_steps(out: Path, r: dict) -> list[float]:
     return [clock[s] - clock[s - 1] for s in sorted(clock) if s >= STEADY_FROM and s - 1 in clock]
 
 
-def tail_table(out: Path, runs: list[dict]) -> str:
-    """Step p50, p99 and p99/p50 over the steady steps of the tail
-    conditions' runs (medians over seeds; percentiles as train_tta's)."""
-    groups = grouped([r for r in runs if r["condition"].startswith("tail")])
-    if not groups:
-        return ""
+def steady(out: Path, r: dict) -> dict | None:
+    """A run's steady steps: step p50, p99 and, through gradlane's hook,
+    the share of the hook's payload bytes that was lossy."""
+    ordered = sorted(steady_steps(out, r))
+    if not ordered:
+        return None
+    p50 = ordered[len(ordered) // 2]
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    lossy = total = 0
+    for e in evaluations(out, r):
+        if int(e["step"]) >= STEADY_FROM and e.get("hook_bytes"):
+            lossy += int(e["lossy_bytes"])
+            total += int(e["hook_bytes"])
+    share = lossy / total if total else None
+    return {"p50": p50, "p99": p99, "share": share}
+
+
+def steady_table(out: Path, runs: list[dict], conditions=None) -> str:
+    """Step p50, p99 and p99/p50 over the steady steps, and the lossy share
+    of the hook's bytes there (medians over seeds; percentiles as
+    train_tta's), per cell; `conditions` picks the conditions."""
+    groups = grouped([r for r in runs if conditions is None or r["condition"] in conditions])
     lines = [
-        "| condition | variant | runs | step p50 s | step p99 s | p99/p50 |",
-        "|---|---|---:|---:|---:|---:|",
+        "| condition | loss | variant | runs | step p50 s | step p99 s | p99/p50 "
+        "| lossy share of the hook's bytes |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for cond, loss, variant in sorted(groups, key=lambda k: (k[0], k[1], variant_order(k[2]))):
-        p50s, p99s, ratios = [], [], []
-        for r in groups[(cond, loss, variant)]:
-            ordered = sorted(steady_steps(out, r))
-            if not ordered:
-                continue
-            p50 = ordered[len(ordered) // 2]
-            p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-            p50s.append(p50)
-            p99s.append(p99)
-            ratios.append(p99 / p50 if p50 > 0 else float("nan"))
-        if not ratios:
+        got = [x for x in (steady(out, r) for r in groups[(cond, loss, variant)]) if x]
+        if not got:
             continue
+        shares = [x["share"] for x in got if x["share"] is not None]
+        share = f"{statistics.median(shares):.2f}" if shares else "-"
+        p50 = statistics.median(x["p50"] for x in got)
+        p99 = statistics.median(x["p99"] for x in got)
+        ratio = statistics.median(x["p99"] / x["p50"] for x in got if x["p50"] > 0)
         lines.append(
-            f"| {cond} | {variant} | {len(ratios)} | {statistics.median(p50s):.3f} "
-            f"| {statistics.median(p99s):.3f} | {statistics.median(ratios):.2f} |"
+            f"| {cond} | {loss:g} | {variant} | {len(got)} | {p50:.3f} | {p99:.3f} "
+            f"| {ratio:.2f} | {share} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+def tail_table(out: Path, runs: list[dict]) -> str:
+    """The steady table of the tail conditions."""
+    return steady_table(out, [r for r in runs if r["condition"].startswith("tail")])
+
+
+def path_of(variant: str) -> str:
+    return "gloo" if variant.startswith("gloo") else (
+        "differentiated" if variant.startswith("hook") else "gradlane exact")
+
+
+def attribution_table(out: Path, runs: list[dict]) -> str:
+    """Per compressor and cell, the same compressor over gloo, over
+    gradlane's exact backend and over gradlane's differentiated path:
+    steady step p50 and p99, time to target, and the differentiated
+    path's step against the exact one's."""
+    groups = grouped(runs)
+    lines = [
+        "| compressor | condition | loss | path | variant | runs | steady step p50 s "
+        "| steady step p99 s | time to target s | differentiated vs exact, step p50 |",
+        "|---|---|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, marks in COMPRESSORS.items():
+        cells = sorted({(c, l) for (c, l, v) in groups if any(m in v for m in marks)})
+        for cond, loss in cells:
+            rows = {}
+            for (c, l, v), rs in groups.items():
+                if (c, l) != (cond, loss) or not any(m in v for m in marks):
+                    continue
+                got = [x for x in (steady(out, r) for r in rs) if x]
+                if not got:
+                    continue
+                med, _ = ttt(rs)
+                rows[v] = (path_of(v), len(rs), statistics.median(x["p50"] for x in got),
+                           statistics.median(x["p99"] for x in got), med)
+            exact = [r[2] for r in rows.values() if r[0] == "gradlane exact"]
+            for v, (path, n, p50, p99, med) in sorted(
+                rows.items(), key=lambda kv: (["gloo", "gradlane exact", "differentiated"]
+                                              .index(kv[1][0]), kv[0])):
+                vs = f"{p50 / min(exact):.2f}x" if path == "differentiated" and exact else ""
+                shown = "not reached" if med is None else f"{med:.1f}"
+                lines.append(
+                    f"| {name} | {cond} | {loss:g} | {path} | {v} | {n} | {p50:.3f} "
+                    f"| {p99:.3f} | {shown} | {vs} |"
+                )
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
 def evaluations(out: Path, r: dict) -> list[dict]:
@@ -439,12 +508,20 @@ def main() -> int:
         "that meet the goal's accuracy bar):\n\n" + best_against_best(runs, args.target)
         + "\nEvery variant:\n\n" + table(runs, args.target)
     )
-    tails = tail_table(out, runs)
-    if tails:
+    steadies = steady_table(out, runs)
+    if steadies:
         md += (
-            f"\nThe tail, over steps {STEADY_FROM} and after (PowerSGD's plain warm-up "
+            f"\nThe steady steps, {STEADY_FROM} and after (PowerSGD's plain warm-up "
             "steps left out; local SGD's still mix averaging steps with local ones; "
-            "medians over seeds):\n\n" + tails
+            "medians over seeds), and the share of the hook's payload bytes that "
+            "travelled lossy there:\n\n" + steadies
+        )
+    attribution = attribution_table(out, runs)
+    if attribution:
+        md += (
+            "\nWhat the mechanism adds: each compressor over gloo, over gradlane's "
+            "exact backend and over gradlane's differentiated path, in the same cells "
+            f"(steady steps, {STEADY_FROM} and after):\n\n" + attribution
         )
     hardware = sorted({r["hardware"] for r in runs if r.get("hardware")})
     if hardware:

@@ -27,17 +27,21 @@ Run it under torchrun or ``scripts/testbed.sh`` (one process per rank)::
 backend with gradlane's DDP hook: the important chunks exact, the rest
 lossy; ``--loss-tolerance``, ``--recovery``, ``--dscp``, ``--overlap``,
 ``--lossy-carrier``, ``--important-format``, ``--lossy-format``,
-``--lossy-return``, ``--deadline``, ``--deadline-factor``). ``--comm-hook`` puts one of torch's own DDP hooks
+``--lossy-return``, ``--deadline``, ``--deadline-factor``, ``--rotation``). ``--comm-hook`` puts one of torch's own DDP hooks
 (``fp16``, ``bf16``: ``fp16_compress_hook``, ``bf16_compress_hook``;
 ``powersgd``: ``powerSGD_hook``, ``--powersgd-rank``,
 ``--powersgd-start``; ``powersgd-fp16``: ``powerSGD_hook`` inside
 ``fp16_compress_wrapper``, as torch's docs show it; ``localsgd``: torch's
 local SGD, ``post_localSGD_hook`` with a ``PeriodicModelAverager`` of
 ``--localsgd-period`` after ``--powersgd-start`` steps) over the gloo or
-gradlane backend, as a PyTorch user would turn one on. With ``--transport
-hook``, ``--comm-hook powersgd`` is gradlane's ``powersgd_hook``:
-PowerSGD whose warm-up steps and low-rank factors go through gradlane's
-differentiated allreduce. Needs
+gradlane backend, as a PyTorch user would turn one on; ``sparse`` is
+gradlane's ``sparse_hook`` (``--sparse-density``) exchanging its codec
+frames exactly over that backend. With ``--transport hook``,
+``--comm-hook powersgd`` is gradlane's ``powersgd_hook``: PowerSGD whose
+warm-up steps and low-rank factors go through gradlane's differentiated
+allreduce; ``sparse`` is ``sparse_hook`` through the differentiated
+allgather. Rank 0's CSV says, for the hook, each step's payload bytes
+and how many of them were lossy. Needs
 ``pip install "./python[torch]" scikit-learn``.
 
 Failure and recovery (``scripts/elastic_bench.sh``): ``--kill-rank R
@@ -115,15 +119,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--important-format",
-        choices=["f32", "bf16"],
+        choices=["f32", "bf16", "f16"],
         default="f32",
         help="hook: the wire format of the important chunks",
     )
     p.add_argument(
         "--lossy-format",
-        choices=["f32", "bf16", "log8"],
+        choices=["f32", "bf16", "f16", "log8"],
         default="f32",
         help="hook: the wire format of the lossy chunks (log8 keeps compression feedback)",
+    )
+    p.add_argument(
+        "--rotation",
+        choices=["none", "hadamard"],
+        default="none",
+        help="hook: rotate each bucket before it is chunked (HookState's rotation)",
     )
     p.add_argument(
         "--lossy-return",
@@ -144,10 +154,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--comm-hook",
-        choices=["none", "fp16", "bf16", "powersgd", "powersgd-fp16", "localsgd"],
+        choices=["none", "fp16", "bf16", "powersgd", "powersgd-fp16", "localsgd", "sparse"],
         default="none",
-        help="gloo or gradlane: one of torch's DDP communication hooks; "
-        "hook: powersgd only (PowerSGD, its warm-up steps through gradlane's hook)",
+        help="gloo or gradlane: one of torch's DDP communication hooks, or gradlane's "
+        "sparse_hook exchanging exactly over the backend; hook: powersgd (gradlane's "
+        "powersgd_hook, every step through the differentiated allreduce) or sparse "
+        "(gradlane's sparse_hook through the differentiated allgather)",
+    )
+    p.add_argument(
+        "--sparse-density",
+        type=float,
+        default=0.01,
+        help="sparse: the share of each gradient's values kept a step",
     )
     p.add_argument(
         "--powersgd-rank",
@@ -271,11 +289,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     hook_formats = args.important_format != "f32" or args.lossy_format != "f32"
     if (hook_formats or args.lossy_return) and args.transport != "hook":
         p.error("--important-format, --lossy-format and --lossy-return need --transport hook")
-    if args.comm_hook not in ("none", "powersgd") and args.transport == "hook":
+    if args.comm_hook not in ("none", "powersgd", "sparse") and args.transport == "hook":
         p.error(
-            "--transport hook takes --comm-hook powersgd only (PowerSGD after the hook's "
-            "warm-up); torch's other hooks go over a backend: use --transport gloo or gradlane"
+            "--transport hook takes --comm-hook powersgd or sparse (gradlane's own); torch's "
+            "other hooks go over a backend: use --transport gloo or gradlane"
         )
+    if args.rotation != "none" and args.transport != "hook":
+        p.error("--rotation is the hook's: it needs --transport hook")
+    if not 0.0 < args.sparse_density <= 1.0:
+        p.error("--sparse-density must be in (0, 1]")
     if args.deadline is not None:
         if args.transport != "hook":
             p.error("--deadline is the hook's: it needs --transport hook")
@@ -498,11 +520,19 @@ def main(argv: list[str] | None = None) -> int:
             lossy_return=args.lossy_return,
             deadline=args.deadline,
             deadline_factor=args.deadline_factor,
+            rotation=None if args.rotation == "none" else args.rotation,
         )
         if args.comm_hook == "powersgd":
             model.register_comm_hook(gl.PowerSGDHookState(powersgd_state(args), state), gl.powersgd_hook)
+        elif args.comm_hook == "sparse":
+            sparse = gl.SparseHookState(args.sparse_density, transport="differentiated", hook=state)
+            model.register_comm_hook(sparse, gl.sparse_hook)
         else:
             model.register_comm_hook(state, gl.ddp_hook)
+    elif args.comm_hook == "sparse":
+        import gradlane.torch as gl
+
+        model.register_comm_hook(gl.SparseHookState(args.sparse_density), gl.sparse_hook)
     elif args.comm_hook != "none":
         register_torch_hook(model, args)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
@@ -545,7 +575,10 @@ def main(argv: list[str] | None = None) -> int:
             out = open(args.csv, "a" if append else "w", newline="")
             rows = csv.writer(out)
             if not append:
-                rows.writerow(["train_s", "step", "sent_bytes", "train_loss", "test_acc"])
+                rows.writerow(
+                    ["train_s", "step", "sent_bytes", "train_loss", "test_acc", "lossy_bytes",
+                     "hook_bytes"]
+                )
     sent0 = sent_bytes(args.iface)
     if clock is not None:
         clock.start(sent0)
@@ -593,8 +626,10 @@ def main(argv: list[str] | None = None) -> int:
                     sent = sent_bytes(args.iface)
                     sent = "" if sent is None or sent0 is None else sent - sent0
                     if out is not None:
+                        lossy, total = hook_bytes(state)
                         rows.writerow(
-                            [f"{train_s:.3f}", step, sent, f"{loss.item():.4f}", f"{acc:.4f}"]
+                            [f"{train_s:.3f}", step, sent, f"{loss.item():.4f}", f"{acc:.4f}",
+                             lossy, total]
                         )
                         out.flush()
                     if reached is None and acc >= args.target_acc:
@@ -676,6 +711,19 @@ def main(argv: list[str] | None = None) -> int:
     leave_together(rank, world if group is None else len(group.members))
     dist.destroy_process_group()
     return 0
+
+
+def hook_bytes(state) -> tuple[str, str]:
+    """Rank 0's payload bytes of the last step through gradlane's hook
+    (both halves of every allreduce), and how many of them were lossy;
+    empty without the hook."""
+    stats = getattr(state, "last_stats", None)
+    if not stats:
+        return "", ""
+    lossy = stats.get("sent_lossy_bytes", 0) + stats.get("return_lossy_bytes", 0)
+    total = (stats.get("sent_important_bytes", 0) + stats.get("sent_lossy_bytes", 0)
+             + stats.get("return_bytes", 0))
+    return str(lossy), str(total)
 
 
 def register_torch_hook(model: DDP, args: argparse.Namespace) -> None:

@@ -309,31 +309,59 @@ def test_best_against_best_takes_each_sides_fastest_variant_per_condition(tmp_pa
     assert "met" in picked[("delay20", "0.01", "gradlane")][11]
 
 
-def test_the_tail_table_reads_the_steps_after_the_warm_up(tmp_path):
+def steady_csv(out, cell, seconds, lossy=None):
+    """A run's per-step CSV: steps 2-11 slow (a warm-up the steady table
+    must not count), then `seconds(step)` each; with `lossy`, the hook's
+    bytes of each step (lossy, total)."""
+    clock = 0.0
+    lines = ["train_s,step,sent_bytes,train_loss,test_acc,lossy_bytes,hook_bytes"]
+    for step in range(1, 51):
+        clock += 2.0 if step < 12 else seconds(step)
+        extra = ",".join(str(b) for b in lossy(step)) if lossy else ","
+        lines.append(f"{clock},{step},0,0.1,0.5,{extra}")
+    (out / "runs" / f"{cell}.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_the_steady_table_reads_the_steps_after_the_warm_up_and_the_lossy_share(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed")
     fake_bench(tmp_path, [
         ("gloo-cubic", 0, 0, 4, 6, 0.978, "tail3"),
         ("hook-bf16log8-t0.4", 0, 0, 4, 6, 0.978, "tail3"),
     ])
-
-    def steps(variant, seconds):
-        # Steps 2-11 slow (a warm-up the tail must not count), then
-        # `seconds(step)` each.
-        path = tmp_path / "runs" / f"tail3_{variant}_loss0_seed0.csv"
-        clock, lines = 0.0, ["train_s,step,sent_bytes,train_loss,test_acc"]
-        for step in range(1, 51):
-            clock += 2.0 if step < 12 else seconds(step)
-            lines.append(f"{clock},{step},0,0.1,0.5")
-        path.write_text("\n".join(lines) + "\n")
-
-    steps("gloo-cubic", lambda s: 0.3 if s == 30 else 0.1)
-    steps("hook-bf16log8-t0.4", lambda s: 0.13 if s == 30 else 0.1)
+    steady_csv(tmp_path, "tail3_gloo-cubic_loss0_seed0", lambda s: 0.3 if s == 30 else 0.1)
+    # Warm-up steps all exact, then a quarter of each step's bytes lossy.
+    steady_csv(tmp_path, "tail3_hook-bf16log8-t0.4_loss0_seed0",
+               lambda s: 0.13 if s == 30 else 0.1,
+               lambda s: (0, 1000) if s < 12 else (250, 1000))
     run = report(tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
-    tail = (tmp_path / "table.md").read_text().split("The tail, over steps 12")[1]
-    rows = {line.split("|")[2].strip(): line for line in tail.splitlines() if line.startswith("| tail3")}
-    assert rows["gloo-cubic"].rstrip().endswith("| 0.100 | 0.300 | 3.00 |"), rows
-    assert rows["hook-bf16log8-t0.4"].rstrip().endswith("| 0.100 | 0.130 | 1.30 |"), rows
+    tail = (tmp_path / "table.md").read_text().split("The steady steps, 12 and after")[1]
+    rows = {line.split("|")[3].strip(): line for line in tail.splitlines() if line.startswith("| tail3")}
+    assert rows["gloo-cubic"].rstrip().endswith("| 0.100 | 0.300 | 3.00 | - |"), rows
+    assert rows["hook-bf16log8-t0.4"].rstrip().endswith("| 0.100 | 0.130 | 1.30 | 0.25 |"), rows
+
+
+def test_the_attribution_puts_each_compressors_three_paths_side_by_side(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    fake_bench(tmp_path, [
+        ("gloo-cubic+powersgd-r8", 0.02, 0, 20, 30, 0.978),
+        ("gradlane+powersgd-r8", 0.02, 0, 16, 30, 0.978),
+        ("hook-bf16log8-t0.4+powersgd-r8", 0.02, 0, 12, 30, 0.978),
+        ("gloo-cubic+fp16", 0.02, 0, 30, 40, 0.978),
+    ])
+    step = {"gloo-cubic+powersgd-r8": 0.3, "gradlane+powersgd-r8": 0.2,
+            "hook-bf16log8-t0.4+powersgd-r8": 0.15, "gloo-cubic+fp16": 0.5}
+    for v, s in step.items():
+        steady_csv(tmp_path, f"plain_{v}_loss0.02_seed0", lambda _, s=s: s)
+    run = report(tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    part = (tmp_path / "table.md").read_text().split("What the mechanism adds")[1]
+    rows = [line.split("|") for line in part.splitlines() if line.startswith("| PowerSGD")]
+    paths = [(r[4].strip(), r[5].strip()) for r in rows]
+    assert paths == [("gloo", "gloo-cubic+powersgd-r8"), ("gradlane exact", "gradlane+powersgd-r8"),
+                     ("differentiated", "hook-bf16log8-t0.4+powersgd-r8")]
+    assert rows[2][10].strip() == "0.75x"
+    assert any(line.startswith("| fp16 | plain | 0.02 | gloo |") for line in part.splitlines())
 
 
 def test_pick_chooses_finalists_then_key_cells_with_three_seeds(tmp_path):

@@ -29,6 +29,9 @@ RECOVERIES = ("zero_fill", "rescale", "error_feedback")
 LOSSY_CARRIERS = ("adaptive", "datagrams")
 IMPORTANT_FORMATS = ("f32", "bf16", "f16")
 LOSSY_FORMATS = ("f32", "bf16", "f16", "log8")
+ROTATIONS = (None, "hadamard")
+#: Values a Hadamard rotation mixes: a lost chunk spreads over this many.
+HADAMARD_BLOCK = 4096
 
 
 class StepStatistics:
@@ -114,6 +117,14 @@ class HookState(StepStatistics):
       boundable. ``deadline_factor`` nearer 1 cuts more steps and bounds
       the tail more tightly. The halves cut are counted in the
       statistics' ``at_deadline`` and ``return_at_deadline``.
+    - ``rotation`` (default None): ``"hadamard"`` rotates each float32
+      bucket before it is chunked, by a seeded randomized Hadamard
+      transform (random signs, then a Walsh-Hadamard transform over
+      blocks of 4096 values), and back after the allreduce (OptiReduce's):
+      a lost chunk then becomes small noise spread over its block instead
+      of a hole. It also spreads importance evenly, so the important
+      chunks no longer hold the largest values; and it costs two passes
+      of 12 butterflies a step. docs/RESULTS.md has what it measured.
     - ``lossy_carrier``: what carries the lossy chunks. ``"adaptive"``
       (default) sends them on low-priority streams while the path loses
       nothing and as datagrams after a loss; cheapest in CPU.
@@ -178,6 +189,7 @@ class HookState(StepStatistics):
         lossy_format: str = "f32",
         compression_feedback: bool | None = None,
         lossy_return: bool = False,
+        rotation: str | None = None,
         deadline: str | float | None = None,
         deadline_factor: float = 1.25,
     ):
@@ -211,6 +223,11 @@ class HookState(StepStatistics):
                     "positive number of seconds"
                 )
             deadline = float(deadline)
+        if rotation not in ROTATIONS:
+            raise ValueError(
+                f"gradlane: unknown rotation {rotation!r}; None or "
+                + ", ".join(repr(r) for r in ROTATIONS if r)
+            )
         if not float(deadline_factor) >= 1.0:
             raise ValueError(f"gradlane: deadline_factor {deadline_factor} is below 1")
         if group is not None and (injected_loss or dscp or lossy_carrier != "adaptive"):
@@ -231,6 +248,9 @@ class HookState(StepStatistics):
         self.lossy_return = bool(lossy_return)
         self.deadline = deadline
         self.deadline_factor = float(deadline_factor)
+        self.rotation = rotation
+        # Per (bucket key, length): the rotation's signs.
+        self._signs: dict[tuple, torch.Tensor] = {}
         self.group = group
         self._own_group = False
         # (bucket index, parameter shapes) -> gradlane bucket id.
@@ -355,6 +375,18 @@ class HookState(StepStatistics):
             staged.finish()
             staged.complete(fut, value)
 
+    def _rotation_signs(self, key: tuple, n: int) -> torch.Tensor:
+        """The random signs of a bucket's rotation: the same on every rank
+        (seeded by the bucket's index) and at every step, so that a
+        residual kept in rotated values stays valid."""
+        signs = self._signs.get((key, n))
+        if signs is None:
+            g = torch.Generator().manual_seed(0x6A4E + 7919 * key[0])
+            signs = torch.randint(0, 2, (n,), generator=g, dtype=torch.int8)
+            signs = signs.to(torch.float32).mul_(2).sub_(1)
+            self._signs[(key, n)] = signs
+        return signs
+
     # ----------------------------------------------------------- layout
     def _bucket_id(self, g: gradlane.Group, key: tuple, shapes: tuple) -> int:
         bid = self._buckets.get(key)
@@ -413,7 +445,60 @@ def ddp_hook(state: HookState, bucket) -> torch.futures.Future[torch.Tensor]:
     # part of the key.
     key = (bucket.index(), shapes, dtype)
 
+    rotate = state.rotation == "hadamard" and dtype == "float32"
+
     def work():
-        return g.allreduce_differentiated(state._bucket_id(g, key, shapes), flat, op="mean")
+        bid = state._bucket_id(g, key, shapes)
+        if not rotate:
+            return g.allreduce_differentiated(bid, flat, op="mean")
+        values = torch.from_numpy(flat)
+        signs = state._rotation_signs(key, values.numel())
+        hadamard_(values, signs, inverse=False)
+        stats = g.allreduce_differentiated(bid, flat, op="mean")
+        hadamard_(values, signs, inverse=True)
+        return stats
 
     return state._submit(fut, buf, work, bucket.is_last(), queued, staged)
+
+
+def hadamard_(values: torch.Tensor, signs: torch.Tensor, inverse: bool) -> None:
+    """A randomized Hadamard rotation of ``values`` (float32, flat) in
+    place, by blocks of HADAMARD_BLOCK: ``H D x`` forward, ``D H y``
+    inverse, with ``D`` the diagonal of ``signs`` and ``H`` the
+    orthonormal Walsh-Hadamard matrix (its own inverse). The values past
+    the last whole block stay as they are.
+
+    Forward, ``H`` is two products with a 64 x 64 Hadamard matrix (``H``
+    of 4096 is its Kronecker square), twice as fast as butterflies; its
+    bits may differ from machine to machine, which is harmless before
+    the allreduce. The inverse, applied by every rank to the same sum,
+    is butterflies of additions alone, which round the same everywhere."""
+    n = values.numel() // HADAMARD_BLOCK * HADAMARD_BLOCK
+    if n == 0:
+        return
+    v = values[:n].view(-1, HADAMARD_BLOCK)
+    d = signs[:n].view(-1, HADAMARD_BLOCK)
+    if not inverse:
+        v.mul_(d)
+        side = _hadamard_matrix(64)
+        blocks = v.view(-1, 64, 64)
+        blocks.copy_(side @ blocks @ side).mul_(1 / 64)
+        return
+    h = 1
+    while h < HADAMARD_BLOCK:
+        pairs = v.view(v.shape[0], -1, 2, h)
+        a, b = pairs[:, :, 0, :], pairs[:, :, 1, :]
+        total = a + b
+        b.sub_(a).neg_()
+        a.copy_(total)
+        h *= 2
+    v.mul_(HADAMARD_BLOCK**-0.5)
+    v.mul_(d)
+
+
+def _hadamard_matrix(n: int) -> torch.Tensor:
+    """Sylvester's n x n Hadamard matrix of ones and minus ones."""
+    m = torch.ones(1, 1)
+    while m.shape[0] < n:
+        m = torch.cat([torch.cat([m, m], 1), torch.cat([m, -m], 1)], 0)
+    return m
