@@ -18,7 +18,8 @@
 #              (powerSGD_hook, rank 4 from step 10, one DDP bucket: see
 #              docs/RESULTS.md on why more buckets wedge gloo),
 #              +powersgd-fp16 (the same inside torch's fp16_compress_wrapper),
-#              either with -rR for PowerSGD of rank R (+powersgd-r8);
+#              either with -rR for PowerSGD of rank R (+powersgd-r8) and
+#              -sS for its compression from step S (+powersgd-r8-s3);
 #              hook-zero_fill, hook-rescale, hook-error_feedback (the gradlane
 #              backend with gradlane's DDP hook and that recovery),
 #              hook-datagrams (zero fill, the lossy part always datagrams),
@@ -176,10 +177,12 @@ run_cells() {
         cc=cubic async=1
         base=${variant%%+*} torch_hook=none
         [[ $variant == *+* ]] && torch_hook=${variant#*+}
-        # +powersgd-rR, +powersgd-fp16-rR: PowerSGD of rank R (default 4).
-        if [[ $torch_hook =~ ^(powersgd(-fp16)?)-r([0-9]+)$ ]]; then
+        # +powersgd-rR, +powersgd-fp16-rR: PowerSGD of rank R (default 4);
+        # -sS after either: its compression from step S (default 10).
+        if [[ $torch_hook =~ ^(powersgd(-fp16)?)(-r([0-9]+))?(-s([0-9]+))?$ ]]; then
             torch_hook=${BASH_REMATCH[1]}
-            args+=(--powersgd-rank "${BASH_REMATCH[3]}")
+            [[ -n ${BASH_REMATCH[4]} ]] && args+=(--powersgd-rank "${BASH_REMATCH[4]}")
+            [[ -n ${BASH_REMATCH[6]} ]] && args+=(--powersgd-start "${BASH_REMATCH[6]}")
         fi
         # +localsgd-pP: local SGD averaging every P steps (default 4).
         if [[ $torch_hook =~ ^localsgd-p([0-9]+)$ ]]; then

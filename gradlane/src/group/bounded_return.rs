@@ -15,9 +15,8 @@
 //! bucket is this half alone, each rank's own tensor its shard. The important
 //! chunks, both halves' and the reports, are what a call waits for.
 
-use super::differentiated::{
-    bucket_layouts, cut, least_important, round_both_ways, FirstHalf, OutRound,
-};
+use super::buckets::bucket_layouts;
+use super::differentiated::{cut, least_important, round_both_ways, FirstHalf, OutRound};
 use super::{tag, BucketId, Group, GroupError, Kind, LossRecovery};
 use bytes::Bytes;
 use futures_util::future::try_join_all;

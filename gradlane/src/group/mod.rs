@@ -26,6 +26,7 @@
 
 mod bounded_return;
 mod bucket_options;
+mod buckets;
 mod deadline;
 mod differentiated;
 mod exact;
@@ -43,7 +44,8 @@ mod shards;
 mod sparse;
 
 pub use bucket_options::{BucketOptions, LossRecovery};
-pub use differentiated::{AllreduceReport, BucketId};
+pub use buckets::BucketId;
+pub use differentiated::AllreduceReport;
 pub use group_config::GroupConfig;
 pub use membership::OnRankFailure;
 pub use paths::{core_share, default_sockets, paths_per_peer, MAX_SOCKETS};
@@ -278,7 +280,7 @@ pub struct Group {
     /// Collectives run so far: numbers the next one.
     seq: u64,
     /// The buckets registered for the differentiated allreduce.
-    buckets: Vec<differentiated::Bucket>,
+    buckets: Vec<buckets::Bucket>,
     /// The next round index on the link to each rank.
     next_round: Vec<u32>,
     /// Each rank's paths beyond the first (empty at this rank's own index
