@@ -506,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         ddp_args["init_sync"] = False
     model = DDP(net, **ddp_args)
     state = None
+    compressed = None
     if args.transport == "hook":
         import gradlane.torch as gl
 
@@ -523,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
             rotation=None if args.rotation == "none" else args.rotation,
         )
         if args.comm_hook == "powersgd":
-            model.register_comm_hook(gl.PowerSGDHookState(powersgd_state(args), state), gl.powersgd_hook)
+            compressed = gl.PowerSGDHookState(powersgd_state(args), state)
+            model.register_comm_hook(compressed, gl.powersgd_hook)
         elif args.comm_hook == "sparse":
             sparse = gl.SparseHookState(args.sparse_density, transport="differentiated", hook=state)
             model.register_comm_hook(sparse, gl.sparse_hook)
@@ -700,6 +702,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"late {t.get('late_lossy_bytes', 0)} B, "
                 f"{t.get('at_deadline', 0)} buckets cut at their deadline "
                 f"over {state.steps} steps",
+                flush=True,
+            )
+        if compressed is not None:
+            print(
+                f"powersgd: {compressed.warmup_steps} warm-up steps, "
+                f"{compressed.compressed_steps} steps of factors, all through the "
+                f"differentiated allreduce",
                 flush=True,
             )
         if out is not None:

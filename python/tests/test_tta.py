@@ -122,7 +122,9 @@ def test_a_run_writes_one_row_per_evaluation_and_ranks_agree(tmp_path, transport
     assert run.returncode == 0, run.stdout + run.stderr
     rows = rows_of(out)
     assert [int(r["step"]) for r in rows] == [5, 10]
-    assert list(rows[0]) == ["train_s", "step", "sent_bytes", "train_loss", "test_acc"]
+    assert list(rows[0]) == [
+        "train_s", "step", "sent_bytes", "train_loss", "test_acc", "lossy_bytes", "hook_bytes",
+    ]
     times = [float(r["train_s"]) for r in rows]
     assert 0 < times[0] < times[1]
     # The interface's counter: the ranks' traffic went out on loopback.
@@ -132,6 +134,11 @@ def test_a_run_writes_one_row_per_evaluation_and_ranks_agree(tmp_path, transport
     assert len(sums) == 2 and sums[0] == sums[1], run.stdout
     if transport == "hook":
         assert re.search(r"hook: [0-9.]+ s in the hook, [0-9.]+ s in the Rust allreduce", run.stdout)
+        # A step's payload through the hook, its lossy part within it.
+        assert all(0 <= int(r["lossy_bytes"]) <= int(r["hook_bytes"]) for r in rows), rows
+        assert int(rows[-1]["hook_bytes"]) > 0, rows
+    else:
+        assert all(r["lossy_bytes"] == r["hook_bytes"] == "" for r in rows), rows
 
 
 @pytest.mark.parametrize("flags", [
@@ -167,8 +174,10 @@ def test_torchs_hooks_and_the_value_formats_train_and_ranks_agree(tmp_path, flag
     if "--comm-hook" in flags:
         assert f"(torch hook {flags[flags.index('--comm-hook') + 1]})" in run.stdout, run.stdout
     if flags[:2] == ["--transport", "hook"] and "--comm-hook" in flags:
-        # Only the 3 warm-up steps went through gradlane's hook.
-        assert re.search(r"buckets cut at their deadline over 3 steps", run.stdout), run.stdout
+        # Every step went through gradlane's differentiated allreduce: the
+        # 3 warm-up steps whole, the 7 after them as PowerSGD's factors.
+        assert re.search(r"buckets cut at their deadline over 10 steps", run.stdout), run.stdout
+        assert "powersgd: 3 warm-up steps, 7 steps of factors" in run.stdout, run.stdout
 
 
 def test_the_time_limit_stops_every_rank_at_the_same_step(tmp_path):
