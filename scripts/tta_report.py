@@ -65,12 +65,20 @@ KEY_CELLS = [
 ]
 # The attribution: per compressor, how a variant's name says which path
 # carries it (gloo, gradlane's exact backend, gradlane's differentiated
-# path), for the same compressor's steps three ways.
+# path), for the same compressor's steps three ways: (marks one of which
+# the name holds, marks it must not hold). PowerSGD inside torch's fp16
+# wrapper is another compressor (its warm-up in fp16).
 COMPRESSORS = {
-    "PowerSGD": ("+powersgd",),
-    "sparse (codec)": ("+sparse",),
-    "fp16": ("+fp16", "hook-f16-"),
+    "PowerSGD": (("+powersgd",), ("-fp16",)),
+    "sparse (codec)": (("+sparse",), ()),
+    "fp16": (("+fp16", "hook-f16-"), ()),
 }
+
+
+def compressed_by(variant: str, marks: tuple) -> bool:
+    """Whether `variant` runs the compressor of COMPRESSORS' `marks`."""
+    holds, lacks = marks
+    return any(m in variant for m in holds) and not any(m in variant for m in lacks)
 
 
 def family(variant: str) -> str:
@@ -265,11 +273,11 @@ def attribution_table(out: Path, runs: list[dict]) -> str:
         "|---|---|---:|---|---|---:|---:|---:|---:|---:|",
     ]
     for name, marks in COMPRESSORS.items():
-        cells = sorted({(c, l) for (c, l, v) in groups if any(m in v for m in marks)})
+        cells = sorted({(c, l) for (c, l, v) in groups if compressed_by(v, marks)})
         for cond, loss in cells:
             rows = {}
             for (c, l, v), rs in groups.items():
-                if (c, l) != (cond, loss) or not any(m in v for m in marks):
+                if (c, l) != (cond, loss) or not compressed_by(v, marks):
                     continue
                 got = [x for x in (steady(out, r) for r in rs) if x]
                 if not got:

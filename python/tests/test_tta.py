@@ -357,9 +357,13 @@ def test_the_attribution_puts_each_compressors_three_paths_side_by_side(tmp_path
         ("gradlane+powersgd-r8", 0.02, 0, 16, 30, 0.978),
         ("hook-bf16log8-t0.4+powersgd-r8", 0.02, 0, 12, 30, 0.978),
         ("gloo-cubic+fp16", 0.02, 0, 30, 40, 0.978),
+        # PowerSGD in torch's fp16 wrapper: another compressor, not a row
+        # of PowerSGD's three paths.
+        ("gloo-cubic+powersgd-fp16-r8", 0.02, 0, 18, 30, 0.978),
     ])
     step = {"gloo-cubic+powersgd-r8": 0.3, "gradlane+powersgd-r8": 0.2,
-            "hook-bf16log8-t0.4+powersgd-r8": 0.15, "gloo-cubic+fp16": 0.5}
+            "hook-bf16log8-t0.4+powersgd-r8": 0.15, "gloo-cubic+fp16": 0.5,
+            "gloo-cubic+powersgd-fp16-r8": 0.25}
     for v, s in step.items():
         steady_csv(tmp_path, f"plain_{v}_loss0.02_seed0", lambda _, s=s: s)
     run = report(tmp_path)
