@@ -85,6 +85,18 @@ def family(variant: str) -> str:
     return "gloo" if variant.startswith("gloo") else "gradlane"
 
 
+def torchs_own(variant: str) -> bool:
+    """Whether a gloo variant is what a user has without gradlane: gloo
+    alone or with one of torch's hooks (gradlane's sparse hook over gloo
+    is a row of the attribution, not gloo's best choice)."""
+    return "+sparse" not in variant
+
+
+# The goal's accuracy bar: within this many of gloo's lossless final
+# accuracy (0.3 points; the test set's 360 digits make a point 3.6 of them).
+ACCURACY_MARGIN = 0.003
+
+
 def variant_order(v: str) -> tuple:
     return (VARIANTS.index(v), "") if v in VARIANTS else (len(VARIANTS), v)
 
@@ -118,7 +130,8 @@ def best(groups: dict, cond: str, loss: float, fam: str, min_acc: float | None =
     """The variant of that family with the least median time to target in
     the cell (ties and misses broken by step time). With `min_acc`, the
     variants whose median final accuracy reaches it come first."""
-    cands = [v for (c, l, v) in groups if c == cond and l == loss and family(v) == fam]
+    cands = [v for (c, l, v) in groups if c == cond and l == loss and family(v) == fam
+             and not (fam == "gloo" and not torchs_own(v))]
 
     def key(v: str) -> tuple:
         rs = groups[(cond, loss, v)]
@@ -285,6 +298,8 @@ def attribution_table(out: Path, runs: list[dict]) -> str:
                 med, _ = ttt(rs)
                 rows[v] = (path_of(v), len(rs), statistics.median(x["p50"] for x in got),
                            statistics.median(x["p99"] for x in got), med)
+            if len({r[0] for r in rows.values()}) < 2:
+                continue  # one path alone compares nothing
             exact = [r[2] for r in rows.values() if r[0] == "gradlane exact"]
             for v, (path, n, p50, p99, med) in sorted(
                 rows.items(), key=lambda kv: (["gloo", "gradlane exact", "differentiated"]
@@ -416,13 +431,20 @@ def best_against_best(runs: list[dict], target: float) -> str:
     ]
     for cond, loss, goal in KEY_CELLS:
         meds = {}
+        accs_of: dict[str, float] = {}
         for fam in ("gloo", "gradlane"):
             # gradlane's best choice where there is loss is the fastest that
             # meets the goal's accuracy bar, if one does; gloo's, the fastest.
+            # The bar for the choice is no higher than the accuracy of the
+            # gloo choice it is compared with (a compressor that misses the
+            # bar over gloo too is still the one to beat); the verdict
+            # below holds gradlane to the bar itself.
             bar = None
             lossy = loss > 0.0 or cond.startswith("tail")
             if fam == "gradlane" and lossy and gloo_acc is not None:
-                bar = gloo_acc - 0.005
+                bar = gloo_acc - ACCURACY_MARGIN
+                if "gloo" in accs_of:
+                    bar = min(bar, accs_of["gloo"])
             v = best(groups, cond, loss, fam, bar)
             if v is None:
                 continue
@@ -437,16 +459,19 @@ def best_against_best(runs: list[dict], target: float) -> str:
             sent = [float(r["sent_bytes_per_step"]) for r in rs if r["sent_bytes_per_step"]]
             sent_s = f"{statistics.median(sent) / 1e6:.1f}" if sent else "-"
             acc = statistics.median(float(r["final_acc"]) for r in rs)
+            accs_of[fam] = acc
             ratio = verdict = ""
             if fam == "gradlane" and meds.get("gloo") and med is not None:
                 x = med / meds["gloo"]
                 ratio = f"{x:.3f}x"
                 # The accuracy bar holds where there is loss; lossless, the
                 # goal is the time alone.
-                acc_ok = not lossy or gloo_acc is None or acc >= gloo_acc - 0.005 - 1e-9
+                acc_ok = not lossy or gloo_acc is None or acc >= gloo_acc - ACCURACY_MARGIN - 1e-9
                 verdict = f"<= {goal:g}x: {'met' if x <= goal else 'missed'}"
                 if not acc_ok:
                     verdict += f"; accuracy {acc:.3f} below the bar: missed"
+                    if "gloo" in accs_of:
+                        verdict += f" (gloo's choice: {accs_of['gloo']:.3f})"
             lines.append(
                 f"| {cond} | {loss:g} | {fam} | {v} | {len(rs)} | {shown} | {p50:.2f} "
                 f"| {sent_s} | {acc:.3f} | {ratio} | {verdict} |"
@@ -454,7 +479,7 @@ def best_against_best(runs: list[dict], target: float) -> str:
     if gloo_acc is not None:
         lines.append("")
         lines.append(f"The goal's accuracy bar: gloo's lossless final accuracy, {gloo_acc:.3f}, "
-                     "less 0.5 points.")
+                     f"less {ACCURACY_MARGIN * 100:g} points.")
     return "\n".join(lines) + "\n"
 
 

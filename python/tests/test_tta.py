@@ -374,7 +374,8 @@ def test_the_attribution_puts_each_compressors_three_paths_side_by_side(tmp_path
     assert paths == [("gloo", "gloo-cubic+powersgd-r8"), ("gradlane exact", "gradlane+powersgd-r8"),
                      ("differentiated", "hook-bf16log8-t0.4+powersgd-r8")]
     assert rows[2][10].strip() == "0.75x"
-    assert any(line.startswith("| fp16 | plain | 0.02 | gloo |") for line in part.splitlines())
+    # fp16 ran over gloo alone there: nothing to compare, no row.
+    assert not any(line.startswith("| fp16 |") for line in part.splitlines())
 
 
 def test_pick_chooses_finalists_then_key_cells_with_three_seeds(tmp_path):
