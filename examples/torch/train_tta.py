@@ -89,6 +89,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+# The example's other files sit beside it; a run loaded by path (the tests
+# load it with importlib) has no script directory on sys.path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tta_hooks import hook_bytes, local_sgd_averager, register_hook  # noqa: E402
+from tta_model import ResNet18, digits  # noqa: E402
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -332,61 +338,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
-            )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x))
-
-
-class ResNet18(nn.Module):
-    """ResNet-18 for small single-channel images: a 3x3 stem of stride 1,
-    no max pool, four stages of two BasicBlocks, global average pool."""
-
-    def __init__(self, width: int = 64, classes: int = 10) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(
-            nn.Conv2d(1, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()
-        )
-        layers, cin = [], width
-        for i, stride in enumerate((1, 2, 2, 2)):
-            cout = width * 2**i
-            layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
-            cin = cout
-        self.layers = nn.Sequential(*layers)
-        self.fc = nn.Linear(cin, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.layers(self.stem(x))
-        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
-
-
-def digits(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The digits, standardized, split 80/20 with a fixed seed."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    x = (x - x.mean()) / x.std()
-    y = torch.tensor(data.target, dtype=torch.long)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-    cut = int(0.8 * len(y))
-    train, test = order[:cut], order[cut:]
-    return x[train], y[train], x[test], y[test]
-
-
 def checksum(model: nn.Module) -> str:
     h = hashlib.sha256()
     for p in model.parameters():
@@ -505,38 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         # The members' parameters come with catch_up, not DDP's broadcast.
         ddp_args["init_sync"] = False
     model = DDP(net, **ddp_args)
-    state = None
-    compressed = None
-    if args.transport == "hook":
-        import gradlane.torch as gl
-
-        state = gl.HookState(
-            loss_tolerance=args.loss_tolerance,
-            recovery=args.recovery,
-            dscp=args.dscp,
-            overlap=args.overlap,
-            lossy_carrier=args.lossy_carrier,
-            important_format=args.important_format,
-            lossy_format=args.lossy_format,
-            lossy_return=args.lossy_return,
-            deadline=args.deadline,
-            deadline_factor=args.deadline_factor,
-            rotation=None if args.rotation == "none" else args.rotation,
-        )
-        if args.comm_hook == "powersgd":
-            compressed = gl.PowerSGDHookState(powersgd_state(args), state)
-            model.register_comm_hook(compressed, gl.powersgd_hook)
-        elif args.comm_hook == "sparse":
-            sparse = gl.SparseHookState(args.sparse_density, transport="differentiated", hook=state)
-            model.register_comm_hook(sparse, gl.sparse_hook)
-        else:
-            model.register_comm_hook(state, gl.ddp_hook)
-    elif args.comm_hook == "sparse":
-        import gradlane.torch as gl
-
-        model.register_comm_hook(gl.SparseHookState(args.sparse_density), gl.sparse_hook)
-    elif args.comm_hook != "none":
-        register_torch_hook(model, args)
+    state, compressed = register_hook(model, args)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
     averager = local_sgd_averager(args)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -720,69 +640,6 @@ def main(argv: list[str] | None = None) -> int:
     leave_together(rank, world if group is None else len(group.members))
     dist.destroy_process_group()
     return 0
-
-
-def hook_bytes(state) -> tuple[str, str]:
-    """Rank 0's payload bytes of the last step through gradlane's hook
-    (both halves of every allreduce), and how many of them were lossy;
-    empty without the hook."""
-    stats = getattr(state, "last_stats", None)
-    if not stats:
-        return "", ""
-    lossy = stats.get("sent_lossy_bytes", 0) + stats.get("return_lossy_bytes", 0)
-    total = (stats.get("sent_important_bytes", 0) + stats.get("sent_lossy_bytes", 0)
-             + stats.get("return_bytes", 0))
-    return str(lossy), str(total)
-
-
-def register_torch_hook(model: DDP, args: argparse.Namespace) -> None:
-    """One of torch's own DDP communication hooks, as a user would turn it on."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
-
-    if args.comm_hook == "fp16":
-        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif args.comm_hook == "bf16":
-        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    elif args.comm_hook == "localsgd":
-        from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as local
-
-        # A subgroup of one: no allreduce at all once local SGD starts.
-        mine, _ = dist.new_subgroups(group_size=1)
-        state = local.PostLocalSGDState(
-            process_group=None, subgroup=mine, start_localSGD_iter=args.powersgd_start
-        )
-        model.register_comm_hook(state, local.post_localSGD_hook)
-    elif args.comm_hook == "powersgd":
-        model.register_comm_hook(powersgd_state(args), powersgd.powerSGD_hook)
-    else:
-        hook = default_hooks.fp16_compress_wrapper(powersgd.powerSGD_hook)
-        model.register_comm_hook(powersgd_state(args), hook)
-
-
-def local_sgd_averager(args: argparse.Namespace):
-    """torch's local SGD, as its docs set it up: ``post_localSGD_hook``
-    (plain allreduce for the first --powersgd-start steps, then none) with
-    a ``PeriodicModelAverager`` that averages the parameters every
-    --localsgd-period steps after that. Each rank is its own local group
-    (one process a host). None for other hooks."""
-    if args.comm_hook != "localsgd":
-        return None
-    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
-
-    return PeriodicModelAverager(period=args.localsgd_period, warmup_steps=args.powersgd_start)
-
-
-def powersgd_state(args: argparse.Namespace):
-    """torch's PowerSGDState from the command line's settings."""
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
-
-    return powersgd.PowerSGDState(
-        process_group=None,
-        matrix_approximation_rank=args.powersgd_rank,
-        start_powerSGD_iter=args.powersgd_start,
-        random_seed=args.seed,
-    )
 
 
 def leave_together(rank: int, world: int) -> None:

@@ -100,8 +100,10 @@ def assert_no_crash(exit_codes, killed=()):
 
 def ddp_model(hook):
     """DDP over the default group on the MLP, with `hook`: None (DDP's own
-    allreduce), "gradlane" (gradlane's ddp_hook), "fp16" or "powersgd"
-    (torch's hooks)."""
+    allreduce), "gradlane" (gradlane's ddp_hook), "gradlane-powersgd"
+    (gradlane's powersgd_hook, compressing from step 2), "gradlane-sparse"
+    (gradlane's sparse_hook through the differentiated allgather), "fp16"
+    or "powersgd" (torch's hooks)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = mlp()
@@ -110,6 +112,19 @@ def ddp_model(hook):
         import gradlane.torch as gl
 
         ddp.register_comm_hook(gl.HookState(), gl.ddp_hook)
+    elif hook == "gradlane-powersgd":
+        import gradlane.torch as gl
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+        state = psgd.PowerSGDState(
+            process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2
+        )
+        ddp.register_comm_hook(gl.PowerSGDHookState(state, gl.HookState()), gl.powersgd_hook)
+    elif hook == "gradlane-sparse":
+        import gradlane.torch as gl
+
+        sparse = gl.SparseHookState(0.1, transport="differentiated", hook=gl.HookState())
+        ddp.register_comm_hook(sparse, gl.sparse_hook)
     elif hook == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -175,6 +190,9 @@ def scenario_death_in_backward(rank, victim, hook):
         ("gradlane", False),
         ("fp16", False),
         ("powersgd", False),
+        # gradlane's own compressors, the failure at a compressed step.
+        ("gradlane-powersgd", False),
+        ("gradlane-sparse", False),
         # CPU tensors through the host buffers CUDA tensors take.
         (None, True),
         ("gradlane", True),
