@@ -13,7 +13,7 @@ torch = pytest.importorskip(
     "torch", reason="torch is not installed (scripts/test.sh installs it into the venv)"
 )
 
-from test_torch import batch, bits, params_of, run_ranks, wide_cnn  # noqa: E402
+from test_torch import bits, run_ranks, train_steps, wide_cnn  # noqa: E402
 
 LOSS = 0.3
 STEPS = 50
@@ -25,7 +25,6 @@ def scenario_lossy_powersgd(rank, steps, start, loss):
     """DDP with powersgd_hook at `loss` injected on every rank's packets:
     each step's parameters, and the hook's statistics."""
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -48,17 +47,7 @@ def scenario_lossy_powersgd(rank, steps, start, loss):
         hook,
     )
     ddp.register_comm_hook(state, gl.powersgd_hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    out = {"params": [], "loss": [], "stats": []}
-    for step in range(steps):
-        x, y = batch(step % 5, rank, n=16)
-        opt.zero_grad()
-        loss_value = F.cross_entropy(ddp(x), y)
-        loss_value.backward()
-        opt.step()
-        out["params"].append(params_of(model))
-        out["loss"].append(loss_value.item())
-        out["stats"].append(dict(hook.last_stats))
+    out = train_steps(ddp, model, steps, lambda: hook.last_stats, batches=5)
     out["compressed_steps"] = state.compressed_steps
     out["totals"] = dict(hook.totals)
     state.close()

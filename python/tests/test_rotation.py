@@ -9,7 +9,7 @@ torch = pytest.importorskip(
     "torch", reason="torch is not installed (scripts/test.sh installs it into the venv)"
 )
 
-from test_torch import batch, bits, params_of, run_ranks, wide_cnn  # noqa: E402
+from test_torch import bits, run_ranks, train_steps, wide_cnn  # noqa: E402
 
 
 def test_the_rotation_is_orthonormal_and_spreads_a_lost_chunk():
@@ -46,7 +46,6 @@ def test_rotation_is_a_checked_setting():
 
 def scenario_rotated(rank, steps, loss):
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import gradlane.torch as gl
@@ -59,17 +58,7 @@ def scenario_rotated(rank, steps, loss):
         recovery="error_feedback", rotation="hadamard",
     )
     ddp.register_comm_hook(state, gl.ddp_hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    out = {"params": [], "loss": [], "stats": []}
-    for step in range(steps):
-        x, y = batch(step % 4, rank, n=16)
-        opt.zero_grad()
-        value = F.cross_entropy(ddp(x), y)
-        value.backward()
-        opt.step()
-        out["params"].append(params_of(model))
-        out["loss"].append(value.item())
-        out["stats"].append(dict(state.last_stats))
+    out = train_steps(ddp, model, steps, lambda: state.last_stats, batches=4)
     state.close()
     dist.destroy_process_group()
     return out

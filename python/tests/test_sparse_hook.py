@@ -13,7 +13,7 @@ torch = pytest.importorskip(
     "torch", reason="torch is not installed (scripts/test.sh installs it into the venv)"
 )
 
-from test_torch import batch, bits, params_of, run_ranks, wide_cnn  # noqa: E402
+from test_torch import bits, run_ranks, train_steps, wide_cnn  # noqa: E402
 
 
 def sparse_sample(seed, n=5000, k=120):
@@ -78,7 +78,6 @@ def scenario_sparse(rank, backend, transport, steps, loss):
     """DDP with sparse_hook over `backend`: each step's parameters, loss
     and the hook's statistics."""
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import gradlane.torch as gl
@@ -93,17 +92,7 @@ def scenario_sparse(rank, backend, transport, steps, loss):
         )
     state = gl.SparseHookState(0.02, transport=transport, hook=hook)
     ddp.register_comm_hook(state, gl.sparse_hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    out = {"params": [], "loss": [], "stats": []}
-    for step in range(steps):
-        x, y = batch(step % 4, rank, n=16)
-        opt.zero_grad()
-        value = F.cross_entropy(ddp(x), y)
-        value.backward()
-        opt.step()
-        out["params"].append(params_of(model))
-        out["loss"].append(value.item())
-        out["stats"].append(dict(state.last_stats))
+    out = train_steps(ddp, model, steps, lambda: state.last_stats, batches=4)
     out["capacity"] = sum(
         max(1, int(np.ceil(0.02 * p.numel()))) for p in model.parameters()
     )

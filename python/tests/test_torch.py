@@ -91,6 +91,27 @@ def bits(a):
     return np.ascontiguousarray(a, np.float32).view(np.uint32)
 
 
+def train_steps(ddp, model, steps, stats_of, batches=4):
+    """`steps` SGD steps of `ddp` on this rank's fixed batches (`batches`
+    of them in turn): each step's parameters, loss and hook statistics
+    (`stats_of()`, a dict), as lists under "params", "loss" and "stats"."""
+    import torch.nn.functional as F
+
+    rank = torch.distributed.get_rank()
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    out = {"params": [], "loss": [], "stats": []}
+    for step in range(steps):
+        x, y = batch(step % batches, rank, n=16)
+        opt.zero_grad()
+        value = F.cross_entropy(ddp(x), y)
+        value.backward()
+        opt.step()
+        out["params"].append(params_of(model))
+        out["loss"].append(value.item())
+        out["stats"].append(dict(stats_of()))
+    return out
+
+
 # ---------------------------------------------------------------- ranks
 
 
