@@ -948,20 +948,25 @@ def test_an_overflowed_fp16_step_is_skipped_as_over_gloo(cert_dir, backend, tran
 
 def test_a_straggler_s_peers_end_their_steps_at_the_hooks_deadline(cert_dir):
     steps, world, straggler = 3, 3, 2
-    got = run_ranks("deadline", cert_dir, steps, straggler, 0.2, world=world)
+    got = run_ranks("deadline", cert_dir, steps, straggler, 0.5, world=world)
     for step in range(steps):
         for r in range(1, world):
             for a, b in zip(got[0]["params"][step], got[r]["params"][step], strict=True):
                 assert np.isfinite(a).all()
                 assert np.array_equal(bits(a), bits(b)), f"step {step}: rank {r} vs rank 0"
         for r in range(world):
-            s = got[r]["stats"][step]
-            assert s["budget_ns"] > 0, (r, step, s)
-            if r != straggler and step > 0:
-                # 200 ms waiting for the straggler's important part, past
-                # a 5 ms deadline: its buckets ran to it. (In the first step
-                # the hook's Group join waits for the straggler instead.)
-                assert s["at_deadline"] >= 1, (r, step, s)
+            assert got[r]["stats"][step]["budget_ns"] > 0, (r, step, got[r]["stats"][step])
+    for r in range(world):
+        if r == straggler:
+            continue
+        # 500 ms waiting for the straggler's important part, past a 5 ms
+        # deadline: its buckets ran to it. (In the first step the hook's
+        # Group join waits for the straggler instead.) A peer that was
+        # itself held up as long by a busy machine (CI runs two test
+        # workers on two cores) ends that step on time, so one of the
+        # two later steps suffices.
+        later = [got[r]["stats"][step] for step in range(1, steps)]
+        assert any(s["at_deadline"] >= 1 for s in later), (r, later)
     # What an owner counted missing is what its senders were told they lost.
     for step in range(steps):
         missing = sum(got[r]["stats"][step]["missing_values"] for r in range(world))
