@@ -51,7 +51,7 @@ pub use soak::{soak, soak_threads, summary, Counts, Tally};
 pub use violation::Violation;
 
 use gradlane_core::rng::SplitMix64;
-use plan::{Fault, Plan, Setup};
+use plan::{Plan, Setup};
 use std::fmt;
 
 /// Which part of the control plane a schedule runs.
@@ -151,21 +151,13 @@ impl Report {
     }
 }
 
-/// What a run left: the same in both modes, and what the mode's checks
-/// read.
+/// What a run left: its report so far (the violations in it those found
+/// while it ran), and what the mode's checks read.
 pub(crate) struct Ran<'p> {
-    /// Events taken in all.
-    pub steps: u64,
+    /// What it did.
+    pub report: Report,
     /// Events taken after the last fault.
     pub quiet_steps: u64,
-    /// Messages sent on links.
-    pub messages: u64,
-    /// What the ranks did, counted.
-    pub counts: Counts,
-    /// What was found while it ran.
-    pub violations: Vec<Violation>,
-    /// What happened, line by line, when asked for.
-    pub trace: Vec<String>,
     /// What the mode's checks read.
     pub left: Left<'p>,
 }
@@ -181,7 +173,7 @@ pub(crate) enum Left<'p> {
 /// Every invariant `ran` broke: what was found while it ran, then what
 /// its mode's checks find in what it left.
 fn check(plan: &Plan, ran: &Ran) -> Vec<Violation> {
-    let mut found = ran.violations.clone();
+    let mut found = ran.report.violations.clone();
     match &ran.left {
         Left::Agreement(left) => agreement::check(left, ran.quiet_steps, &mut found),
         Left::Group(left) => group::check(plan, left, &mut found),
@@ -200,30 +192,19 @@ pub fn trace(seed: u64, settings: &Settings) -> Report {
 }
 
 fn simulate(seed: u64, settings: &Settings, traced: bool) -> Report {
-    let mut rng = SplitMix64::new(seed);
-    let plan = Plan::draw(&mut rng, settings);
-    let (mut ran, calls) = match &plan.setup {
-        Setup::Agreement(setup) => (agreement::run(&plan, setup, rng, traced, settings), 0),
-        Setup::Group(setup) => (group::run(&plan, setup, rng, traced, settings), setup.calls),
+    let (plan, rng) = Plan::draw(seed, settings);
+    let mut ran = match &plan.setup {
+        Setup::Agreement(setup) => agreement::run(&plan, setup, rng, traced, settings),
+        Setup::Group(setup) => group::run(&plan, setup, rng, traced, settings),
     };
-    if traced {
-        ran.trace.insert(0, format!("{plan:?}"));
-    }
-    let violations = check(&plan, &ran);
+    ran.report.violations = check(&plan, &ran);
     if let Left::Group(left) = &ran.left {
-        ran.counts.clashes = group::clashes(left);
+        ran.report.counts.clashes = group::clashes(left);
     }
-    Report {
-        seed,
-        mode: settings.mode,
-        ranks: plan.n,
-        calls,
-        steps: ran.steps,
-        messages: ran.messages,
-        counts: ran.counts,
-        violations,
-        trace: ran.trace,
+    if traced {
+        ran.report.trace.insert(0, format!("{plan:?}"));
     }
+    ran.report
 }
 
 /// The seed of schedule `index` of a soak from `base`.

@@ -82,6 +82,8 @@ pub(crate) enum Setup {
 /// One schedule.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
+    /// The seed it was drawn from.
+    pub seed: u64,
     /// The ranks: the view agreeing, or the group (every rank a member of
     /// view 0).
     pub n: usize,
@@ -106,14 +108,21 @@ pub(crate) struct Plan {
 pub(crate) type Network = (u64, (u64, u64), u64);
 
 impl Plan {
-    /// The schedule of `n` ranks on `network`, with `faults` (in any
-    /// order) and `setup`.
-    pub(crate) fn new(n: usize, network: Network, faults: Vec<(u64, Fault)>, setup: Setup) -> Self {
+    /// The schedule of `seed`: `n` ranks on `network`, with `faults` (in
+    /// any order) and `setup`.
+    pub(crate) fn new(
+        seed: u64,
+        n: usize,
+        network: Network,
+        faults: Vec<(u64, Fault)>,
+        setup: Setup,
+    ) -> Self {
         let (max_delay, notice, send_fails) = network;
         let mut faults = faults;
         faults.sort_by_key(|f| f.0);
         let quiet = faults.iter().map(|(t, f)| f.ends(*t)).max().unwrap_or(0);
         Self {
+            seed,
             n,
             faults,
             quiet,
@@ -124,20 +133,23 @@ impl Plan {
         }
     }
 
-    /// The schedule `rng` draws under `settings`.
-    pub(crate) fn draw(rng: &mut SplitMix64, settings: &Settings) -> Self {
-        let mut plan = match settings.mode {
-            Mode::Agreement => agreement::draw(rng, settings),
-            Mode::Group => group::draw(rng, settings),
+    /// The schedule of `seed` under `settings`, and the randomness left
+    /// for its run.
+    pub(crate) fn draw(seed: u64, settings: &Settings) -> (Self, SplitMix64) {
+        let mut rng = SplitMix64::new(seed);
+        let plan = match settings.mode {
+            Mode::Agreement => agreement::draw(seed, &mut rng, settings),
+            Mode::Group => group::draw(seed, &mut rng, settings),
         };
-        plan.faults.sort_by_key(|f| f.0);
-        plan.quiet = plan
-            .faults
-            .iter()
-            .map(|(t, f)| f.ends(*t))
-            .max()
-            .unwrap_or(0);
-        plan
+        (plan, rng)
+    }
+
+    /// Its mode.
+    pub(crate) fn mode(&self) -> Mode {
+        match self.setup {
+            Setup::Agreement(_) => Mode::Agreement,
+            Setup::Group(_) => Mode::Group,
+        }
     }
 
     /// Whether every fault is benign (none at all included).

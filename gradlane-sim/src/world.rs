@@ -4,7 +4,7 @@
 //! happen, and the trace. Each mode's ranks ([`Model`]) take the events.
 
 use crate::plan::Plan;
-use crate::Violation;
+use crate::{Counts, Left, Ran, Report, Violation};
 use gradlane_core::rng::SplitMix64;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -81,6 +81,34 @@ impl<'p, M: Model> World<'p, M> {
             M::take(self, ev);
         }
         false
+    }
+
+    /// What the run left: its events and trace, with the mode's `calls`
+    /// in each program, the messages, counts and violations it found as
+    /// it ran, and what its checks read.
+    pub(crate) fn finish<'q>(
+        &mut self,
+        calls: u64,
+        (messages, counts, violations): (u64, Counts, Vec<Violation>),
+        left: Left<'q>,
+    ) -> Ran<'q> {
+        let report = Report {
+            seed: self.plan.seed,
+            mode: self.plan.mode(),
+            ranks: self.plan.n,
+            calls,
+            steps: self.steps,
+            messages,
+            counts,
+            violations,
+            trace: self.trace.take().unwrap_or_default(),
+        };
+        let quiet_steps = self.quiet_steps;
+        Ran {
+            report,
+            quiet_steps,
+            left,
+        }
     }
 
     /// `ev` happens at `at`.

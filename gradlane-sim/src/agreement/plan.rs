@@ -39,12 +39,13 @@ pub(crate) struct Setup {
     pub close_after: Vec<Option<u64>>,
 }
 
-/// The schedule of an agreement `rng` draws under `settings`: the view,
+/// The schedule of an agreement of `seed` that `rng` draws under
+/// `settings`: the view,
 /// where each rank's collective stands, the failure that began the
 /// agreement, the faults while it runs (a freeze counts once, with the
 /// losses of it that come with it; a partition never heals) and how fast
 /// the network and the failure detector are.
-pub(crate) fn draw(rng: &mut SplitMix64, settings: &Settings) -> Plan {
+pub(crate) fn draw(seed: u64, rng: &mut SplitMix64, settings: &Settings) -> Plan {
     let n = draw_size(rng, settings, usize::MAX);
     let world = n + rng.below(4);
     let mut members: Vec<usize> = (0..world).collect();
@@ -124,7 +125,7 @@ pub(crate) fn draw(rng: &mut SplitMix64, settings: &Settings) -> Plan {
         start,
         close_after,
     };
-    Plan::new(n, network, faults, PlanSetup::Agreement(setup))
+    Plan::new(seed, n, network, faults, PlanSetup::Agreement(setup))
 }
 
 /// What each place has lost when its agreement begins: each of the dead

@@ -3,8 +3,9 @@
 //! reaches it, its transmits carried out at once.
 
 use super::plan::Setup;
+use crate::plan::Fault;
 use crate::world::{Lane, Model, World};
-use crate::{Counts, Fault, Violation};
+use crate::{Counts, Violation};
 use bytes::Bytes;
 use gradlane_core::group::agreement::{Agreement, Event, MessageKind, Outcome, Seat};
 
@@ -116,19 +117,16 @@ pub(crate) fn run<'p>(
             Outcome::Abandoned { .. } => counts.abandoned += 1,
         }
     }
-    crate::Ran {
-        steps: world.steps,
-        quiet_steps: world.quiet_steps,
-        messages: world.m.messages,
-        counts,
-        violations: world.m.violations,
-        trace: world.trace.unwrap_or_default(),
-        left: crate::Left::Agreement(Left {
-            setup,
-            outcomes: world.m.ranks.iter().map(|r| r.outcome.clone()).collect(),
-            dead: world.m.ranks.iter().map(|r| r.dead).collect(),
-        }),
-    }
+    let outcomes = world.m.ranks.iter().map(|r| r.outcome.clone()).collect();
+    let dead = world.m.ranks.iter().map(|r| r.dead).collect();
+    let found = std::mem::take(&mut world.m.violations);
+    let left = Left {
+        setup,
+        outcomes,
+        dead,
+    };
+    let found = (world.m.messages, counts, found);
+    world.finish(0, found, crate::Left::Agreement(left))
 }
 
 impl Model for Agreeing<'_> {

@@ -50,12 +50,12 @@ impl Setup {
     }
 }
 
-/// The schedule of a group `rng` draws under `settings`: the group, its
+/// The schedule of a group of `seed` that `rng` draws under `settings`: the group, its
 /// program of collectives, how fast the network and the failure detector
 /// are, the bounds each rank waits, and the faults (during the programs,
 /// agreements, meshes forming and admissions) until the network goes
 /// quiet.
-pub(crate) fn draw(rng: &mut SplitMix64, settings: &Settings) -> Plan {
+pub(crate) fn draw(seed: u64, rng: &mut SplitMix64, settings: &Settings) -> Plan {
     let n = draw_size(rng, settings, MAX_WORLD);
     let calls = 2 + rng.below(4) as u64;
     let values = rng.next_u64();
@@ -119,7 +119,7 @@ pub(crate) fn draw(rng: &mut SplitMix64, settings: &Settings) -> Plan {
         linger,
         restart_removed,
     };
-    Plan::new(n, network, faults, PlanSetup::Group(setup))
+    Plan::new(seed, n, network, faults, PlanSetup::Group(setup))
 }
 
 /// The fold of `(member, value)` pairs in the order given, for call

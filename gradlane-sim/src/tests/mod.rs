@@ -3,6 +3,7 @@
 //! and one seed replayed with every event written out.
 
 mod agreement;
+mod flaws;
 mod group;
 
 use super::*;

@@ -389,23 +389,26 @@ pub(crate) fn run<'p>(
             restarted: r.inc > 0,
         })
         .collect();
-    let m = world.m;
-    Ran {
-        steps: world.steps,
-        quiet_steps: world.quiet_steps,
-        messages: m.messages,
-        counts: m.counts,
-        violations: m.violations,
-        trace: world.trace.unwrap_or_default(),
-        left: crate::Left::Group(Left {
-            setup,
-            installs: m.installs,
-            partial: m.partial,
-            returns: m.returns,
-            ends,
-            runaway,
-        }),
-    }
+    let m = &mut world.m;
+    let found = (
+        m.messages,
+        m.counts.clone(),
+        std::mem::take(&mut m.violations),
+    );
+    let (installs, partial) = (
+        std::mem::take(&mut m.installs),
+        std::mem::take(&mut m.partial),
+    );
+    let returns = std::mem::take(&mut m.returns);
+    let left = Left {
+        setup,
+        installs,
+        partial,
+        returns,
+        ends,
+        runaway,
+    };
+    world.finish(setup.calls, found, crate::Left::Group(left))
 }
 
 impl Model for Grouping<'_> {
