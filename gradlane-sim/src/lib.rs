@@ -7,7 +7,8 @@
 //! It runs in one of two [`Mode`]s, in one world (`world.rs`: events in
 //! simulated time, links as queues in order each way, failures noticed a
 //! while after they happen), from one kind of schedule (`plan.rs`: the
-//! faults by time, how fast the network and the failure detector are):
+//! faults by time, how fast the network and the failure detector are),
+//! held against the invariants at one place (`simulate.rs`):
 //! - [`Mode::Agreement`]: the survivors of a view that lost a rank agree
 //!   on the next with the real `Agreement`s. The failure that began it
 //!   (ranks dead, links cut) is noticed by some ranks first; a rank still
@@ -40,6 +41,9 @@
 mod agreement;
 mod group;
 mod plan;
+mod report;
+mod settings;
+mod simulate;
 mod soak;
 mod violation;
 mod world;
@@ -47,172 +51,8 @@ mod world;
 #[cfg(test)]
 mod tests;
 
-pub use soak::{soak, soak_threads, summary, Counts, Tally};
+pub use report::{Counts, Report};
+pub use settings::{Mode, Settings};
+pub use simulate::{run, trace};
+pub use soak::{replay_command, schedule_seed, soak, soak_threads, summary, Tally};
 pub use violation::Violation;
-
-use gradlane_core::rng::SplitMix64;
-use plan::{Plan, Setup};
-use std::fmt;
-
-/// Which part of the control plane a schedule runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// The survivors' agreement on the next view, alone.
-    Agreement,
-    /// The whole group: collectives, agreements, meshes, admissions.
-    Group,
-}
-
-impl Mode {
-    /// Its name on a command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Agreement => "agreement",
-            Mode::Group => "group",
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// What the schedules are drawn from.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Which part of the control plane runs.
-    pub mode: Mode,
-    /// The fewest ranks (at least 2).
-    pub min_ranks: usize,
-    /// The most ranks (in a group, at most the core's `MAX_WORLD`).
-    pub max_ranks: usize,
-    /// The most faults in one schedule (a freeze counts once, with the
-    /// losses of it that come with it).
-    pub max_faults: usize,
-    /// A deliberate fault in every machine, to show the checks find it.
-    #[cfg(test)]
-    pub(crate) flaw: Option<gradlane_core::group::view_keeper::KeeperFlaw>,
-}
-
-impl Settings {
-    /// The settings the soak and the tests start from, in `mode`.
-    pub fn new(mode: Mode) -> Self {
-        Self {
-            mode,
-            min_ranks: 2,
-            max_ranks: 16,
-            max_faults: 4,
-            #[cfg(test)]
-            flaw: None,
-        }
-    }
-}
-
-/// The agreement's flaw in a keeper's flaw, if it is one.
-#[cfg(test)]
-fn agreement_flaw(
-    flaw: gradlane_core::group::view_keeper::KeeperFlaw,
-) -> Option<gradlane_core::group::agreement::Flaw> {
-    match flaw {
-        gradlane_core::group::view_keeper::KeeperFlaw::Agreement(f) => Some(f),
-        _ => None,
-    }
-}
-
-/// What one schedule did.
-#[derive(Debug, Clone)]
-pub struct Report {
-    /// Its seed.
-    pub seed: u64,
-    /// Its mode.
-    pub mode: Mode,
-    /// The view's or the group's size.
-    pub ranks: usize,
-    /// Calls in each program (0 in an agreement alone).
-    pub calls: u64,
-    /// Events it took.
-    pub steps: u64,
-    /// Messages sent on links.
-    pub messages: u64,
-    /// What the ranks did.
-    pub counts: Counts,
-    /// The invariants it broke.
-    pub violations: Vec<Violation>,
-    /// Every event, where it was run by [`trace`].
-    pub trace: Vec<String>,
-}
-
-impl Report {
-    /// Whether two of its ranks installed different views.
-    pub fn disagreed(&self) -> bool {
-        self.violations.iter().any(Violation::is_disagreement)
-    }
-}
-
-/// What a run left: its report so far (the violations in it those found
-/// while it ran), and what the mode's checks read.
-pub(crate) struct Ran<'p> {
-    /// What it did.
-    pub report: Report,
-    /// Events taken after the last fault.
-    pub quiet_steps: u64,
-    /// What the mode's checks read.
-    pub left: Left<'p>,
-}
-
-/// What a mode's run left for its checks.
-pub(crate) enum Left<'p> {
-    /// An agreement's outcomes.
-    Agreement(agreement::Left<'p>),
-    /// A group's views, results and ends.
-    Group(group::Left<'p>),
-}
-
-/// Every invariant `ran` broke: what was found while it ran, then what
-/// its mode's checks find in what it left.
-fn check(plan: &Plan, ran: &Ran) -> Vec<Violation> {
-    let mut found = ran.report.violations.clone();
-    match &ran.left {
-        Left::Agreement(left) => agreement::check(left, ran.quiet_steps, &mut found),
-        Left::Group(left) => group::check(plan, left, &mut found),
-    }
-    found
-}
-
-/// Runs the schedule of `seed`.
-pub fn run(seed: u64, settings: &Settings) -> Report {
-    simulate(seed, settings, false)
-}
-
-/// Runs the schedule of `seed`, writing down every event.
-pub fn trace(seed: u64, settings: &Settings) -> Report {
-    simulate(seed, settings, true)
-}
-
-fn simulate(seed: u64, settings: &Settings, traced: bool) -> Report {
-    let (plan, rng) = Plan::draw(seed, settings);
-    let mut ran = match &plan.setup {
-        Setup::Agreement(setup) => agreement::run(&plan, setup, rng, traced, settings),
-        Setup::Group(setup) => group::run(&plan, setup, rng, traced, settings),
-    };
-    ran.report.violations = check(&plan, &ran);
-    if let Left::Group(left) = &ran.left {
-        ran.report.counts.clashes = group::clashes(left);
-    }
-    if traced {
-        ran.report.trace.insert(0, format!("{plan:?}"));
-    }
-    ran.report
-}
-
-/// The seed of schedule `index` of a soak from `base`.
-pub fn schedule_seed(base: u64, index: u64) -> u64 {
-    SplitMix64::at(base, index)
-}
-
-/// How to run schedule `seed` of `mode` alone, every event written out.
-pub fn replay_command(mode: Mode, seed: u64) -> String {
-    format!("cargo run --release -p gradlane-sim --example soak -- --mode {mode} --replay {seed}")
-}

@@ -1,8 +1,9 @@
 //! One schedule drawn from a seed, in either mode: the ranks, how fast
 //! the network and the failure detector are, the faults by time, and
-//! what the mode's own ranks start from ([`Setup`]).
+//! what the mode's own ranks start from (its setup); and the draws both
+//! modes make.
 
-use crate::{agreement, group, Mode, Settings};
+use crate::settings::Settings;
 use gradlane_core::rng::SplitMix64;
 
 /// Something that goes wrong while the ranks run.
@@ -70,18 +71,9 @@ impl Fault {
     }
 }
 
-/// What the mode's ranks start from.
-#[derive(Debug, Clone)]
-pub(crate) enum Setup {
-    /// A view agreeing on the next after a failure.
-    Agreement(agreement::Setup),
-    /// A group running a program of collectives.
-    Group(group::Setup),
-}
-
 /// One schedule.
 #[derive(Debug, Clone)]
-pub(crate) struct Plan {
+pub(crate) struct Plan<S> {
     /// The seed it was drawn from.
     pub seed: u64,
     /// The ranks: the view agreeing, or the group (every rank a member of
@@ -99,7 +91,7 @@ pub(crate) struct Plan {
     /// learns the loss from the send, not from its reader).
     pub send_fails: u64,
     /// What the mode's ranks start from.
-    pub setup: Setup,
+    pub setup: S,
 }
 
 /// How fast the network and the failure detector are: the longest a
@@ -107,7 +99,7 @@ pub(crate) struct Plan {
 /// chance in 256 that a send on a failed link fails at once.
 pub(crate) type Network = (u64, (u64, u64), u64);
 
-impl Plan {
+impl<S> Plan<S> {
     /// The schedule of `seed`: `n` ranks on `network`, with `faults` (in
     /// any order) and `setup`.
     pub(crate) fn new(
@@ -115,7 +107,7 @@ impl Plan {
         n: usize,
         network: Network,
         faults: Vec<(u64, Fault)>,
-        setup: Setup,
+        setup: S,
     ) -> Self {
         let (max_delay, notice, send_fails) = network;
         let mut faults = faults;
@@ -130,25 +122,6 @@ impl Plan {
             notice,
             send_fails,
             setup,
-        }
-    }
-
-    /// The schedule of `seed` under `settings`, and the randomness left
-    /// for its run.
-    pub(crate) fn draw(seed: u64, settings: &Settings) -> (Self, SplitMix64) {
-        let mut rng = SplitMix64::new(seed);
-        let plan = match settings.mode {
-            Mode::Agreement => agreement::draw(seed, &mut rng, settings),
-            Mode::Group => group::draw(seed, &mut rng, settings),
-        };
-        (plan, rng)
-    }
-
-    /// Its mode.
-    pub(crate) fn mode(&self) -> Mode {
-        match self.setup {
-            Setup::Agreement(_) => Mode::Agreement,
-            Setup::Group(_) => Mode::Group,
         }
     }
 

@@ -4,12 +4,20 @@
 //! happen, and the trace. Each mode's ranks ([`Model`]) take the events.
 
 use crate::plan::Plan;
-use crate::{Counts, Left, Ran, Report, Violation};
+use crate::report::{Counts, Report};
+use crate::settings::Mode;
+use crate::violation::Violation;
 use gradlane_core::rng::SplitMix64;
 use std::collections::{BTreeMap, VecDeque};
 
 /// The ranks of one mode, as the world drives them.
 pub(crate) trait Model: Sized {
+    /// Which mode's ranks these are.
+    const MODE: Mode;
+
+    /// What the ranks start from.
+    type Setup;
+
     /// Something that happens at a time.
     type Ev;
 
@@ -24,7 +32,7 @@ pub(crate) trait Model: Sized {
 /// The network and its ranks while a run goes on.
 pub(crate) struct World<'p, M: Model> {
     /// The schedule.
-    pub plan: &'p Plan,
+    pub plan: &'p Plan<M::Setup>,
     /// Every draw after the plan's.
     pub rng: SplitMix64,
     /// The time.
@@ -44,7 +52,7 @@ pub(crate) struct World<'p, M: Model> {
 impl<'p, M: Model> World<'p, M> {
     /// The world of `plan` and the ranks `m`, its randomness from `rng`
     /// on.
-    pub(crate) fn new(plan: &'p Plan, rng: SplitMix64, trace: bool, m: M) -> Self {
+    pub(crate) fn new(plan: &'p Plan<M::Setup>, rng: SplitMix64, trace: bool, m: M) -> Self {
         Self {
             plan,
             rng,
@@ -86,15 +94,15 @@ impl<'p, M: Model> World<'p, M> {
     /// What the run left: its events and trace, with the mode's `calls`
     /// in each program, the messages, counts and violations it found as
     /// it ran, and what its checks read.
-    pub(crate) fn finish<'q>(
+    pub(crate) fn finish<L>(
         &mut self,
         calls: u64,
         (messages, counts, violations): (u64, Counts, Vec<Violation>),
-        left: Left<'q>,
-    ) -> Ran<'q> {
+        left: L,
+    ) -> Ran<L> {
         let report = Report {
             seed: self.plan.seed,
-            mode: self.plan.mode(),
+            mode: M::MODE,
             ranks: self.plan.n,
             calls,
             steps: self.steps,
@@ -141,6 +149,17 @@ impl<'p, M: Model> World<'p, M> {
     pub(crate) fn send_finds_out(&mut self) -> bool {
         self.rng.below(256) < self.plan.send_fails as usize
     }
+}
+
+/// What a run left: its report so far (the violations in it those found
+/// while it ran), and what the mode's checks read.
+pub(crate) struct Ran<L> {
+    /// What it did.
+    pub report: Report,
+    /// Events taken after the last fault.
+    pub quiet_steps: u64,
+    /// What the mode's checks read.
+    pub left: L,
 }
 
 /// One way of a link: messages in order, each with when it arrives.

@@ -7,14 +7,15 @@
 
 use super::plan::Setup;
 use super::world::Left;
-use crate::Violation;
+use crate::plan::Plan;
+use crate::violation::Violation;
+use crate::world::Ran;
 use gradlane_core::group::agreement::Outcome;
 use gradlane_core::group::{ViewDecision, ViewOutcome};
 
-/// Every invariant the agreement that left `ran` broke, after
-/// `quiet_steps` events since its last fault.
-pub(crate) fn check(ran: &Left, quiet_steps: u64, found: &mut Vec<Violation>) {
-    let plan = ran.setup;
+/// Every invariant the agreement of `plan` broke, in what it left.
+pub(crate) fn check(plan: &Plan<Setup>, ran: &Ran<Left>, found: &mut Vec<Violation>) {
+    let (plan, quiet_steps, ran) = (&plan.setup, ran.quiet_steps, &ran.left);
     progress(ran, quiet_steps, found);
     let mut views: Vec<&ViewDecision> = Vec::new();
     for (place, outcome) in ran.outcomes.iter().enumerate() {

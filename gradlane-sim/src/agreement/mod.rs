@@ -6,5 +6,5 @@ mod plan;
 mod world;
 
 pub(crate) use check::check;
-pub(crate) use plan::{draw, Setup};
-pub(crate) use world::{run, Left};
+pub(crate) use plan::draw;
+pub(crate) use world::run;

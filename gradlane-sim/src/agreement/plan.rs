@@ -2,9 +2,8 @@
 
 use crate::plan::{
     draw_cut, draw_freeze, draw_network, draw_pair, draw_sides, draw_size, Fault, Plan,
-    Setup as PlanSetup,
 };
-use crate::Settings;
+use crate::settings::Settings;
 use gradlane_core::rng::SplitMix64;
 use std::collections::BTreeSet;
 
@@ -45,7 +44,7 @@ pub(crate) struct Setup {
 /// agreement, the faults while it runs (a freeze counts once, with the
 /// losses of it that come with it; a partition never heals) and how fast
 /// the network and the failure detector are.
-pub(crate) fn draw(seed: u64, rng: &mut SplitMix64, settings: &Settings) -> Plan {
+pub(crate) fn draw(seed: u64, rng: &mut SplitMix64, settings: &Settings) -> Plan<Setup> {
     let n = draw_size(rng, settings, usize::MAX);
     let world = n + rng.below(4);
     let mut members: Vec<usize> = (0..world).collect();
@@ -125,7 +124,7 @@ pub(crate) fn draw(seed: u64, rng: &mut SplitMix64, settings: &Settings) -> Plan
         start,
         close_after,
     };
-    Plan::new(seed, n, network, faults, PlanSetup::Agreement(setup))
+    Plan::new(seed, n, network, faults, setup)
 }
 
 /// What each place has lost when its agreement begins: each of the dead

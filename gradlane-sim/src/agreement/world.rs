@@ -3,11 +3,14 @@
 //! reaches it, its transmits carried out at once.
 
 use super::plan::Setup;
-use crate::plan::Fault;
-use crate::world::{Lane, Model, World};
-use crate::{Counts, Violation};
+use crate::plan::{Fault, Plan};
+use crate::report::Counts;
+use crate::settings::{Mode, Settings};
+use crate::violation::Violation;
+use crate::world::{Lane, Model, Ran, World};
 use bytes::Bytes;
 use gradlane_core::group::agreement::{Agreement, Event, MessageKind, Outcome, Seat};
+use gradlane_core::rng::SplitMix64;
 
 /// Something that happens at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,24 +67,20 @@ pub(crate) struct Agreeing<'p> {
 }
 
 /// What an agreement left, for its checks.
-pub(crate) struct Left<'p> {
-    /// What its ranks started from.
-    pub setup: &'p Setup,
+pub(crate) struct Left {
     /// Each place's outcome, if it took one (dead or not).
     pub outcomes: Vec<Option<Outcome>>,
     /// Which places were dead at the end.
     pub dead: Vec<bool>,
 }
 
-/// Runs an agreement: the world of `plan` and `setup`, its randomness
-/// from `rng` on.
-pub(crate) fn run<'p>(
-    plan: &'p crate::plan::Plan,
-    setup: &'p Setup,
-    rng: gradlane_core::rng::SplitMix64,
+/// Runs the agreement of `plan`, its randomness from `rng` on.
+pub(crate) fn run(
+    plan: &Plan<Setup>,
+    rng: SplitMix64,
     traced: bool,
-    settings: &crate::Settings,
-) -> crate::Ran<'p> {
+    settings: &Settings,
+) -> Ran<Left> {
     let n = plan.n;
     let ranks = (0..n)
         .map(|_| Rank {
@@ -93,7 +92,7 @@ pub(crate) fn run<'p>(
         })
         .collect();
     let m = Agreeing {
-        setup,
+        setup: &plan.setup,
         n,
         ranks,
         cut: vec![false; n * n],
@@ -101,8 +100,9 @@ pub(crate) fn run<'p>(
         messages: 0,
         violations: Vec::new(),
         #[cfg(test)]
-        flaw: settings.flaw.and_then(crate::agreement_flaw),
+        flaw: settings.flaw.and_then(crate::settings::agreement_flaw),
     };
+    // Outside the tests, the settings have drawn the plan already.
     let _ = settings;
     let mut world = World::new(plan, rng, traced, m);
     world.begin_all();
@@ -120,16 +120,13 @@ pub(crate) fn run<'p>(
     let outcomes = world.m.ranks.iter().map(|r| r.outcome.clone()).collect();
     let dead = world.m.ranks.iter().map(|r| r.dead).collect();
     let found = std::mem::take(&mut world.m.violations);
-    let left = Left {
-        setup,
-        outcomes,
-        dead,
-    };
     let found = (world.m.messages, counts, found);
-    world.finish(0, found, crate::Left::Agreement(left))
+    world.finish(0, found, Left { outcomes, dead })
 }
 
 impl Model for Agreeing<'_> {
+    const MODE: Mode = Mode::Agreement;
+    type Setup = Setup;
     type Ev = Ev;
 
     fn frozen_until(&self, ev: &Ev) -> u64 {

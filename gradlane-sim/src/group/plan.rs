@@ -2,9 +2,8 @@
 
 use crate::plan::{
     draw_cut, draw_freeze, draw_network, draw_pair, draw_sides, draw_size, Fault, Plan,
-    Setup as PlanSetup,
 };
-use crate::Settings;
+use crate::settings::Settings;
 use gradlane_core::group::MAX_WORLD;
 use gradlane_core::rng::SplitMix64;
 
@@ -55,7 +54,7 @@ impl Setup {
 /// are, the bounds each rank waits, and the faults (during the programs,
 /// agreements, meshes forming and admissions) until the network goes
 /// quiet.
-pub(crate) fn draw(seed: u64, rng: &mut SplitMix64, settings: &Settings) -> Plan {
+pub(crate) fn draw(seed: u64, rng: &mut SplitMix64, settings: &Settings) -> Plan<Setup> {
     let n = draw_size(rng, settings, MAX_WORLD);
     let calls = 2 + rng.below(4) as u64;
     let values = rng.next_u64();
@@ -119,7 +118,7 @@ pub(crate) fn draw(seed: u64, rng: &mut SplitMix64, settings: &Settings) -> Plan
         linger,
         restart_removed,
     };
-    Plan::new(seed, n, network, faults, PlanSetup::Group(setup))
+    Plan::new(seed, n, network, faults, setup)
 }
 
 /// The fold of `(member, value)` pairs in the order given, for call

@@ -12,8 +12,10 @@ mod events;
 
 use super::plan::{fold_values, Setup, MAX_ATTEMPTS, MAX_RESTARTS};
 use crate::plan::{Fault, Plan};
-use crate::world::{Lane, Model, World};
-use crate::{Counts, Ran, Settings, Violation};
+use crate::report::Counts;
+use crate::settings::{Mode, Settings};
+use crate::violation::Violation;
+use crate::world::{Lane, Model, Ran, World};
 use bytes::Bytes;
 use gradlane_core::group::agreement::{Agreement, Event as Heard, MessageKind};
 use gradlane_core::group::view_keeper::{Action, Event, Failure, KeeperError, ViewKeeper};
@@ -275,9 +277,7 @@ pub(crate) struct End {
 }
 
 /// What a group's run left, for its checks.
-pub(crate) struct Left<'p> {
-    /// What its ranks started from.
-    pub setup: &'p Setup,
+pub(crate) struct Left {
     /// Every view installed, in order.
     pub installs: Vec<Install>,
     /// Every mesh that formed with members missing (the view taken as
@@ -337,15 +337,14 @@ fn process_of(addr: &SocketAddr) -> u64 {
     u64::from(addr.port() - 1000)
 }
 
-/// Runs a group: the world of `plan` and `setup`, its randomness from
-/// `rng` on.
-pub(crate) fn run<'p>(
-    plan: &'p Plan,
-    setup: &'p Setup,
+/// Runs the group of `plan`, its randomness from `rng` on.
+pub(crate) fn run(
+    plan: &Plan<Setup>,
     rng: SplitMix64,
     traced: bool,
     settings: &Settings,
-) -> Ran<'p> {
+) -> Ran<Left> {
+    let setup = &plan.setup;
     let n = plan.n;
     let c = setup.calls as usize;
     let m = Grouping {
@@ -369,6 +368,7 @@ pub(crate) fn run<'p>(
         #[cfg(test)]
         flaw: settings.flaw,
     };
+    // Outside the tests, the settings have drawn the plan already.
     let _ = settings;
     let mut world = World::new(plan, rng, traced, m);
     world.begin_all();
@@ -390,28 +390,25 @@ pub(crate) fn run<'p>(
         })
         .collect();
     let m = &mut world.m;
+    let left = Left {
+        installs: std::mem::take(&mut m.installs),
+        partial: std::mem::take(&mut m.partial),
+        returns: std::mem::take(&mut m.returns),
+        ends,
+        runaway,
+    };
+    m.counts.clashes = clashes(&left);
     let found = (
         m.messages,
         m.counts.clone(),
         std::mem::take(&mut m.violations),
     );
-    let (installs, partial) = (
-        std::mem::take(&mut m.installs),
-        std::mem::take(&mut m.partial),
-    );
-    let returns = std::mem::take(&mut m.returns);
-    let left = Left {
-        setup,
-        installs,
-        partial,
-        returns,
-        ends,
-        runaway,
-    };
-    world.finish(setup.calls, found, crate::Left::Group(left))
+    world.finish(setup.calls, found, left)
 }
 
 impl Model for Grouping<'_> {
+    const MODE: Mode = Mode::Group;
+    type Setup = Setup;
     type Ev = Ev;
 
     fn frozen_until(&self, ev: &Ev) -> u64 {
@@ -501,4 +498,25 @@ fn describe(action: &Action) -> String {
         ),
         other => format!("{other:?}"),
     }
+}
+
+/// How many epochs two ranks formed meshes of with different members
+/// (one of them at least not whole): an admission and an agreement that
+/// overlapped. Not a violation (neither mesh is whole, by the digest in
+/// the hello), but counted, as each costs the ranks in it their view.
+fn clashes(ran: &Left) -> u64 {
+    let mut seen: BTreeMap<u64, &Vec<usize>> = BTreeMap::new();
+    let mut clashed = std::collections::BTreeSet::new();
+    for install in ran.installs.iter().chain(&ran.partial) {
+        match seen.get(&install.epoch) {
+            Some(members) if **members != install.members => {
+                clashed.insert(install.epoch);
+            }
+            Some(_) => {}
+            None => {
+                seen.insert(install.epoch, &install.members);
+            }
+        }
+    }
+    clashed.len() as u64
 }
