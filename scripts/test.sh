@@ -53,16 +53,16 @@ setup_log=$(mktemp)
 setup_pid=$!
 
 step "cargo test --workspace --no-fail-fast"
-# The simulations (the view agreement's, the whole group's) write their
-# summaries (how many schedules they checked, how fast, their outcomes)
-# here, shown after the run.
+# The control plane's simulation (gradlane-sim), in its two modes (the
+# view agreement alone, the whole group), writes its summaries (how many
+# schedules it checked, how fast, their outcomes) here, shown after the run.
 agreement_summary=$(mktemp)
 group_summary=$(mktemp)
-GRADLANE_AGREEMENT_SUMMARY="$agreement_summary" GRADLANE_GROUP_SIM_SUMMARY="$group_summary" \
+GRADLANE_SIM_SUMMARY_AGREEMENT="$agreement_summary" GRADLANE_SIM_SUMMARY_GROUP="$group_summary" \
     cargo test --workspace --no-fail-fast
 rust_status=$?
-echo "== the view agreement's simulation: $(cat "$agreement_summary")"
-echo "== the group's simulation: $(cat "$group_summary")"
+echo "== the simulation, agreement mode: $(cat "$agreement_summary")"
+echo "== the simulation, group mode: $(cat "$group_summary")"
 rm -f "$agreement_summary" "$group_summary"
 
 step "waiting for the venv"

@@ -47,8 +47,8 @@
 //!   rendezvous, the further paths, a sparse allgather's shapes, an
 //!   owner's summed shard, a new view; the control plane as state
 //!   machines (a rank's view across collectives, the survivors'
-//!   agreement on the next view, a mesh forming) and the deterministic
-//!   simulations of N ranks that check them.
+//!   agreement on the next view, a mesh forming), which the `gradlane-sim`
+//!   crate checks in deterministic simulations of N ranks.
 //! - [`protocol`]: the round protocol as state machines: release, report,
 //!   confirmation, delivery, close.
 //! - [`bytes`]: the one byte reader and length-prefixed framing they use.

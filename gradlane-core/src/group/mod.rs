@@ -21,14 +21,13 @@
 //!   elastic membership, the next view after a rank is lost and the ranks
 //!   that ask to rejoin.
 //! - [`agreement`]: the survivors' agreement on that next view, as a
-//!   state machine, and its deterministic simulation.
+//!   state machine.
 //! - [`admission`]: which ranks asking to rejoin a member refuses, and the
 //!   view that takes the others in.
 //! - [`OnRankFailure`]: the failure policy, every decision it makes.
 //! - [`view_keeper`]: a rank's view across collectives under `Continue`
-//!   (exchange, `Done`, agreement, new mesh, admission) as a machine, and
-//!   the simulation of N ranks running collectives through deaths,
-//!   freezes, partitions and restarts.
+//!   (exchange, `Done`, agreement, new mesh, admission) as a machine. The
+//!   `gradlane-sim` crate runs N ranks of both through seeded faults.
 
 pub mod admission;
 pub mod agreement;

@@ -162,10 +162,12 @@ impl Outcome {
     }
 }
 
-/// A deliberate fault, for the simulation to show that it finds one.
-#[cfg(test)]
+/// A deliberate fault, for a simulation (`gradlane-sim`) to show that
+/// its checks find one; only with the `flaws` feature, never in a build
+/// that runs a group.
+#[cfg(any(test, feature = "flaws"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Flaw {
+pub enum Flaw {
     /// The coordinator forms a view from whoever is left, quorum or not.
     NoQuorum,
     /// The coordinator decides as soon as it is one, without waiting for
@@ -200,7 +202,7 @@ pub struct Agreement {
     /// The places that accepted it, this rank's own included.
     acks: BTreeSet<usize>,
     outcome: Option<Outcome>,
-    #[cfg(test)]
+    #[cfg(any(test, feature = "flaws"))]
     flaw: Option<Flaw>,
 }
 
@@ -243,7 +245,7 @@ impl Agreement {
             accepted: None,
             acks: BTreeSet::new(),
             outcome: None,
-            #[cfg(test)]
+            #[cfg(any(test, feature = "flaws"))]
             flaw: None,
         };
         agreement.propose();
@@ -251,8 +253,8 @@ impl Agreement {
     }
 
     /// The same machine with a deliberate fault.
-    #[cfg(test)]
-    pub(crate) fn with_flaw(mut self, flaw: Option<Flaw>) -> Self {
+    #[cfg(any(test, feature = "flaws"))]
+    pub fn with_flaw(mut self, flaw: Option<Flaw>) -> Self {
         self.flaw = flaw;
         self
     }
@@ -382,7 +384,7 @@ impl Agreement {
 
     /// Whether every place this rank has not lost has proposed.
     fn heard_all(&self) -> bool {
-        #[cfg(test)]
+        #[cfg(any(test, feature = "flaws"))]
         if self.flaw == Some(Flaw::Impatient) {
             return true;
         }
@@ -406,9 +408,9 @@ impl Agreement {
     /// As the coordinator: decides, queues the decision for the members,
     /// then for the ranks left out, and takes it.
     fn decide(&mut self) {
-        #[cfg(test)]
+        #[cfg(any(test, feature = "flaws"))]
         let need_quorum = self.flaw != Some(Flaw::NoQuorum);
-        #[cfg(not(test))]
+        #[cfg(not(any(test, feature = "flaws")))]
         let need_quorum = true;
         let Decided { decision, left_out } =
             rule::decide_with(&self.seat, &self.suspects, &self.proposals, need_quorum);
@@ -455,9 +457,9 @@ impl Agreement {
         let me = self.seat.joined();
         let outcome = Outcome::of(decision.clone(), from, me);
         self.accepted = Some((decision, from));
-        #[cfg(test)]
+        #[cfg(any(test, feature = "flaws"))]
         let hasty = self.flaw == Some(Flaw::Hasty);
-        #[cfg(not(test))]
+        #[cfg(not(any(test, feature = "flaws")))]
         let hasty = false;
         if hasty || !matches!(outcome, Outcome::Member { .. }) {
             self.outcome = Some(outcome);

@@ -1,8 +1,8 @@
 //! The survivors' agreement on the next view of a group that lost a rank
 //! (docs/DESIGN.md §4.1), as a state machine with no socket and no
 //! clock: the shell (`gradlane::Group`) drives it over its links, and
-//! [`sim`] drives many at once over a seeded model of a network that
-//! cuts, partitions, kills and freezes.
+//! the simulator (the `gradlane-sim` crate) drives many at once over a
+//! seeded model of a network that cuts, partitions, kills and freezes.
 //!
 //! Every survivor proposes (whom it lost, which collective it is in,
 //! whether it holds its result) to every rank it still reaches; the
@@ -14,21 +14,18 @@
 //! - [`Agreement`]: one rank's machine ([`Event`] in, [`Transmit`] out,
 //!   then its [`Outcome`]).
 //! - [`decide`], [`is_quorum`], [`outcome`]: the coordinator's rule.
-//! - [`sim`]: the deterministic simulation of N ranks agreeing, and the
-//!   invariants it checks.
 
 mod error;
 mod machine;
 mod rule;
 mod seat;
-pub mod sim;
 
 #[cfg(test)]
 mod tests;
 
 pub use error::AgreementError;
-#[cfg(test)]
-pub(crate) use machine::Flaw;
+#[cfg(any(test, feature = "flaws"))]
+pub use machine::Flaw;
 pub use machine::{Agreement, Event, MessageKind, Outcome, Transmit};
 pub use rule::{decide, is_quorum, outcome, Decided};
 pub use seat::Seat;

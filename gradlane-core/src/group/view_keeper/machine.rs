@@ -110,10 +110,12 @@ enum Purpose {
     Admission,
 }
 
-/// A deliberate fault in the keeper, for the simulation to find.
-#[cfg(test)]
+/// A deliberate fault in the keeper, for a simulation (`gradlane-sim`)
+/// to find; only with the `flaws` feature, never in a build that runs a
+/// group.
+#[cfg(any(test, feature = "flaws"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum KeeperFlaw {
+pub enum KeeperFlaw {
     /// Returns a collective's result once its exchange completes, without
     /// the `Done` round: a rank may then return a result the others run
     /// again.
@@ -124,7 +126,7 @@ pub(crate) enum KeeperFlaw {
 
 /// One rank's view of its group across collectives, under
 /// [`OnRankFailure::Continue`]: a machine with no socket and no clock.
-/// The shell (`gradlane::Group`) and the simulation ([`super::sim`])
+/// The shell (`gradlane::Group`) and the simulator (`gradlane-sim`)
 /// drive it the same way: begin a collective ([`begin_call`]) or an
 /// admission ([`admit`]), then carry out each [`Action`] it polls and
 /// hand in the [`Event`] it ends in, until it polls [`Action::Return`],
@@ -154,7 +156,7 @@ pub struct ViewKeeper {
     stage: Stage,
     purpose: Purpose,
     next: Option<Action>,
-    #[cfg(test)]
+    #[cfg(any(test, feature = "flaws"))]
     flaw: Option<KeeperFlaw>,
 }
 
@@ -202,14 +204,14 @@ impl ViewKeeper {
             stage: Stage::Idle,
             purpose: Purpose::Admission,
             next: None,
-            #[cfg(test)]
+            #[cfg(any(test, feature = "flaws"))]
             flaw: None,
         }
     }
 
     /// The same keeper with a deliberate fault.
-    #[cfg(test)]
-    pub(crate) fn with_flaw(mut self, flaw: Option<KeeperFlaw>) -> Self {
+    #[cfg(any(test, feature = "flaws"))]
+    pub fn with_flaw(mut self, flaw: Option<KeeperFlaw>) -> Self {
         self.flaw = flaw;
         self
     }
@@ -324,7 +326,7 @@ impl ViewKeeper {
     /// What happened to the last action.
     pub fn handle(&mut self, event: Event) {
         let next = match (std::mem::replace(&mut self.stage, Stage::Idle), event) {
-            #[cfg(test)]
+            #[cfg(any(test, feature = "flaws"))]
             (Stage::Exchange, Event::Exchanged) if self.flaw == Some(KeeperFlaw::NoDone) => {
                 self.contributors = self.attempt_size;
                 Action::Return
@@ -412,7 +414,7 @@ impl ViewKeeper {
             Ok(seat) => {
                 self.stage = Stage::Agree;
                 let agreement = Agreement::new(seat, suspects, alarms);
-                #[cfg(test)]
+                #[cfg(any(test, feature = "flaws"))]
                 let agreement = agreement.with_flaw(match self.flaw {
                     Some(KeeperFlaw::Agreement(f)) => Some(f),
                     _ => None,

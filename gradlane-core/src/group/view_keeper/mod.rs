@@ -15,19 +15,19 @@
 //! view with them the same way.
 //!
 //! The shell (`gradlane::Group`) drives one [`ViewKeeper`] per rank over
-//! QUIC; [`sim`] drives many over a seeded model of a network with
-//! deaths, freezes, partitions and restarts, and checks every schedule.
+//! QUIC; the simulator (the `gradlane-sim` crate) drives many over a
+//! seeded model of a network with deaths, freezes, partitions and
+//! restarts, and checks every schedule.
 //!
 //! [`Agreement`]: super::agreement::Agreement
 
 mod error;
 mod machine;
-pub mod sim;
 
 #[cfg(test)]
 mod tests;
 
 pub use error::KeeperError;
-#[cfg(test)]
-pub(crate) use machine::KeeperFlaw;
+#[cfg(any(test, feature = "flaws"))]
+pub use machine::KeeperFlaw;
 pub use machine::{Action, Event, Failure, ViewKeeper};

@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl World<'_> {
+impl World<'_, Grouping<'_>> {
     pub(super) fn fault(&mut self, i: usize) {
         let plan = self.plan;
         let fault = &plan.faults[i].1;
@@ -14,14 +14,14 @@ impl World<'_> {
                 restart_after,
             } => {
                 let k = *rank;
-                if !self.ranks[k].alive {
+                if !self.m.ranks[k].alive {
                     return;
                 }
-                self.counts.killed += 1;
-                let r = &mut self.ranks[k];
+                self.m.counts.killed += 1;
+                let r = &mut self.m.ranks[k];
                 let inc = r.inc;
-                for l in 0..self.links.len() {
-                    let link = &self.links[l];
+                for l in 0..self.m.links.len() {
+                    let link = &self.m.links[l];
                     if link
                         .ends
                         .iter()
@@ -31,7 +31,7 @@ impl World<'_> {
                         self.fail_link(l);
                     }
                 }
-                let r = &mut self.ranks[k];
+                let r = &mut self.m.ranks[k];
                 r.alive = false;
                 r.frozen_until = 0;
                 r.stage = Stage::Dead;
@@ -41,10 +41,10 @@ impl World<'_> {
             }
             Fault::Cut(a, b) => self.cut(*a, *b),
             Fault::Partition { sides, until } => {
-                for a in 0..self.n {
-                    for b in 0..self.n {
+                for a in 0..self.m.n {
+                    for b in 0..self.m.n {
                         if sides[a] != sides[b] {
-                            self.blocked[a * self.n + b] = true;
+                            self.m.blocked[a * self.m.n + b] = true;
                             if a < b {
                                 self.cut(a, b);
                             }
@@ -54,22 +54,22 @@ impl World<'_> {
                 self.schedule(*until, Ev::Heal(i));
             }
             Fault::Freeze { rank, until } => {
-                let r = &mut self.ranks[*rank];
+                let r = &mut self.m.ranks[*rank];
                 if r.alive {
                     r.frozen_until = r.frozen_until.max(*until);
                 }
             }
             Fault::Slow { a, b, extra, until } => {
-                self.slow[a * self.n + b] = (*extra, *until);
-                self.slow[b * self.n + a] = (*extra, *until);
+                self.m.slow[a * self.m.n + b] = (*extra, *until);
+                self.m.slow[b * self.m.n + a] = (*extra, *until);
             }
         }
     }
 
     /// Every live link between `a` and `b` fails.
     pub(super) fn cut(&mut self, a: usize, b: usize) {
-        for l in 0..self.links.len() {
-            let ends = self.links[l].ends;
+        for l in 0..self.m.links.len() {
+            let ends = self.m.links[l].ends;
             if ends == [a, b] || ends == [b, a] {
                 self.fail_link(l);
             }
@@ -78,7 +78,7 @@ impl World<'_> {
 
     /// A fresh process of rank `r` starts, and asks to rejoin.
     pub(super) fn restart(&mut self, r: usize) {
-        let rank = &mut self.ranks[r];
+        let rank = &mut self.m.ranks[r];
         if rank.alive && !matches!(rank.stage, Stage::Failed) {
             return;
         }
@@ -100,7 +100,7 @@ impl World<'_> {
         rank.waiting.clear();
         rank.removed = false;
         rank.stage = Stage::Joining { attempt: 0 };
-        self.counts.restarts += 1;
+        self.m.counts.restarts += 1;
         self.note(|| format!("rank {r} restarts, to rejoin"));
         self.ask(r);
     }
@@ -108,19 +108,19 @@ impl World<'_> {
     /// A restarted rank asks a contact (any other rank, as it cannot
     /// know who is alive) to admit it, or gives up after enough tries.
     pub(super) fn ask(&mut self, r: usize) {
-        let Stage::Joining { attempt } = self.ranks[r].stage else {
+        let Stage::Joining { attempt } = self.m.ranks[r].stage else {
             return;
         };
         if attempt >= MAX_ATTEMPTS {
             self.note(|| format!("rank {r} gives up rejoining"));
-            self.counts.gave_up += 1;
-            self.ranks[r].stage = Stage::GaveUp;
+            self.m.counts.gave_up += 1;
+            self.m.ranks[r].stage = Stage::GaveUp;
             return;
         }
         let attempt = attempt + 1;
-        self.ranks[r].stage = Stage::Joining { attempt };
-        let contact = (r + 1 + self.rng.below(self.n - 1)) % self.n;
-        let inc = self.ranks[r].inc;
+        self.m.ranks[r].stage = Stage::Joining { attempt };
+        let contact = (r + 1 + self.rng.below(self.m.n - 1)) % self.m.n;
+        let inc = self.m.ranks[r].inc;
         self.note(|| format!("rank {r} asks rank {contact} to admit it (try {attempt})"));
         let at = self.now + self.delay();
         self.schedule(
@@ -131,7 +131,7 @@ impl World<'_> {
                 post: Post::Join { from: r, inc },
             },
         );
-        let wait = self.plan.join_wait;
+        let wait = self.m.setup.join_wait;
         self.schedule(
             self.now + wait,
             Ev::JoinTimeout {
@@ -145,7 +145,7 @@ impl World<'_> {
     /// Something sent outside the mesh reaches `to` (if its path is open
     /// and its process is the one meant).
     pub(super) fn posted(&mut self, to: usize, inc: u64, post: Post) {
-        if !self.ranks[to].alive || (inc != u64::MAX && self.ranks[to].inc != inc) {
+        if !self.m.ranks[to].alive || (inc != u64::MAX && self.m.ranks[to].inc != inc) {
             return;
         }
         match post {
@@ -153,10 +153,10 @@ impl World<'_> {
                 from,
                 inc: from_inc,
             } => {
-                if self.blocked[from * self.n + to] || !self.is(from, from_inc) {
+                if self.m.blocked[from * self.m.n + to] || !self.is(from, from_inc) {
                     return;
                 }
-                let rank = &self.ranks[to];
+                let rank = &self.m.ranks[to];
                 let member = matches!(
                     rank.stage,
                     Stage::Idle
@@ -174,14 +174,14 @@ impl World<'_> {
                 };
                 let request = JoinRequest {
                     rank: from,
-                    world: self.n,
+                    world: self.m.n,
                     listen: address(from, from_inc),
                     member_of: None,
                 };
-                match admission::screen(&request, keeper.members(), self.n) {
+                match admission::screen(&request, keeper.members(), self.m.n) {
                     Ok(()) => {
                         self.note(|| format!("rank {to} keeps rank {from} waiting to rejoin"));
-                        let waiting = &mut self.ranks[to].waiting;
+                        let waiting = &mut self.m.ranks[to].waiting;
                         waiting.retain(|w| w.0 != from);
                         waiting.push((from, request.listen));
                     }
@@ -200,11 +200,11 @@ impl World<'_> {
                 }
             }
             Post::Refused => {
-                if let Stage::Joining { attempt } = self.ranks[to].stage {
+                if let Stage::Joining { attempt } = self.m.ranks[to].stage {
                     // Ask again a while later: the members may not have
                     // lost it yet.
                     let wait = 4 * self.plan.max_delay + 60;
-                    let inc = self.ranks[to].inc;
+                    let inc = self.m.ranks[to].inc;
                     self.schedule(
                         self.now + wait,
                         Ev::JoinTimeout {
@@ -216,7 +216,7 @@ impl World<'_> {
                 }
             }
             Post::Admission { decision, joiners } => {
-                if matches!(self.ranks[to].stage, Stage::Joining { .. }) {
+                if matches!(self.m.ranks[to].stage, Stage::Joining { .. }) {
                     self.note(|| format!("rank {to} is admitted to {decision:?}"));
                     self.form(to, decision, Some(joiners));
                     self.poke(to);

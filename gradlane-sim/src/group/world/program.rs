@@ -4,11 +4,11 @@
 
 use super::*;
 
-impl World<'_> {
+impl World<'_, Grouping<'_>> {
     /// The next call of `r`'s program, or its end.
     pub(super) fn next_call(&mut self, r: usize) {
-        let calls = self.plan.calls;
-        let rank = &mut self.ranks[r];
+        let calls = self.m.setup.calls;
+        let rank = &mut self.m.ranks[r];
         let Some(keeper) = rank.keeper.as_mut() else {
             return;
         };
@@ -16,7 +16,7 @@ impl World<'_> {
             rank.stage = Stage::Finished;
             let inc = rank.inc;
             self.note(|| format!("rank {r} finished its program"));
-            let linger = self.plan.linger;
+            let linger = self.m.setup.linger;
             self.schedule(self.now + linger, Ev::Linger { rank: r, inc });
             return;
         }
@@ -28,10 +28,10 @@ impl World<'_> {
     /// `r` computes its next step (the time between two collectives),
     /// then begins its next call.
     pub(super) fn compute(&mut self, r: usize) {
-        let rank = &mut self.ranks[r];
+        let rank = &mut self.m.ranks[r];
         rank.stage = Stage::Idle;
         let inc = rank.inc;
-        let at = self.now + self.rng.below(self.plan.compute as usize + 1) as u64;
+        let at = self.now + self.rng.below(self.m.setup.compute as usize + 1) as u64;
         self.schedule(at, Ev::Next { rank: r, inc });
     }
 
@@ -40,20 +40,20 @@ impl World<'_> {
         self.note(|| format!("rank {r} fails: {error}"));
         match &error {
             KeeperError::Removed { .. } | KeeperError::NoQuorum { .. } => {
-                self.counts.removed += 1;
-                self.ranks[r].removed = true;
+                self.m.counts.removed += 1;
+                self.m.ranks[r].removed = true;
             }
-            KeeperError::OutOfStep { .. } => self.counts.out_of_step += 1,
-            KeeperError::Fatal => self.counts.fatal += 1,
+            KeeperError::OutOfStep { .. } => self.m.counts.out_of_step += 1,
+            KeeperError::Fatal => self.m.counts.fatal += 1,
         }
-        self.ranks[r].stage = Stage::Failed;
+        self.m.ranks[r].stage = Stage::Failed;
         self.close_all(r);
         let removed = matches!(
             error,
             KeeperError::Removed { .. } | KeeperError::NoQuorum { .. }
         );
-        if removed && self.plan.restart_removed && self.ranks[r].restarts < MAX_RESTARTS {
-            let after = 20 + self.rng.below(4 * self.plan.join_wait as usize) as u64;
+        if removed && self.m.setup.restart_removed && self.m.ranks[r].restarts < MAX_RESTARTS {
+            let after = 20 + self.rng.below(4 * self.m.setup.join_wait as usize) as u64;
             self.schedule(self.now + after, Ev::Restart(r));
         }
     }
@@ -76,7 +76,7 @@ impl World<'_> {
     /// polls until it waits for something.
     pub(super) fn step(&mut self, r: usize, mut event: Option<Event>) {
         loop {
-            let Some(keeper) = self.ranks[r].keeper.as_mut() else {
+            let Some(keeper) = self.m.ranks[r].keeper.as_mut() else {
                 return;
             };
             if let Some(e) = event.take() {
@@ -96,16 +96,16 @@ impl World<'_> {
     /// Carries out `action` of `r`'s keeper (as the shell does).
     pub(super) fn act(&mut self, r: usize, action: Action) -> Poke {
         self.note(|| format!("rank {r} acts: {}", describe(&action)));
-        let keeper = self.ranks[r].keeper.as_ref().expect("a keeper acts");
+        let keeper = self.m.ranks[r].keeper.as_ref().expect("a keeper acts");
         let (epoch, members) = (keeper.epoch(), keeper.members().to_vec());
         match action {
             Action::Exchange { rerun } => {
                 if rerun {
-                    self.counts.reruns += 1;
+                    self.m.counts.reruns += 1;
                 }
                 let call = keeper.calls();
-                let value = self.plan.value(r, call);
-                let rank = &mut self.ranks[r];
+                let value = self.m.setup.value(r, call);
+                let rank = &mut self.m.ranks[r];
                 rank.held = None;
                 rank.stage = Stage::Exchange {
                     call,
@@ -116,11 +116,11 @@ impl World<'_> {
             }
             Action::Done => {
                 let call = keeper.calls();
-                let world = self.n;
+                let world = self.m.n;
                 // As the shell's announcement: refuse those that cannot
                 // rejoin, name the rest.
                 let mut refused = Vec::new();
-                let rank = &mut self.ranks[r];
+                let rank = &mut self.m.ranks[r];
                 rank.waiting.retain(|&(j, addr)| {
                     let request = JoinRequest {
                         rank: j,
@@ -157,14 +157,14 @@ impl World<'_> {
                     call,
                     joiners: mine.clone(),
                 });
-                if let Stage::Done { got, .. } = &mut self.ranks[r].stage {
+                if let Stage::Done { got, .. } = &mut self.m.ranks[r].stage {
                     got.insert(r, joiners);
                 }
                 self.settle(r)
             }
             Action::Agree(machine) => {
-                self.counts.agreements += 1;
-                self.ranks[r].stage = Stage::Agree {
+                self.m.counts.agreements += 1;
+                self.m.ranks[r].stage = Stage::Agree {
                     machine,
                     told: BTreeSet::new(),
                 };
@@ -172,7 +172,7 @@ impl World<'_> {
             }
             Action::Admit { decision, joiners } => {
                 for (j, addr) in joiners.iter().copied() {
-                    let rank = &mut self.ranks[r];
+                    let rank = &mut self.m.ranks[r];
                     if let Some(i) = rank.waiting.iter().position(|w| *w == (j, addr)) {
                         rank.waiting.remove(i);
                         let joiners = joiners.iter().map(|j| j.0).collect();
@@ -197,13 +197,13 @@ impl World<'_> {
                 self.settle(r)
             }
             Action::Return => {
-                self.counts.returned += 1;
-                let rank = &self.ranks[r];
+                self.m.counts.returned += 1;
+                let rank = &self.m.ranks[r];
                 let keeper = rank.keeper.as_ref().expect("a keeper returns");
                 let call = keeper.calls();
                 match rank.held.clone() {
                     Some(held) if held.call == call => {
-                        self.returns.push(Returned {
+                        self.m.returns.push(Returned {
                             rank: r,
                             inc: rank.inc,
                             call,
@@ -214,12 +214,15 @@ impl World<'_> {
                             after_removal: rank.removed,
                         });
                     }
-                    _ => self.violations.push(Violation::NoResult { rank: r, call }),
+                    _ => self
+                        .m
+                        .violations
+                        .push(Violation::NoResult { rank: r, call }),
                 }
-                let keeper = self.ranks[r].keeper.as_mut().expect("a keeper");
+                let keeper = self.m.ranks[r].keeper.as_mut().expect("a keeper");
                 match keeper.admit(OnRankFailure::Continue) {
                     Ok(true) => {
-                        self.counts.admissions += 1;
+                        self.m.counts.admissions += 1;
                         Poke::Poll
                     }
                     Ok(false) => {
@@ -249,14 +252,14 @@ impl World<'_> {
     /// failure, known.
     pub(super) fn send_all(&mut self, r: usize, members: &[usize], msg: impl Fn(usize) -> Msg) {
         for &m in members.iter().filter(|&&m| m != r) {
-            match self.ranks[r].links.get(&m).copied() {
+            match self.m.ranks[r].links.get(&m).copied() {
                 Some(l) => {
                     if !self.send(r, l, msg(m)) {
-                        self.ranks[r].failed.entry(m).or_insert(false);
+                        self.m.ranks[r].failed.entry(m).or_insert(false);
                     }
                 }
                 None => {
-                    self.ranks[r].failed.entry(m).or_insert(false);
+                    self.m.ranks[r].failed.entry(m).or_insert(false);
                 }
             }
         }
@@ -264,7 +267,7 @@ impl World<'_> {
 
     /// What `r` does with what came, for the stage it is in.
     pub(super) fn settle(&mut self, r: usize) -> Poke {
-        match self.ranks[r].stage {
+        match self.m.ranks[r].stage {
             Stage::Exchange { .. } | Stage::Done { .. } => self.settle_call(r),
             Stage::Agree { .. } => self.settle_agreement(r),
             Stage::Form { ref mesh, .. } => match mesh.is_settled() {
@@ -279,7 +282,7 @@ impl World<'_> {
     /// in order, as the shell's collective does (a proposal where a
     /// message was due is an alarm; another message is out of step).
     pub(super) fn settle_call(&mut self, r: usize) -> Poke {
-        let rank = &mut self.ranks[r];
+        let rank = &mut self.m.ranks[r];
         let keeper = rank.keeper.as_ref().expect("a member has a keeper");
         let members = keeper.members().to_vec();
         let epoch = keeper.epoch();
@@ -362,7 +365,7 @@ impl World<'_> {
             let stage = std::mem::replace(&mut rank.stage, Stage::Idle);
             return match stage {
                 Stage::Exchange { call, mut got } => {
-                    got.insert(r, self.plan.value(r, call));
+                    got.insert(r, self.m.setup.value(r, call));
                     let bits = fold_values(call, members.iter().map(|m| (*m, got[m])));
                     rank.held = Some(Held {
                         call,
@@ -423,14 +426,14 @@ impl World<'_> {
         let Stage::Agree {
             mut machine,
             mut told,
-        } = std::mem::replace(&mut self.ranks[r].stage, Stage::Idle)
+        } = std::mem::replace(&mut self.m.ranks[r].stage, Stage::Idle)
         else {
             return Poke::Wait;
         };
         let x = machine.seat().epoch();
         let me = machine.seat().place();
         let members = machine.seat().members().to_vec();
-        let rank = &mut self.ranks[r];
+        let rank = &mut self.m.ranks[r];
         for (p, &peer) in members.iter().enumerate() {
             if p == me {
                 continue;
@@ -465,9 +468,9 @@ impl World<'_> {
             let mut failed = Vec::new();
             for &p in &t.to {
                 let peer = members[p];
-                let link = self.ranks[r].links.get(&peer).copied();
+                let link = self.m.ranks[r].links.get(&peer).copied();
                 let ok = match link {
-                    Some(l) if !self.ranks[r].failed.contains_key(&peer) => self.send(
+                    Some(l) if !self.m.ranks[r].failed.contains_key(&peer) => self.send(
                         r,
                         l,
                         Msg::View {
@@ -489,7 +492,7 @@ impl World<'_> {
                 self.note(|| format!("rank {r} -> places {:?}: {text}; failed {failed:?}", t.to));
             }
             for p in failed {
-                self.ranks[r].failed.entry(members[p]).or_insert(false);
+                self.m.ranks[r].failed.entry(members[p]).or_insert(false);
                 told.insert(p);
                 machine.send_failed(p);
             }
@@ -504,7 +507,7 @@ impl World<'_> {
                 "no link left to hear view {x} from"
             )));
         }
-        self.ranks[r].stage = Stage::Agree { machine, told };
+        self.m.ranks[r].stage = Stage::Agree { machine, told };
         Poke::Wait
     }
 }

@@ -2,14 +2,14 @@
 
 use super::*;
 
-impl World<'_> {
+impl World<'_, Grouping<'_>> {
     /// `r` begins forming the mesh of `decision`'s view with the core's
     /// [`MeshForming`]: it dials the lower members it says, takes the
     /// higher members' hellos as it judges them, and waits up to the
     /// bound.
     pub(super) fn form(&mut self, r: usize, decision: ViewDecision, joiners: Option<Vec<usize>>) {
         let digest = view_digest(decision.epoch, &decision.members);
-        let inc = self.ranks[r].inc;
+        let inc = self.m.ranks[r].inc;
         let place = decision
             .members
             .iter()
@@ -24,7 +24,7 @@ impl World<'_> {
         while let Some(q) = mesh.poll_dial() {
             dials.push(decision.members[q]);
         }
-        let rank = &mut self.ranks[r];
+        let rank = &mut self.m.ranks[r];
         rank.next_links.clear();
         rank.next_pending.clear();
         rank.next_failed.clear();
@@ -46,7 +46,7 @@ impl World<'_> {
                 },
             );
         }
-        let wait = self.plan.form_wait;
+        let wait = self.m.setup.form_wait;
         self.schedule(
             self.now + wait,
             Ev::FormDeadline {
@@ -59,7 +59,7 @@ impl World<'_> {
 
     /// Whether `r` forms the mesh of the view with `digest`.
     pub(super) fn forming(&self, r: usize, digest: u64) -> bool {
-        matches!(&self.ranks[r].stage, Stage::Form { digest: d, .. } if *d == digest)
+        matches!(&self.m.ranks[r].stage, Stage::Form { digest: d, .. } if *d == digest)
     }
 
     /// A dial from `from` (a higher member) reaches `to`: a blocked path,
@@ -70,11 +70,11 @@ impl World<'_> {
     /// refused (the same epoch with other members), `to` stops as the
     /// shell's does.
     pub(super) fn dialed(&mut self, from: usize, inc: u64, to: usize, digest: u64) {
-        if !self.is(from, inc) || !self.forming(from, digest) || !self.ranks[to].alive {
+        if !self.is(from, inc) || !self.forming(from, digest) || !self.m.ranks[to].alive {
             return;
         }
-        let to_forms = matches!(self.ranks[to].stage, Stage::Form { .. });
-        if self.blocked[from * self.n + to] || !to_forms {
+        let to_forms = matches!(self.m.ranks[to].stage, Stage::Form { .. });
+        if self.m.blocked[from * self.m.n + to] || !to_forms {
             let at = self.now + 2 * self.plan.max_delay + 10;
             self.schedule(
                 at,
@@ -89,7 +89,7 @@ impl World<'_> {
         }
         let Stage::Form {
             decision: theirs, ..
-        } = &self.ranks[from].stage
+        } = &self.m.ranks[from].stage
         else {
             return;
         };
@@ -101,20 +101,20 @@ impl World<'_> {
             epoch: theirs.epoch,
         };
         let to_place = theirs.members.iter().position(|&m| m == to).unwrap_or(0);
-        let Stage::Form { mesh, .. } = &mut self.ranks[to].stage else {
+        let Stage::Form { mesh, .. } = &mut self.m.ranks[to].stage else {
             return;
         };
         let verdict = mesh.hello(&hello);
         let linked = verdict == HelloVerdict::Take;
-        if let Stage::Form { mesh, .. } = &mut self.ranks[from].stage {
+        if let Stage::Form { mesh, .. } = &mut self.m.ranks[from].stage {
             // A failed dial leaves that member out of a new view's mesh.
             let _ = mesh.dialed(to_place, linked);
         }
         match verdict {
             HelloVerdict::Take => {
                 let l = self.new_link(from, to);
-                self.ranks[from].next_links.insert(to, l);
-                self.ranks[to].next_links.insert(from, l);
+                self.m.ranks[from].next_links.insert(to, l);
+                self.m.ranks[to].next_links.insert(from, l);
                 self.note(|| format!("ranks {from} and {to} link up"));
                 self.poke(to);
             }
@@ -123,7 +123,7 @@ impl World<'_> {
             }
             HelloVerdict::Refuse(why) => {
                 self.note(|| format!("rank {to} refuses {from}'s hello: {why}"));
-                self.counts.refused_hellos += 1;
+                self.m.counts.refused_hellos += 1;
                 let poke = self.form_failed(to, why.to_string());
                 self.act_on(to, poke);
             }
@@ -136,14 +136,15 @@ impl World<'_> {
     /// hears it stopped; a rank being admitted fails, and may start
     /// again.
     pub(super) fn form_failed(&mut self, r: usize, why: String) -> Poke {
-        let Stage::Form { joiners, .. } = std::mem::replace(&mut self.ranks[r].stage, Stage::Idle)
+        let Stage::Form { joiners, .. } =
+            std::mem::replace(&mut self.m.ranks[r].stage, Stage::Idle)
         else {
             return Poke::Wait;
         };
         match joiners {
             None => Poke::Hand(Event::Stopped(why)),
             Some(_) => {
-                self.counts.failed_admissions += 1;
+                self.m.counts.failed_admissions += 1;
                 self.fail_admission(r);
                 Poke::Wait
             }
@@ -160,11 +161,11 @@ impl World<'_> {
             joiners,
             mesh,
             ..
-        } = std::mem::replace(&mut self.ranks[r].stage, Stage::Idle)
+        } = std::mem::replace(&mut self.m.ranks[r].stage, Stage::Idle)
         else {
             return Poke::Wait;
         };
-        let rank = &mut self.ranks[r];
+        let rank = &mut self.m.ranks[r];
         let old = std::mem::take(&mut rank.links);
         rank.links = std::mem::take(&mut rank.next_links);
         rank.pending = std::mem::take(&mut rank.next_pending);
@@ -181,24 +182,24 @@ impl World<'_> {
             members: decision.members.clone(),
         };
         if unlinked.is_empty() {
-            self.counts.views += 1;
-            self.installs.push(install);
+            self.m.counts.views += 1;
+            self.m.installs.push(install);
         } else {
-            self.partial.push(install);
+            self.m.partial.push(install);
         }
         match joiners {
             None => Poke::Hand(Event::MeshFormed { unlinked }),
             Some(joiners) if unlinked.is_empty() => {
-                self.counts.joined += 1;
-                let keeper = self.keeper(ViewKeeper::admitted(r, self.n, &decision, joiners));
-                self.ranks[r].keeper = Some(keeper);
+                self.m.counts.joined += 1;
+                let keeper = self.keeper(ViewKeeper::admitted(r, self.m.n, &decision, joiners));
+                self.m.ranks[r].keeper = Some(keeper);
                 self.next_call(r);
                 Poke::Poll
             }
             Some(_) => {
                 // Its mesh is not whole: it fails, and may start again.
                 self.note(|| format!("rank {r} failed to link up with its new view"));
-                self.counts.failed_admissions += 1;
+                self.m.counts.failed_admissions += 1;
                 self.fail_admission(r);
                 Poke::Wait
             }
@@ -208,10 +209,10 @@ impl World<'_> {
     /// A rank being admitted whose mesh did not form: it fails, closes
     /// what it linked, and may start again.
     pub(super) fn fail_admission(&mut self, r: usize) {
-        self.ranks[r].stage = Stage::Failed;
+        self.m.ranks[r].stage = Stage::Failed;
         self.close_all(r);
-        if self.ranks[r].restarts < MAX_RESTARTS {
-            let after = 20 + self.rng.below(self.plan.join_wait as usize) as u64;
+        if self.m.ranks[r].restarts < MAX_RESTARTS {
+            let after = 20 + self.rng.below(self.m.setup.join_wait as usize) as u64;
             self.schedule(self.now + after, Ev::Restart(r));
         }
     }

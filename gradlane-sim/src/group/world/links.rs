@@ -3,50 +3,40 @@
 
 use super::*;
 
-impl World<'_> {
+impl World<'_, Grouping<'_>> {
     pub(super) fn new_link(&mut self, a: usize, b: usize) -> usize {
-        self.links.push(Link {
+        self.m.links.push(Link {
             ends: [a, b],
-            incs: [self.ranks[a].inc, self.ranks[b].inc],
+            incs: [self.m.ranks[a].inc, self.m.ranks[b].inc],
             failed: false,
-            queues: [VecDeque::new(), VecDeque::new()],
-            last_at: [0, 0],
-            sent: [0, 0],
+            lanes: [Lane::new(), Lane::new()],
         });
-        self.links.len() - 1
+        self.m.links.len() - 1
     }
 
     /// Sends `msg` from `from` on `link`; `false` where the send fails at
     /// once (the rank then knows the link failed).
     pub(super) fn send(&mut self, from: usize, link: usize, msg: Msg) -> bool {
-        let end = usize::from(self.links[link].ends[0] == from);
-        let peer = self.links[link].ends[end];
-        if self.links[link].failed {
-            let knows = self.ranks[from].failed.contains_key(&peer)
-                || self.ranks[from].next_failed.contains_key(&peer);
-            let finds_out = self.rng.below(256) < self.plan.send_fails as usize;
+        let end = usize::from(self.m.links[link].ends[0] == from);
+        let peer = self.m.links[link].ends[end];
+        if self.m.links[link].failed {
+            let knows = self.m.ranks[from].failed.contains_key(&peer)
+                || self.m.ranks[from].next_failed.contains_key(&peer);
+            let finds_out = self.send_finds_out();
             return !(knows || finds_out);
         }
-        self.messages += 1;
-        let l = &mut self.links[link];
-        l.sent[end] += 1;
-        if l.sent[end] == self.link_bound + 1 {
-            self.violations.push(Violation::Unbounded {
-                from,
-                to: peer,
-                bound: self.link_bound,
-            });
-        }
-        let (extra, until) = self.slow[from * self.n + peer];
+        self.m.messages += 1;
+        let bound = self.m.link_bound;
+        let m = &mut self.m;
+        m.links[link].lanes[end].count((from, peer, bound), &mut m.violations);
+        let (extra, until) = self.m.slow[from * self.m.n + peer];
         let extra = if self.now < until { extra } else { 0 };
-        let at = self.links[link].last_at[end].max(self.now + self.delay() + extra);
-        let l = &mut self.links[link];
-        l.last_at[end] = at;
-        l.queues[end].push_back((at, msg));
-        self.in_flight += 1;
-        if self.in_flight == self.flight_bound + 1 {
-            self.violations.push(Violation::Flooded {
-                bound: self.flight_bound,
+        let earliest = self.now + self.delay() + extra;
+        let at = self.m.links[link].lanes[end].push(earliest, msg);
+        self.m.in_flight += 1;
+        if self.m.in_flight == self.m.flight_bound + 1 {
+            self.m.violations.push(Violation::Flooded {
+                bound: self.m.flight_bound,
             });
         }
         self.schedule(at, Ev::Deliver { link, end });
@@ -56,24 +46,21 @@ impl World<'_> {
     /// The link fails. Of what was on its way each way, what arrives is
     /// a prefix; each live end notices a while after the last of it.
     pub(super) fn fail_link(&mut self, link: usize) {
-        if self.links[link].failed {
+        if self.m.links[link].failed {
             return;
         }
-        self.links[link].failed = true;
+        self.m.links[link].failed = true;
         for end in 0..2 {
-            let (r, inc) = (self.links[link].ends[end], self.links[link].incs[end]);
-            let len = self.links[link].queues[end].len();
+            let (r, inc) = (self.m.links[link].ends[end], self.m.links[link].incs[end]);
+            let len = self.m.links[link].lanes[end].queue.len();
             let keep = match self.is(r, inc) {
                 true => self.rng.below(len + 1),
                 false => 0,
             };
-            self.in_flight -= len - keep;
-            let queue = &mut self.links[link].queues[end];
-            queue.truncate(keep);
-            let after = queue.back().map_or(self.now, |m| m.0).max(self.now);
+            let (dropped, after) = self.m.links[link].lanes[end].cut_to(keep, self.now);
+            self.m.in_flight -= dropped;
             if self.is(r, inc) {
-                let (lo, hi) = self.plan.notice;
-                let at = after + lo + self.rng.below((hi - lo + 1) as usize) as u64;
+                let at = self.notice_at(after);
                 self.schedule(at, Ev::Notice { link, end });
             }
         }
@@ -82,26 +69,22 @@ impl World<'_> {
     /// `by` closes `link`: what it sent arrives, then the close (saying
     /// the peer was removed, or not); nothing more is read at `by`.
     pub(super) fn close(&mut self, by: usize, link: usize, removed: bool) {
-        if self.links[link].failed {
+        if self.m.links[link].failed {
             return;
         }
-        let end = usize::from(self.links[link].ends[0] == by);
-        let l = &mut self.links[link];
-        l.failed = true;
-        let dropped = l.queues[1 - end].len();
-        l.queues[1 - end].clear();
-        self.in_flight -= dropped;
-        let at = self.links[link].last_at[end].max(self.now + self.delay());
-        let l = &mut self.links[link];
-        l.last_at[end] = at;
-        l.queues[end].push_back((at, Msg::Close { removed }));
-        self.in_flight += 1;
+        let end = usize::from(self.m.links[link].ends[0] == by);
+        self.m.links[link].failed = true;
+        let (dropped, _) = self.m.links[link].lanes[1 - end].cut_to(0, self.now);
+        self.m.in_flight -= dropped;
+        let earliest = self.now + self.delay();
+        let at = self.m.links[link].lanes[end].push(earliest, Msg::Close { removed });
+        self.m.in_flight += 1;
         self.schedule(at, Ev::Deliver { link, end });
     }
 
     /// `rank` closes every link it has (its process ends or gives up).
     pub(super) fn close_all(&mut self, rank: usize) {
-        let r = &mut self.ranks[rank];
+        let r = &mut self.m.ranks[rank];
         let links: Vec<usize> = r
             .links
             .values()
@@ -118,21 +101,21 @@ impl World<'_> {
     }
 
     pub(super) fn deliver(&mut self, link: usize, end: usize) {
-        let Some((_, msg)) = self.links[link].queues[end].pop_front() else {
+        let Some((_, msg)) = self.m.links[link].lanes[end].queue.pop_front() else {
             return;
         };
-        self.in_flight -= 1;
-        let (r, inc) = (self.links[link].ends[end], self.links[link].incs[end]);
+        self.m.in_flight -= 1;
+        let (r, inc) = (self.m.links[link].ends[end], self.m.links[link].incs[end]);
         if !self.is(r, inc) {
             return;
         }
-        let peer = self.links[link].ends[1 - end];
+        let peer = self.m.links[link].ends[1 - end];
         if let Msg::Close { removed } = msg {
             self.note(|| format!("rank {r} <- {peer}: close (removed: {removed})"));
             self.lose(r, peer, link, removed);
             return;
         }
-        let rank = &mut self.ranks[r];
+        let rank = &mut self.m.ranks[r];
         let queue = if rank.links.get(&peer) == Some(&link) {
             rank.pending.entry(peer).or_default()
         } else if rank.next_links.get(&peer) == Some(&link) {
@@ -154,7 +137,7 @@ impl World<'_> {
 
     /// `r` learns its link to `peer` failed (closed saying removed).
     pub(super) fn lose(&mut self, r: usize, peer: usize, link: usize, removed: bool) {
-        let rank = &mut self.ranks[r];
+        let rank = &mut self.m.ranks[r];
         if rank.links.get(&peer) == Some(&link) {
             rank.failed.entry(peer).or_insert(removed);
         } else if rank.next_links.get(&peer) == Some(&link) {

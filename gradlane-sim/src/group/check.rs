@@ -21,24 +21,25 @@
 //!   under caps that a loop would break ([`Violation::Runaway`],
 //!   [`Violation::Unbounded`], [`Violation::Flooded`], found as it runs).
 
-use super::plan::Plan;
-use super::world::Ran;
-use super::Violation;
+use super::plan::Setup;
+use super::world::Left;
+use crate::plan::Plan;
+use crate::violation::Violation;
+use crate::world::Ran;
 use std::collections::BTreeMap;
 
-/// Every invariant `ran` breaks.
-pub(super) fn check(plan: &Plan, ran: &Ran) -> Vec<Violation> {
-    let mut found = ran.violations.clone();
-    views(ran, &mut found);
-    results(plan, ran, &mut found);
+/// Every invariant the group of `plan` broke, in what it left.
+pub(crate) fn check(plan: &Plan<Setup>, ran: &Ran<Left>, found: &mut Vec<Violation>) {
+    let ran = &ran.left;
+    views(ran, found);
+    results(&plan.setup, ran, found);
     if !ran.runaway {
-        ends(plan, ran, &mut found);
+        ends(plan, ran, found);
     }
-    found
 }
 
 /// No two ranks install different views of one epoch.
-fn views(ran: &Ran, found: &mut Vec<Violation>) {
+fn views(ran: &Left, found: &mut Vec<Violation>) {
     let mut seen: BTreeMap<u64, (usize, &Vec<usize>)> = BTreeMap::new();
     for install in &ran.installs {
         match seen.get(&install.epoch) {
@@ -61,11 +62,11 @@ fn views(ran: &Ran, found: &mut Vec<Violation>) {
 /// Every result returned is the fold over a view the rank was a member
 /// of, the same bits at every rank for one call, and returned only by a
 /// member not removed.
-fn results(plan: &Plan, ran: &Ran, found: &mut Vec<Violation>) {
+fn results(setup: &Setup, ran: &Left, found: &mut Vec<Violation>) {
     let mut first: BTreeMap<u64, (usize, u64, u64)> = BTreeMap::new();
     let mut differ = false;
     for ret in &ran.returns {
-        if ret.bits != plan.fold(&ret.members, ret.call) || !ret.members.contains(&ret.rank) {
+        if ret.bits != setup.fold(&ret.members, ret.call) || !ret.members.contains(&ret.rank) {
             found.push(Violation::WrongResult {
                 rank: ret.rank,
                 call: ret.call,
@@ -104,7 +105,7 @@ fn results(plan: &Plan, ran: &Ran, found: &mut Vec<Violation>) {
 }
 
 /// No hang, and a schedule where nothing failed completes every program.
-fn ends(plan: &Plan, ran: &Ran, found: &mut Vec<Violation>) {
+fn ends(plan: &Plan<Setup>, ran: &Left, found: &mut Vec<Violation>) {
     for (rank, end) in ran.ends.iter().enumerate() {
         let ended = matches!(end.stage, "finished" | "failed" | "gave up");
         if end.alive && !ended {
@@ -113,7 +114,9 @@ fn ends(plan: &Plan, ran: &Ran, found: &mut Vec<Violation>) {
                 stage: end.stage,
             });
         }
-        if plan.benign() && (end.stage != "finished" || end.calls != plan.calls || end.restarted) {
+        if plan.benign()
+            && (end.stage != "finished" || end.calls != plan.setup.calls || end.restarted)
+        {
             found.push(Violation::NoProgress {
                 rank,
                 calls: end.calls,
@@ -121,25 +124,4 @@ fn ends(plan: &Plan, ran: &Ran, found: &mut Vec<Violation>) {
             });
         }
     }
-}
-
-/// How many epochs two ranks formed meshes of with different members
-/// (one of them at least not whole): an admission and an agreement that
-/// overlapped. Not a violation (neither mesh is whole, by the digest in
-/// the hello), but counted, as each costs the ranks in it their view.
-pub(super) fn clashes(ran: &Ran) -> u64 {
-    let mut seen: BTreeMap<u64, &Vec<usize>> = BTreeMap::new();
-    let mut clashed = std::collections::BTreeSet::new();
-    for install in ran.installs.iter().chain(&ran.partial) {
-        match seen.get(&install.epoch) {
-            Some(members) if **members != install.members => {
-                clashed.insert(install.epoch);
-            }
-            Some(_) => {}
-            None => {
-                seen.insert(install.epoch, &install.members);
-            }
-        }
-    }
-    clashed.len() as u64
 }

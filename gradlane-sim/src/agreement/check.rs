@@ -5,16 +5,18 @@
 //! the quorum is counted here again, so that a fault in the machine or
 //! in its rule shows as a broken invariant, not as an agreed mistake.
 
-use super::plan::Plan;
-use super::world::Ran;
-use super::Violation;
-use crate::group::agreement::Outcome;
-use crate::group::{ViewDecision, ViewOutcome};
+use super::plan::Setup;
+use super::world::Left;
+use crate::plan::Plan;
+use crate::violation::Violation;
+use crate::world::Ran;
+use gradlane_core::group::agreement::Outcome;
+use gradlane_core::group::{ViewDecision, ViewOutcome};
 
-/// Every invariant `ran` breaks.
-pub(super) fn check(plan: &Plan, ran: &Ran) -> Vec<Violation> {
-    let mut found = ran.violations.clone();
-    progress(plan, ran, &mut found);
+/// Every invariant the agreement of `plan` broke, in what it left.
+pub(crate) fn check(plan: &Plan<Setup>, ran: &Ran<Left>, found: &mut Vec<Violation>) {
+    let (plan, quiet_steps, ran) = (&plan.setup, ran.quiet_steps, &ran.left);
+    progress(ran, quiet_steps, found);
     let mut views: Vec<&ViewDecision> = Vec::new();
     for (place, outcome) in ran.outcomes.iter().enumerate() {
         let Some(outcome) = outcome else { continue };
@@ -48,46 +50,39 @@ pub(super) fn check(plan: &Plan, ran: &Ran) -> Vec<Violation> {
         }
     }
     for view in &views {
-        actionable(plan, view, &mut found);
+        actionable(plan, view, found);
     }
-    agreement(plan, ran, &views, &mut found);
-    found
+    agreement(plan, ran, &views, found);
 }
 
 /// Progress: once the faults stopped and everything on its way arrived,
 /// every rank still alive took a decision, within a bounded number of
 /// events (each pair carries at most `n` messages, so a run that takes
 /// more is going round in circles).
-fn progress(plan: &Plan, ran: &Ran, found: &mut Vec<Violation>) {
-    let n = plan.n as u64;
+fn progress(ran: &Left, quiet_steps: u64, found: &mut Vec<Violation>) {
+    let n = ran.dead.len() as u64;
     let bound = 2 * n * n * n + 64;
-    for place in 0..plan.n {
-        if !ran.dead[place] && ran.outcomes[place].is_none() {
-            found.push(Violation::NoProgress {
-                place,
-                quiet_steps: ran.quiet_steps,
-            });
+    for (place, dead) in ran.dead.iter().enumerate() {
+        if !dead && ran.outcomes[place].is_none() {
+            found.push(Violation::Undecided { place, quiet_steps });
         }
     }
-    if ran.quiet_steps > bound {
-        found.push(Violation::Slow {
-            quiet_steps: ran.quiet_steps,
-            bound,
-        });
+    if quiet_steps > bound {
+        found.push(Violation::Slow { quiet_steps, bound });
     }
 }
 
 /// Whether the ranks that joined as `members` are a quorum of the plan's
 /// view: more than half, or exactly half with its first member.
-fn quorum(plan: &Plan, members: &[usize]) -> bool {
-    let (taken, n) = (members.len(), plan.n);
+fn quorum(plan: &Setup, members: &[usize]) -> bool {
+    let (taken, n) = (members.len(), plan.members.len());
     2 * taken > n || (2 * taken == n && members.first() == plan.members.first())
 }
 
 /// Why a decision could never be right whoever took it, if so: another
 /// view, ranks outside this one, a view without a quorum, or "no quorum"
 /// for ranks that are one.
-fn malformed(plan: &Plan, decision: &ViewDecision) -> Option<&'static str> {
+fn malformed(plan: &Setup, decision: &ViewDecision) -> Option<&'static str> {
     if decision.epoch != plan.epoch {
         return Some("another view's number");
     }
@@ -104,7 +99,7 @@ fn malformed(plan: &Plan, decision: &ViewDecision) -> Option<&'static str> {
 
 /// A rank that decided it is a member holds a view with it in; a rank
 /// removed holds a view without it; "no quorum" is that.
-fn verdict_holds(plan: &Plan, place: usize, outcome: &Outcome) -> bool {
+fn verdict_holds(plan: &Setup, place: usize, outcome: &Outcome) -> bool {
     let joined = plan.members[place];
     let decision = outcome.decision();
     let formed = decision.outcome != ViewOutcome::NoQuorum;
@@ -123,7 +118,7 @@ fn verdict_holds(plan: &Plan, place: usize, outcome: &Outcome) -> bool {
 /// so every rank held it; it runs its own call again); `Rerun { call }`
 /// only where every member is in that call (none returned it, so running
 /// it again among them repeats no step).
-fn actionable(plan: &Plan, view: &ViewDecision, found: &mut Vec<Violation>) {
+fn actionable(plan: &Setup, view: &ViewDecision, found: &mut Vec<Violation>) {
     for &m in &view.members {
         let Some(place) = plan.members.iter().position(|&r| r == m) else {
             continue;
@@ -148,7 +143,7 @@ fn actionable(plan: &Plan, view: &ViewDecision, found: &mut Vec<Violation>) {
 /// view (else the view cannot form, and whichever it took cannot either
 /// if it is another view); and, what follows from quorums meeting, never
 /// two views each taken by all their members, which could both form.
-fn agreement(plan: &Plan, ran: &Ran, views: &[&ViewDecision], found: &mut Vec<Violation>) {
+fn agreement(plan: &Setup, ran: &Left, views: &[&ViewDecision], found: &mut Vec<Violation>) {
     // What each rank installed (or took: removed, no quorum); a rank that
     // abandoned its view installed none.
     let took = |place: usize| {
@@ -187,7 +182,7 @@ fn agreement(plan: &Plan, ran: &Ran, views: &[&ViewDecision], found: &mut Vec<Vi
     };
     let formed: Vec<&&ViewDecision> = views.iter().filter(|v| whole(v)).collect();
     if let [first, second, ..] = formed[..] {
-        found.push(Violation::SplitViews {
+        found.push(Violation::SplitDecisions {
             first: (*first).clone(),
             second: (*second).clone(),
         });
