@@ -226,6 +226,12 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
             work.wait()
         return work
 
+    def _run_moving(self, op, ins, outs, body, result) -> GradlaneWork:
+        """:meth:`_run` for a collective that reads ``ins`` and writes
+        ``outs``: ``body`` gets their host tensors in that order."""
+        reads = [True] * len(ins) + [False] * len(outs)
+        return self._run(op, [*ins, *outs], reads, [not r for r in reads], body, result)
+
     # --- reductions (float32, bfloat16, float16)
     def allreduce(self, tensors, opts=None):
         """Reduces each tensor over the ranks in place (any dtype and op of
@@ -265,13 +271,9 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
         """``input`` holds ``size`` equal parts; rank r's ``output`` becomes
         the sum (or mean, ReduceOp.AVG) of every rank's part r."""
         op = self._check_reduce_scatter(output, input, opts)
-        return self._run(
-            "reduce_scatter",
-            [output, input],
-            [False, True],
-            [True, False],
-            lambda h: self._reduce_scatter_host(h[0], h[1], op),
-            [output],
+        return self._run_moving(
+            "reduce_scatter", [input], [output],
+            lambda h: self._reduce_scatter_host(h[1], h[0], op), [output],
         )
 
     _reduce_scatter_base = reduce_scatter_single
@@ -309,13 +311,9 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
 
         def body(host):
             for k, op in enumerate(ops):
-                self._reduce_scatter_host(host[k], host[n + k], op)
+                self._reduce_scatter_host(host[n + k], host[k], op)
 
-        return self._run(
-            "reduce_scatter_coalesced",
-            list(outputs) + list(inputs), [False] * n + [True] * n, [True] * n + [False] * n,
-            body, outputs,
-        )
+        return self._run_moving("reduce_scatter_coalesced", inputs, outputs, body, outputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -347,10 +345,8 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
         """``output`` (``size`` times ``input``'s values, same dtype) becomes
         every rank's ``input`` in rank order."""
         check_whole(output, input, self._size, "allgather", "output", "input")
-        return self._run(
-            "allgather",
-            [output, input], [False, True], [True, False],
-            lambda h: self._all_gather_host(h[0], h[1]), [output],
+        return self._run_moving(
+            "allgather", [input], [output], lambda h: self._all_gather_host(h[1], h[0]), [output]
         )
 
     _allgather_base = all_gather_single
@@ -378,13 +374,9 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
 
         def body(host):
             for k in range(n):
-                self._all_gather_host(host[k], host[n + k])
+                self._all_gather_host(host[n + k], host[k])
 
-        return self._run(
-            "allgather_coalesced",
-            list(outputs) + list(inputs), [False] * n + [True] * n, [True] * n + [False] * n,
-            body, outputs,
-        )
+        return self._run_moving("allgather_coalesced", inputs, outputs, body, outputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -402,11 +394,7 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
             for o, part in zip(host[1:], flat.chunk(self._size), strict=True):
                 o.copy_(part.view(o.shape))
 
-        n = len(outputs)
-        return self._run(
-            "allgather",
-            [input, *outputs], [True] + [False] * n, [False] + [True] * n, body, output_tensors
-        )
+        return self._run_moving("allgather", [input], outputs, body, output_tensors)
 
     # --- synchronization
     def barrier(self, opts=None):

@@ -95,11 +95,7 @@ class OpsMixin:
             (mine,) = apart([byte_view(host[0])], outs or [])
             self.group.gather(root, mine, outs)
 
-        n = len(outputs)
-        return self._run(
-            "gather", [input, *outputs], [True] + [False] * n, [False] + [True] * n,
-            body, output_tensors,
-        )
+        return self._run_moving("gather", [input], outputs, body, output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         """Rank r's ``output_tensors[0]`` becomes the r-th of rank
@@ -111,15 +107,11 @@ class OpsMixin:
         )
 
         def body(host):
-            out = byte_view(host[0])
-            ins = apart([byte_view(t) for t in host[1:]], [out]) if self._rank == root else None
+            out = byte_view(host[-1])
+            ins = apart([byte_view(t) for t in host[:-1]], [out]) if self._rank == root else None
             self.group.scatter(root, ins, out)
 
-        n = len(inputs)
-        return self._run(
-            "scatter", [output, *inputs], [False] + [True] * n, [True] + [False] * n,
-            body, output_tensors,
-        )
+        return self._run_moving("scatter", inputs, [output], body, output_tensors)
 
     def gather_into_tensor(self, output, input, opts=None):
         """Rank ``opts.rootRank``'s ``output`` (``size`` times the input's
@@ -141,10 +133,7 @@ class OpsMixin:
             (mine,) = apart([byte_view(host[0])], outs or [])
             self.group.gather(root, mine, outs)
 
-        return self._run(
-            "gather", [input, *outputs], [True] + [False] * n, [False] + [True] * n, body,
-            [output],
-        )
+        return self._run_moving("gather", [input], outputs, body, [output])
 
     gather_single = gather_into_tensor
 
@@ -172,12 +161,11 @@ class OpsMixin:
             in_row = out_row = input.element_size()
 
         def body(host):
-            o, i = host
+            i, o = host
             outs = byte_parts(byte_view(o), out_rows, out_row)
             self.group.all_to_all(apart(byte_parts(byte_view(i), in_rows, in_row), outs), outs)
 
-        return self._run("all_to_all", [output, input], [False, True], [True, False], body,
-                         [output])
+        return self._run_moving("all_to_all", [input], [output], body, [output])
 
     all_to_all_single = alltoall_base
 
@@ -196,13 +184,10 @@ class OpsMixin:
         n = self._size
 
         def body(host):
-            outs = [byte_view(t) for t in host[:n]]
-            self.group.all_to_all(apart([byte_view(t) for t in host[n:]], outs), outs)
+            outs = [byte_view(t) for t in host[n:]]
+            self.group.all_to_all(apart([byte_view(t) for t in host[:n]], outs), outs)
 
-        return self._run(
-            "all_to_all", [*output_tensors, *input_tensors], [False] * n + [True] * n,
-            [True] * n + [False] * n, body, output_tensors,
-        )
+        return self._run_moving("all_to_all", input_tensors, output_tensors, body, output_tensors)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """all_gather_coalesced: ``output_lists[r][k]`` becomes rank r's
@@ -224,7 +209,7 @@ class OpsMixin:
                 check_tensor(o, f"allgather_coalesced output {r}.{k}")
                 same(o, t, f"allgather_coalesced output {r}.{k}", f"its input {k}")
         flat_outs = [o for outs in output_lists for o in outs]
-        n, m = len(input_list), len(flat_outs)
+        n = len(input_list)
 
         def body(host):
             for k in range(n):
@@ -235,10 +220,7 @@ class OpsMixin:
                     o = host[n + r * n + k]
                     o.copy_(part.view(o.shape))
 
-        return self._run(
-            "allgather_coalesced", [*input_list, *flat_outs], [True] * n + [False] * m,
-            [False] * n + [True] * m, body, output_lists,
-        )
+        return self._run_moving("allgather_coalesced", input_list, flat_outs, body, output_lists)
 
     # --- synchronization
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
