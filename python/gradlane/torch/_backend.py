@@ -33,8 +33,9 @@ float64 in float64; integers in their own type, wrapping as torch's do.
 Data movement (broadcast, allgather and its coalesced and into-tensor
 forms, gather, scatter, all_to_all, all_to_all_single with uneven split
 sizes) takes any dtype and moves the bytes. monitored_barrier names the
-ranks that did not come, as gloo's. The group reports devices cpu and
-cuda and splits (split_group). Those ops live in gradlane.torch._ops.
+ranks that did not come, as gloo's. Those ops live in gradlane.torch._ops,
+the checks and views of their tensors in gradlane.torch._tensors. The
+group reports devices cpu and cuda and splits (split_group).
 send, recv and recv_anysource (isend, irecv, batch_isend_irecv) run
 beside the collectives, not in their order (gradlane.torch._p2p).
 allreduce takes a sparse COO tensor too (SUM, as gloo; _sparse).
@@ -46,8 +47,7 @@ naming the tensor and what is wrong with it.
 from __future__ import annotations
 
 import datetime
-import os
-import socket
+import sys
 import weakref
 
 import numpy as np
@@ -55,137 +55,34 @@ import torch
 import torch.distributed as dist
 
 import gradlane
-from gradlane.torch._environment import (
-    join_timeout_from_env,
-    _free_udp_port,
-    asynchronous_from_env,
-    cert_dir_from_env,
-    idle_timeout_from_env,
-    on_rank_failure_from_env,
-    rank_listen_from_env,
-    rejoin_from_env,
-)
+from gradlane.torch._environment import asynchronous_from_env
 from gradlane.torch._issue_order import IssueOrder
-from gradlane.torch._ops import (
-    OpsMixin,
-    byte_view,
-    contiguous_copies,
-    delegate_cpu_ops,
-    reduction_plan,
-    typed_op,
-)
+from gradlane.torch._ops import OpsMixin, delegate_cpu_ops
 from gradlane.torch._p2p import PointToPointMixin
+from gradlane.torch._rendezvous import join_through_store
 from gradlane.torch._sparse import SparseMixin
 from gradlane.torch._staging import Stager, future_for
+from gradlane.torch._tensors import (
+    REDUCED_DTYPES,  # noqa: F401 - the DDP hook (gradlane.torch._hook) takes it from here
+    apart,
+    byte_view,
+    check_parts,
+    check_tensor,
+    check_whole,
+    contiguous_copies,
+    one,
+    padded_words,
+    reduction_plan,
+    typed_op,
+    values_view,
+    word_view,
+)
 from gradlane.torch._work import GradlaneWork
 
 BACKEND_NAME = "gradlane"
-#: The least time forming a group may take, in seconds, whatever the
-#: process group's timeout (which bounds each collective).
-MIN_JOIN_TIMEOUT = 60.0
 #: Seconds shutdown (destroy_process_group) gives the sends and receives
 #: already posted before it closes the Group under them.
 SHUTDOWN_GRACE = 2.0
-#: The store key under which rank 0 publishes its "ip:port".
-ROOT_KEY = "gradlane/root"
-#: The store keys (ADDRESS_KEY/RANK) under which every rank publishes the
-#: "ip:port" it listens on, for a replacement to rejoin through.
-ADDRESS_KEY = "gradlane/address"
-
-
-def _addresses_from_store(store, rank: int, size: int) -> list[str]:
-    """Every rank's address for a rank that rejoins: the others' as they
-    published them, this rank's own where it listens (GRADLANE_RANK_ADDR;
-    port 0 is any)."""
-    table = []
-    for r in range(size):
-        key = f"{ADDRESS_KEY}/{r}"
-        if r == rank:
-            table.append(rank_listen_from_env())
-        elif store.check([key]):
-            table.append(store.get(key).decode())
-        else:
-            raise gradlane.GroupSetupError(
-                f"gradlane: GRADLANE_REJOIN=1, but rank {r} never published its address "
-                f"in the store ({key}): no group formed there to rejoin (start the job "
-                "without GRADLANE_REJOIN, or give the job's own store)"
-            )
-    return table
-
-
-# ------------------------------------------------------------ tensors
-
-
-#: The dtypes gradlane reduces, and the name its Group takes each by.
-REDUCED_DTYPES = {
-    torch.float32: "float32",
-    torch.bfloat16: "bfloat16",
-    torch.float16: "float16",
-}
-
-
-def _check_tensor(t, what, *, reduce):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"gradlane: {what} must be a torch.Tensor, not {type(t).__name__}")
-    if t.device.type not in ("cpu", "cuda"):
-        raise ValueError(
-            f"gradlane: {what} is on {t.device}; the gradlane backend takes CPU and CUDA tensors"
-        )
-    if reduce and t.dtype not in REDUCED_DTYPES:
-        raise TypeError(
-            f"gradlane: {what} is {t.dtype}; gradlane reduces torch.float32, "
-            "torch.bfloat16 and torch.float16 tensors"
-        )
-    if t.is_sparse or t.layout != torch.strided:
-        raise NotImplementedError(
-            f"gradlane: {what} has layout {t.layout}; gradlane implements dense tensors only"
-        )
-    if not t.is_contiguous() and t.device.type != "cpu":
-        raise ValueError(
-            f"gradlane: {what} (shape {tuple(t.shape)}, stride {t.stride()}) is not "
-            "contiguous; pass tensor.contiguous() (CPU tensors are copied)"
-        )
-
-
-def values_view(t):
-    """A flat numpy view of a checked float tensor's values (no copy) and
-    the dtype name :class:`gradlane.Group` takes it with: numpy has no
-    bfloat16, so a bfloat16 tensor crosses as its 16-bit integers."""
-    flat = t.detach().reshape(-1)
-    if t.dtype == torch.bfloat16:
-        flat = flat.view(torch.int16)
-    return flat.numpy(), REDUCED_DTYPES[t.dtype]
-
-
-def _bytes_view(t):
-    """A float32 numpy view of a contiguous tensor's bytes, or None when its
-    size in bytes is not a multiple of 4 (then the caller pads a copy)."""
-    n = t.numel() * t.element_size()
-    if n % 4:
-        return None
-    if n == 0:
-        return np.empty(0, np.float32)
-    flat = t.detach().reshape(-1)
-    if flat.dtype == torch.float32:
-        return flat.numpy()
-    return flat.view(torch.uint8).view(torch.float32).numpy()
-
-
-def _padded(t):
-    """A zero-padded float32 copy of a tensor's bytes (sizes not a multiple
-    of 4 bytes), and its byte count."""
-    raw = t.detach().reshape(-1).view(torch.uint8).numpy()
-    buf = np.zeros((raw.size + 3) // 4, np.float32)
-    buf.view(np.uint8)[: raw.size] = raw
-    return buf, raw.size
-
-
-def _one(tensors, what):
-    if len(tensors) != 1:
-        raise ValueError(
-            f"gradlane: {what} takes one tensor per process (CPU), got {len(tensors)}"
-        )
-    return tensors[0]
 
 
 # ------------------------------------------------------------- the group
@@ -241,6 +138,51 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
     def __repr__(self):
         return f"GradlaneProcessGroup(rank={self._rank}, size={self._size})"
 
+    # --- torch's plumbing
+    @property
+    def _device_types(self):
+        """The devices the group takes tensors on: torch asks before a
+        monitored_barrier (which needs "cpu") and when it splits."""
+        # torch's flight recorder attaches to a group with devices, through
+        # C++ state a Python ProcessGroup does not have (it fails there;
+        # torch's own comment says such a group cannot be recorded): to it,
+        # the group has none, as before.
+        if sys._getframe(1).f_code.co_name == "_maybe_attach_flight_recorder":
+            return []
+        return [torch.device("cpu"), torch.device("cuda")]
+
+    def _get_backend(self, device=None):
+        """The group is its own backend on every device it takes."""
+        return self
+
+    get_backend = _get_backend
+
+    @property
+    def supports_splitting(self):
+        """split_group makes a new gradlane group of the ranks it names."""
+        return True
+
+    def split_group(
+        self, ranks, timeout=None, opts=None, group_name=None, group_desc=None, device_types=None
+    ):
+        """A new gradlane group of ``ranks`` (ranks of this group), joined
+        through this group's store; None on a rank not among them."""
+        if self._rank not in ranks:
+            return None
+        if self._store is None:
+            raise NotImplementedError(
+                "gradlane: split_group needs the store the group was made with"
+            )
+        store = dist.PrefixStore(f"gradlane-split/{group_name}", self._store)
+        if timeout is None:
+            timeout = datetime.timedelta(minutes=30)
+        pg = create_process_group(store, list(ranks).index(self._rank), len(ranks), timeout)
+        if group_name:
+            pg.setGroupName(group_name)
+        if group_desc:
+            pg.setGroupDesc(group_desc)
+        return pg
+
     # --- issuing
     def _run(self, op, tensors, reads, writes, body, result) -> GradlaneWork:
         """Issues ``body`` (the collective ``op`` on CPU tensors) on ``tensors``:
@@ -284,6 +226,12 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
             work.wait()
         return work
 
+    def _run_moving(self, op, ins, outs, body, result) -> GradlaneWork:
+        """:meth:`_run` for a collective that reads ``ins`` and writes
+        ``outs``: ``body`` gets their host tensors in that order."""
+        reads = [True] * len(ins) + [False] * len(outs)
+        return self._run(op, [*ins, *outs], reads, [not r for r in reads], body, result)
+
     # --- reductions (float32, bfloat16, float16)
     def allreduce(self, tensors, opts=None):
         """Reduces each tensor over the ranks in place (any dtype and op of
@@ -295,10 +243,6 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self._reduce_any(tensors, opts, "allreduce_coalesced", coalesced=True)
-
-    def _allreduce(self, tensors, op):
-        plans = [(None, op)] * len(tensors)
-        return self._allreduce_planned(tensors, plans, op, tensors)
 
     def _allreduce_planned(self, tensors, plans, op, result):
         """Reduces each tensor as its plan (_ops.reduction_plan) says: the
@@ -327,63 +271,37 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
         """``input`` holds ``size`` equal parts; rank r's ``output`` becomes
         the sum (or mean, ReduceOp.AVG) of every rank's part r."""
         op = self._check_reduce_scatter(output, input, opts)
-        return self._run(
-            "reduce_scatter",
-            [output, input],
-            [False, True],
-            [True, False],
-            lambda h: self._reduce_scatter_host(h[0], h[1], op),
-            [output],
+        return self._run_moving(
+            "reduce_scatter", [input], [output],
+            lambda h: self._reduce_scatter_host(h[1], h[0], op), [output],
         )
 
     _reduce_scatter_base = reduce_scatter_single
 
     def _check_reduce_scatter(self, output, input, opts):
-        op = typed_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce_scatter")
-        _check_tensor(input, "reduce_scatter input", reduce=False)
-        _check_tensor(output, "reduce_scatter output", reduce=False)
-        if input.dtype != output.dtype:
-            raise TypeError(
-                f"gradlane: reduce_scatter input is {input.dtype}, its output {output.dtype}"
-            )
-        if input.numel() != output.numel() * self._size:
-            raise ValueError(
-                f"gradlane: reduce_scatter input has {input.numel()} values, needs "
-                f"{output.numel()} x {self._size} ranks = {output.numel() * self._size}"
-            )
+        op = typed_op(opts, "reduce_scatter")
+        check_whole(input, output, self._size, "reduce_scatter", "input", "output")
         return reduction_plan(output, op, "reduce_scatter output")
 
     def _reduce_scatter_host(self, output, input, plan):
         typed, op = plan
         if typed is not None:
-            inb, outb = byte_view(input), byte_view(output)
-            if np.shares_memory(inb, outb):
-                inb = inb.copy()
+            outb = byte_view(output)
+            (inb,) = apart([byte_view(input)], [outb])
             self.group.reduce_scatter_typed(inb, outb, typed, op)
             return
         (inv, dtype), (outv, _) = values_view(input), values_view(output)
-        if np.shares_memory(inv, outv):
-            inv = inv.copy()  # in place: the Group takes separate buffers
+        (inv,) = apart([inv], [outv])
         self.group.reduce_scatter(inv, outv, op=op, dtype=dtype)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         """Each rank's ``input_tensors[0]`` is a list of ``size`` tensors;
         rank r's output is the reduction of every rank's r-th one. The
         parts are concatenated into one buffer (a copy)."""
-        output = _one(output_tensors, "reduce_scatter")
-        inputs = _one(input_tensors, "reduce_scatter")
-        _check_tensor(output, "reduce_scatter output", reduce=False)
-        if len(inputs) != self._size:
-            raise ValueError(
-                f"gradlane: reduce_scatter takes {self._size} input tensors, got {len(inputs)}"
-            )
-        for i, t in enumerate(inputs):
-            _check_tensor(t, f"reduce_scatter input {i}", reduce=False)
-            if t.numel() != output.numel():
-                raise ValueError(
-                    f"gradlane: reduce_scatter input {i} has {t.numel()} values, "
-                    f"the output {output.numel()}"
-                )
+        output = one(output_tensors, "reduce_scatter output")
+        check_tensor(output, "reduce_scatter output")
+        inputs = one(input_tensors, "reduce_scatter input list")
+        inputs = check_parts(inputs, output, self._size, "reduce_scatter", "input", "output")
         flat = torch.cat([t.reshape(-1) for t in inputs])
         return self.reduce_scatter_single(output, flat, opts)
 
@@ -393,13 +311,9 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
 
         def body(host):
             for k, op in enumerate(ops):
-                self._reduce_scatter_host(host[k], host[n + k], op)
+                self._reduce_scatter_host(host[n + k], host[k], op)
 
-        return self._run(
-            "reduce_scatter_coalesced",
-            list(outputs) + list(inputs), [False] * n + [True] * n, [True] * n + [False] * n,
-            body, outputs,
-        )
+        return self._run_moving("reduce_scatter_coalesced", inputs, outputs, body, outputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -408,15 +322,15 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
         """Makes each tensor on every rank equal to rank ``opts.rootRank``'s."""
         root = opts.rootRank if opts is not None else 0
         for i, t in enumerate(tensors):
-            _check_tensor(t, f"broadcast tensor {i}", reduce=False)
+            check_tensor(t, f"broadcast tensor {i}")
 
         def body(host):
             for t in host:
-                view = _bytes_view(t)
+                view = word_view(t)
                 if view is not None:
                     self.group.broadcast(root, view)
                 else:
-                    buf, n = _padded(t)
+                    buf, n = padded_words(t)
                     self.group.broadcast(root, buf)
                     t.detach().reshape(-1).view(torch.uint8).copy_(
                         torch.from_numpy(buf.view(np.uint8)[:n])
@@ -430,38 +344,22 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
     def all_gather_single(self, output, input, opts=None):
         """``output`` (``size`` times ``input``'s values, same dtype) becomes
         every rank's ``input`` in rank order."""
-        self._check_all_gather(output, input)
-        return self._run(
-            "allgather",
-            [output, input], [False, True], [True, False],
-            lambda h: self._all_gather_host(h[0], h[1]), [output],
+        check_whole(output, input, self._size, "allgather", "output", "input")
+        return self._run_moving(
+            "allgather", [input], [output], lambda h: self._all_gather_host(h[1], h[0]), [output]
         )
 
     _allgather_base = all_gather_single
 
-    def _check_all_gather(self, output, input):
-        _check_tensor(input, "allgather input", reduce=False)
-        _check_tensor(output, "allgather output", reduce=False)
-        if output.dtype != input.dtype:
-            raise TypeError(
-                f"gradlane: allgather output is {output.dtype}, its input {input.dtype}"
-            )
-        if output.numel() != input.numel() * self._size:
-            raise ValueError(
-                f"gradlane: allgather output has {output.numel()} values, needs "
-                f"{input.numel()} x {self._size} ranks = {input.numel() * self._size}"
-            )
-
     def _all_gather_host(self, output, input):
-        inv, outv = _bytes_view(input), _bytes_view(output)
+        inv, outv = word_view(input), word_view(output)
         if inv is not None:
-            if np.shares_memory(inv, outv):
-                # In place (FSDP2 gathers from its own slot of the output):
-                # the Group takes separate buffers, so the input is copied.
-                inv = inv.copy()
+            # In place (FSDP2 gathers from its own slot of the output):
+            # the Group takes separate buffers, so the input is copied.
+            (inv,) = apart([inv], [outv])
             self.group.allgather(inv, outv)
         else:
-            buf, n = _padded(input)
+            buf, n = padded_words(input)
             gathered = np.empty(buf.size * self._size, np.float32)
             self.group.allgather(buf, gathered)
             parts = gathered.view(np.uint8).reshape(self._size, -1)[:, :n]
@@ -471,38 +369,24 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         for o, i in zip(outputs, inputs, strict=True):
-            self._check_all_gather(o, i)
+            check_whole(o, i, self._size, "allgather", "output", "input")
         n = len(outputs)
 
         def body(host):
             for k in range(n):
-                self._all_gather_host(host[k], host[n + k])
+                self._all_gather_host(host[n + k], host[k])
 
-        return self._run(
-            "allgather_coalesced",
-            list(outputs) + list(inputs), [False] * n + [True] * n, [True] * n + [False] * n,
-            body, outputs,
-        )
+        return self._run_moving("allgather_coalesced", inputs, outputs, body, outputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         """``output_tensors[0]`` (a list of ``size`` tensors shaped like
         ``input_tensors[0]``) becomes every rank's input, in rank order."""
-        outputs = _one(output_tensors, "allgather")
-        input = _one(input_tensors, "allgather")
-        if len(outputs) != self._size:
-            raise ValueError(
-                f"gradlane: allgather takes {self._size} output tensors, got {len(outputs)}"
-            )
-        _check_tensor(input, "allgather input", reduce=False)
-        for i, o in enumerate(outputs):
-            _check_tensor(o, f"allgather output {i}", reduce=False)
-            if o.numel() != input.numel() or o.dtype != input.dtype:
-                raise ValueError(
-                    f"gradlane: allgather output {i} is {o.numel()} x {o.dtype}, "
-                    f"the input {input.numel()} x {input.dtype}"
-                )
+        input = one(input_tensors, "allgather input")
+        check_tensor(input, "allgather input")
+        outputs = one(output_tensors, "allgather output list")
+        outputs = check_parts(outputs, input, self._size, "allgather", "output", "input")
 
         def body(host):
             flat = torch.empty(input.numel() * self._size, dtype=input.dtype)
@@ -510,11 +394,7 @@ class GradlaneProcessGroup(OpsMixin, PointToPointMixin, SparseMixin, dist.Proces
             for o, part in zip(host[1:], flat.chunk(self._size), strict=True):
                 o.copy_(part.view(o.shape))
 
-        n = len(outputs)
-        return self._run(
-            "allgather",
-            [input, *outputs], [True] + [False] * n, [False] + [True] * n, body, output_tensors
-        )
+        return self._run_moving("allgather", [input], outputs, body, output_tensors)
 
     # --- synchronization
     def barrier(self, opts=None):
@@ -558,8 +438,9 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     127.0.0.1) at a free UDP port and sets ``gradlane/root`` to that
     "ip:port"; the other ranks read it and listen on GRADLANE_RANK_ADDR
     (an "ip:port" or an IP; default 0.0.0.0:0). Certificates from
-    GRADLANE_CERT_DIR. Forming the group may take ``timeout``, and at
-    least MIN_JOIN_TIMEOUT (its QUIC handshakes on a loaded host take
+    GRADLANE_CERT_DIR (gradlane.torch._rendezvous forms the group). Forming
+    the group may take ``timeout``, and at least MIN_JOIN_TIMEOUT (its QUIC
+    handshakes on a loaded host take
     longer than a collective's short bound), or GRADLANE_JOIN_TIMEOUT
     seconds where that is set. GRADLANE_IDLE_TIMEOUT
     (seconds, default 30) is how long after its last packet a rank that
@@ -578,51 +459,10 @@ def create_process_group(store, rank, size, timeout) -> GradlaneProcessGroup:
     a rank raises :class:`gradlane.CollectiveTimeoutError` naming it (with
     ``continue``, that rank is removed instead, as a dead one is).
     """
-    cert_dir = cert_dir_from_env()
-    if isinstance(timeout, datetime.timedelta):
-        collective_timeout = timeout.total_seconds()
-    else:
-        collective_timeout = float(timeout) if timeout else None
-    if collective_timeout is not None and collective_timeout <= 0:
-        collective_timeout = None  # torch's "no timeout"
-    join_timeout = join_timeout_from_env() or max(
-        collective_timeout or MIN_JOIN_TIMEOUT, MIN_JOIN_TIMEOUT
+    pg = GradlaneProcessGroup(
+        join_through_store(store, rank, size, timeout), rank, size,
+        asynchronous=asynchronous_from_env(),
     )
-    rejoin = rejoin_from_env()
-    root = addresses = None
-    if rejoin:
-        # Through every member's address, not rank 0's alone: any member
-        # that answers admits this rank, so rank 0 may be the one it
-        # replaces (where the store outlives it).
-        addresses = _addresses_from_store(store, rank, size)
-        listen = None
-    elif rank == 0:
-        host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-        try:
-            ip = socket.gethostbyname(host)
-        except OSError as e:
-            raise ValueError(f"gradlane: MASTER_ADDR {host!r} does not resolve: {e}") from e
-        root = f"{ip}:{_free_udp_port(ip)}"
-        store.set(ROOT_KEY, root)
-        listen = root
-    else:
-        root = store.get(ROOT_KEY).decode()
-        listen = rank_listen_from_env()
-    group = gradlane.Group(
-        rank,
-        size,
-        root=root,
-        addresses=addresses,
-        listen=listen or "0.0.0.0:0",
-        cert_dir=cert_dir,
-        join_timeout=join_timeout,
-        idle_timeout=idle_timeout_from_env(),
-        on_rank_failure=on_rank_failure_from_env(),
-        rejoin=rejoin,
-        collective_timeout=collective_timeout,
-    )
-    store.set(f"{ADDRESS_KEY}/{rank}", group.addresses[rank])
-    pg = GradlaneProcessGroup(group, rank, size, asynchronous=asynchronous_from_env())
     pg._store = store
     return pg
 

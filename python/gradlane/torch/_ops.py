@@ -1,8 +1,9 @@
 """The gradlane backend's ops beyond allreduce, broadcast, allgather and
 reduce_scatter on floats: the reductions over every dtype gloo reduces,
 reduce, gather, scatter, all-to-all, the coalesced allgather,
-monitored_barrier, splitting, and a clear NotImplementedError for what
-gradlane does not do.
+monitored_barrier, a clear NotImplementedError for what gradlane does
+not do, and the hand-over of CPU tensors to a CPU backend of another
+kind ("cpu:gloo,cuda:gradlane").
 
 :class:`OpsMixin` is a base of :class:`GradlaneProcessGroup`
 (gradlane.torch._backend): its methods issue through the group's
@@ -10,192 +11,34 @@ gradlane does not do.
 thread and CUDA tensors are staged the same way. The data moves as bytes
 (a uint8 view of each contiguous tensor) through
 :class:`gradlane.Group`'s gather, scatter, all_to_all, allreduce_typed,
-reduce and reduce_scatter_typed.
+reduce and reduce_scatter_typed; the checks and views are
+gradlane.torch._tensors'.
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
-import sys
 
-import numpy as np
 import torch
-import torch.distributed as dist
 
 import gradlane
-
-#: The dtypes the typed reductions take, by the name gradlane.Group knows.
-TYPED_DTYPES = {
-    torch.float32: "float32",
-    torch.bfloat16: "bfloat16",
-    torch.float16: "float16",
-    torch.float64: "float64",
-    torch.int8: "int8",
-    torch.int16: "int16",
-    torch.int32: "int32",
-    torch.int64: "int64",
-    torch.uint8: "uint8",
-    torch.bool: "bool",
-}
-#: The dtypes the float path (gradlane.Group.allreduce) takes as values.
-FAST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: The ops the float path has, by its names.
-FAST_OPS = {"sum": "sum", "avg": "mean", "max": "max", "min": "min"}
-
-_TYPED_OPS = {
-    dist.ReduceOp.SUM: "sum",
-    dist.ReduceOp.AVG: "avg",
-    dist.ReduceOp.PRODUCT: "product",
-    dist.ReduceOp.MIN: "min",
-    dist.ReduceOp.MAX: "max",
-    dist.ReduceOp.BAND: "band",
-    dist.ReduceOp.BOR: "bor",
-    dist.ReduceOp.BXOR: "bxor",
-}
-
-
-def typed_op(op, what) -> str:
-    """The name of a torch ReduceOp gradlane reduces with; PREMUL_SUM (as
-    gloo) is a ValueError."""
-    for known, name in _TYPED_OPS.items():
-        if op == known:
-            return name
-    name = getattr(getattr(op, "op", op), "name", op)
-    raise ValueError(
-        f"gradlane: {what} supports ReduceOp.SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR and "
-        f"BXOR, not {name}"
-    )
-
-
-def reduction_plan(t, op: str, what: str):
-    """How tensor ``t`` is reduced with ``op``: ``(None, name)`` on the float
-    path (the values themselves), or ``(dtype, op)`` on the typed path (its
-    bytes). A dtype or op/dtype pair gradlane (and gloo) does not reduce is a
-    TypeError naming both."""
-    if t.dtype not in TYPED_DTYPES:
-        raise TypeError(
-            f"gradlane: {what} is {t.dtype}; gradlane reduces "
-            + ", ".join(str(d) for d in TYPED_DTYPES)
-            + " (complex tensors as their real view, with SUM or AVG)"
-        )
-    integral = t.dtype not in (*FAST_DTYPES, torch.float64)
-    if op in ("band", "bor", "bxor") and not integral:
-        raise TypeError(
-            f"gradlane: {what}: ReduceOp.{op.upper()} applies to integer and bool tensors, "
-            f"not {t.dtype} (as gloo)"
-        )
-    if op == "avg" and integral:
-        raise TypeError(
-            f"gradlane: {what}: ReduceOp.AVG applies to floating-point tensors, not {t.dtype} "
-            "(gloo has no AVG; sum and divide)"
-        )
-    if t.dtype in FAST_DTYPES and op in FAST_OPS:
-        return None, FAST_OPS[op]
-    return TYPED_DTYPES[t.dtype], op
-
-
-def real_view(t, op: str, what: str):
-    """A complex tensor as its real view (as torch's own all_reduce passes
-    it), where the op allows; any other tensor as it is."""
-    if not t.is_complex():
-        return t
-    if op not in ("sum", "avg"):
-        raise TypeError(
-            f"gradlane: {what} is complex ({t.dtype}); ReduceOp.{op.upper()} does not apply "
-            "(SUM and AVG do)"
-        )
-    return torch.view_as_real(t)
-
-
-def byte_view(t):
-    """A flat uint8 numpy view of a contiguous CPU tensor's bytes (no copy)."""
-    flat = t.detach().reshape(-1)
-    if flat.dtype.is_complex:
-        flat = torch.view_as_real(flat).reshape(-1)
-    return flat.view(torch.uint8).numpy()
-
-
-def contiguous_copies(tensors, writes):
-    """The tensors with each non-contiguous one replaced by a contiguous
-    copy, and the (original, copy) pairs to copy back once the collective
-    wrote them. Non-contiguous CUDA tensors are refused: their copy back
-    would have to be ordered after the staged one on the device."""
-    out, back = [], []
-    for t, w in zip(tensors, writes, strict=True):
-        if t.is_contiguous():
-            out.append(t)
-            continue
-        if t.device.type != "cpu":
-            raise ValueError(
-                f"gradlane: a non-contiguous {t.device.type} tensor (shape {tuple(t.shape)}, "
-                f"stride {t.stride()}): pass tensor.contiguous() (CPU ones are copied)"
-            )
-        c = t.contiguous()
-        out.append(c)
-        if w:
-            back.append((t, c))
-    return out, back
-
-
-def _check(t, what):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"gradlane: {what} must be a torch.Tensor, not {type(t).__name__}")
-    if t.device.type not in ("cpu", "cuda"):
-        raise ValueError(
-            f"gradlane: {what} is on {t.device}; the gradlane backend takes CPU and CUDA tensors"
-        )
-    if t.is_sparse or t.layout != torch.strided:
-        raise NotImplementedError(
-            f"gradlane: {what} has layout {t.layout}; gradlane implements dense tensors only"
-        )
-
-
-def _same(t, like, what):
-    if t.dtype != like.dtype or t.numel() != like.numel():
-        raise ValueError(
-            f"gradlane: {what} is {t.numel()} x {t.dtype}, the input {like.numel()} x {like.dtype}"
-        )
-
-
-def _root(opts, attr, size):
-    root = getattr(opts, attr, 0) if opts is not None else 0
-    if not 0 <= root < size:
-        raise ValueError(f"gradlane: root rank {root} is not in 0..{size - 1}")
-    return root
-
-
-def _splits(sizes, rows, size, what):
-    """Rows per rank of dim 0: the split sizes given, or equal parts."""
-    if not sizes:
-        if rows % size:
-            raise ValueError(
-                f"gradlane: {what} has {rows} rows along dim 0, not divisible by {size} ranks "
-                "(give split sizes)"
-            )
-        return [rows // size] * size
-    sizes = list(sizes)
-    if len(sizes) != size or sum(sizes) != rows or min(sizes) < 0:
-        raise ValueError(
-            f"gradlane: {what} split sizes {sizes} do not split its {rows} rows among {size} ranks"
-        )
-    return sizes
-
-
-def _apart(ins, outs):
-    """The input views, each copied where it shares memory with an output
-    (all_to_all_single(x, x) say): the Group takes separate buffers."""
-    return [
-        i.copy() if any(np.shares_memory(i, o) for o in outs) else i for i in ins
-    ]
-
-
-def _byte_parts(view, rows, row_bytes):
-    parts, at = [], 0
-    for n in rows:
-        parts.append(view[at:at + n * row_bytes])
-        at += n * row_bytes
-    return parts
+from gradlane.torch._tensors import (
+    TYPED_DTYPES,
+    apart,
+    byte_parts,
+    byte_view,
+    check_tensor,
+    check_whole,
+    one,
+    real_view,
+    reduction_plan,
+    root_of,
+    rooted_parts,
+    same,
+    splits,
+    typed_op,
+)
 
 
 class OpsMixin:
@@ -206,59 +49,12 @@ class OpsMixin:
     #: (:func:`delegate_cpu_ops`). None: gradlane takes CPU tensors too.
     _cpu_backend = None
 
-    # --- torch's plumbing
-    @property
-    def _device_types(self):
-        """The devices the group takes tensors on: torch asks before a
-        monitored_barrier (which needs "cpu") and when it splits."""
-        # torch's flight recorder attaches to a group with devices, through
-        # C++ state a Python ProcessGroup does not have (it fails there;
-        # torch's own comment says such a group cannot be recorded): to it,
-        # the group has none, as before.
-        if sys._getframe(1).f_code.co_name == "_maybe_attach_flight_recorder":
-            return []
-        return [torch.device("cpu"), torch.device("cuda")]
-
-    def _get_backend(self, device=None):
-        """The group is its own backend on every device it takes."""
-        return self
-
-    get_backend = _get_backend
-
-    @property
-    def supports_splitting(self):
-        """split_group makes a new gradlane group of the ranks it names."""
-        return True
-
-    def split_group(
-        self, ranks, timeout=None, opts=None, group_name=None, group_desc=None, device_types=None
-    ):
-        """A new gradlane group of ``ranks`` (ranks of this group), joined
-        through this group's store; None on a rank not among them."""
-        from gradlane.torch._backend import create_process_group
-
-        if self._rank not in ranks:
-            return None
-        if self._store is None:
-            raise NotImplementedError(
-                "gradlane: split_group needs the store the group was made with"
-            )
-        store = dist.PrefixStore(f"gradlane-split/{group_name}", self._store)
-        if timeout is None:
-            timeout = datetime.timedelta(minutes=30)
-        pg = create_process_group(store, list(ranks).index(self._rank), len(ranks), timeout)
-        if group_name:
-            pg.setGroupName(group_name)
-        if group_desc:
-            pg.setGroupDesc(group_desc)
-        return pg
-
     # --- reductions over every dtype
     def _reduce_any(self, tensors, opts, what, coalesced=False):
-        op = typed_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, what)
+        op = typed_op(opts, what)
         views, plans = [], []
         for i, t in enumerate(tensors):
-            _check(t, f"{what} tensor {i}")
+            check_tensor(t, f"{what} tensor {i}")
             v = real_view(t, op, f"{what} tensor {i}")
             plans.append(reduction_plan(v, op, f"{what} tensor {i}"))
             views.append(v)
@@ -269,12 +65,10 @@ class OpsMixin:
     def reduce(self, tensors, opts=None):
         """Reduces ``tensors[0]`` over the ranks into rank ``opts.rootRank``'s
         (any dtype and op allreduce takes); the others' stay as they were."""
-        t = tensors[0] if len(tensors) == 1 else None
-        if t is None:
-            raise ValueError(f"gradlane: reduce takes one tensor, got {len(tensors)}")
-        op = typed_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "reduce")
-        root = _root(opts, "rootRank", self._size)
-        _check(t, "reduce tensor")
+        t = one(tensors, "reduce tensor")
+        op = typed_op(opts, "reduce")
+        root = root_of(opts, self._size)
+        check_tensor(t, "reduce tensor")
         v = real_view(t, op, "reduce tensor")
         plan = reduction_plan(v, op, "reduce tensor")
         dtype, name = plan if plan[0] is not None else (TYPED_DTYPES[v.dtype], op)
@@ -290,82 +84,43 @@ class OpsMixin:
         """Rank ``opts.rootRank``'s ``output_tensors[0]`` (``size`` tensors
         like the input) becomes every rank's ``input_tensors[0]``, in rank
         order; the others pass no outputs."""
-        root = _root(opts, "rootRank", self._size)
-        if len(input_tensors) != 1:
-            raise ValueError(f"gradlane: gather takes one input tensor, got {len(input_tensors)}")
-        input = input_tensors[0]
-        _check(input, "gather input")
-        outputs = []
-        if self._rank == root:
-            if len(output_tensors) != 1 or len(output_tensors[0]) != self._size:
-                raise ValueError(
-                    f"gradlane: gather's root takes one list of {self._size} output tensors"
-                )
-            outputs = list(output_tensors[0])
-            for i, o in enumerate(outputs):
-                _check(o, f"gather output {i}")
-                _same(o, input, f"gather output {i}")
-        elif output_tensors and any(len(o) for o in output_tensors):
-            raise ValueError("gradlane: gather takes output tensors on the root rank only")
+        root = root_of(opts, self._size)
+        input, outputs = rooted_parts(
+            input_tensors, output_tensors, at_root=self._rank == root, size=self._size,
+            op="gather", one_what="input", parts_what="output",
+        )
 
         def body(host):
             outs = [byte_view(o) for o in host[1:]] if self._rank == root else None
-            (mine,) = _apart([byte_view(host[0])], outs or [])
+            (mine,) = apart([byte_view(host[0])], outs or [])
             self.group.gather(root, mine, outs)
 
-        n = len(outputs)
-        return self._run(
-            "gather", [input, *outputs], [True] + [False] * n, [False] + [True] * n,
-            body, output_tensors,
-        )
+        return self._run_moving("gather", [input], outputs, body, output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         """Rank r's ``output_tensors[0]`` becomes the r-th of rank
         ``opts.rootRank``'s ``input_tensors[0]``; the others pass no inputs."""
-        root = _root(opts, "rootRank", self._size)
-        if len(output_tensors) != 1:
-            raise ValueError(
-                f"gradlane: scatter takes one output tensor, got {len(output_tensors)}"
-            )
-        output = output_tensors[0]
-        _check(output, "scatter output")
-        inputs = []
-        if self._rank == root:
-            if len(input_tensors) != 1 or len(input_tensors[0]) != self._size:
-                raise ValueError(
-                    f"gradlane: scatter's root takes one list of {self._size} input tensors"
-                )
-            inputs = list(input_tensors[0])
-            for i, t in enumerate(inputs):
-                _check(t, f"scatter input {i}")
-                _same(t, output, f"scatter input {i}")
-        elif input_tensors and any(len(i) for i in input_tensors):
-            raise ValueError("gradlane: scatter takes input tensors on the root rank only")
+        root = root_of(opts, self._size)
+        output, inputs = rooted_parts(
+            output_tensors, input_tensors, at_root=self._rank == root, size=self._size,
+            op="scatter", one_what="output", parts_what="input",
+        )
 
         def body(host):
-            out = byte_view(host[0])
-            ins = _apart([byte_view(t) for t in host[1:]], [out]) if self._rank == root else None
+            out = byte_view(host[-1])
+            ins = apart([byte_view(t) for t in host[:-1]], [out]) if self._rank == root else None
             self.group.scatter(root, ins, out)
 
-        n = len(inputs)
-        return self._run(
-            "scatter", [output, *inputs], [False] + [True] * n, [True] + [False] * n,
-            body, output_tensors,
-        )
+        return self._run_moving("scatter", inputs, [output], body, output_tensors)
 
     def gather_into_tensor(self, output, input, opts=None):
         """Rank ``opts.rootRank``'s ``output`` (``size`` times the input's
         values) becomes every rank's ``input`` in rank order."""
-        root = _root(opts, "rootRank", self._size)
-        _check(input, "gather input")
+        root = root_of(opts, self._size)
+        check_tensor(input, "gather input")
         outputs = []
         if self._rank == root:
-            _check(output, "gather output")
-            if output.dtype != input.dtype or output.numel() != input.numel() * self._size:
-                raise ValueError(
-                    f"gradlane: gather output is {output.numel()} x {output.dtype}, needs "
-                    f"{input.numel()} x {self._size} ranks of {input.dtype}"
-                )
+            check_whole(output, input, self._size, "gather", "output", "input")
             outputs = [output]
         n = len(outputs)
 
@@ -375,13 +130,10 @@ class OpsMixin:
                 whole = byte_view(host[1])
                 step = whole.size // self._size
                 outs = [whole[r * step:(r + 1) * step] for r in range(self._size)]
-            (mine,) = _apart([byte_view(host[0])], outs or [])
+            (mine,) = apart([byte_view(host[0])], outs or [])
             self.group.gather(root, mine, outs)
 
-        return self._run(
-            "gather", [input, *outputs], [True] + [False] * n, [False] + [True] * n, body,
-            [output],
-        )
+        return self._run_moving("gather", [input], outputs, body, [output])
 
     gather_single = gather_into_tensor
 
@@ -393,28 +145,27 @@ class OpsMixin:
         """all_to_all_single: ``input``'s rows (dim 0) split among the ranks
         by ``input_split_sizes`` (equal parts when empty) go to them; their
         parts for this rank fill ``output``'s rows, split likewise."""
-        _check(input, "all_to_all input")
-        _check(output, "all_to_all output")
+        check_tensor(input, "all_to_all input")
+        check_tensor(output, "all_to_all output")
         if input.dtype != output.dtype:
             raise TypeError(
                 f"gradlane: all_to_all output is {output.dtype}, its input {input.dtype}"
             )
-        in_rows = _splits(input_split_sizes, input.shape[0] if input.dim() else 1,
-                          self._size, "all_to_all input")
-        out_rows = _splits(output_split_sizes, output.shape[0] if output.dim() else 1,
-                           self._size, "all_to_all output")
+        in_rows = splits(input_split_sizes, input.shape[0] if input.dim() else 1,
+                         self._size, "all_to_all input")
+        out_rows = splits(output_split_sizes, output.shape[0] if output.dim() else 1,
+                          self._size, "all_to_all output")
         in_row = input[0].numel() * input.element_size() if input.dim() and len(input) else 0
         out_row = output[0].numel() * output.element_size() if output.dim() and len(output) else 0
         if input.dim() == 0:
             in_row = out_row = input.element_size()
 
         def body(host):
-            o, i = host
-            outs = _byte_parts(byte_view(o), out_rows, out_row)
-            self.group.all_to_all(_apart(_byte_parts(byte_view(i), in_rows, in_row), outs), outs)
+            i, o = host
+            outs = byte_parts(byte_view(o), out_rows, out_row)
+            self.group.all_to_all(apart(byte_parts(byte_view(i), in_rows, in_row), outs), outs)
 
-        return self._run("all_to_all", [output, input], [False, True], [True, False], body,
-                         [output])
+        return self._run_moving("all_to_all", [input], [output], body, [output])
 
     all_to_all_single = alltoall_base
 
@@ -427,19 +178,16 @@ class OpsMixin:
                 f"{len(input_tensors)} and {len(output_tensors)}"
             )
         for i, t in enumerate([*input_tensors, *output_tensors]):
-            _check(t, f"all_to_all tensor {i}")
+            check_tensor(t, f"all_to_all tensor {i}")
             if t.dtype != input_tensors[0].dtype:
                 raise TypeError(f"gradlane: all_to_all tensors of several dtypes ({t.dtype})")
         n = self._size
 
         def body(host):
-            outs = [byte_view(t) for t in host[:n]]
-            self.group.all_to_all(_apart([byte_view(t) for t in host[n:]], outs), outs)
+            outs = [byte_view(t) for t in host[n:]]
+            self.group.all_to_all(apart([byte_view(t) for t in host[:n]], outs), outs)
 
-        return self._run(
-            "all_to_all", [*output_tensors, *input_tensors], [False] * n + [True] * n,
-            [True] * n + [False] * n, body, output_tensors,
-        )
+        return self._run_moving("all_to_all", input_tensors, output_tensors, body, output_tensors)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """all_gather_coalesced: ``output_lists[r][k]`` becomes rank r's
@@ -450,7 +198,7 @@ class OpsMixin:
                 f"{len(output_lists)}"
             )
         for k, t in enumerate(input_list):
-            _check(t, f"allgather_coalesced input {k}")
+            check_tensor(t, f"allgather_coalesced input {k}")
         for r, outs in enumerate(output_lists):
             if len(outs) != len(input_list):
                 raise ValueError(
@@ -458,10 +206,10 @@ class OpsMixin:
                     f"for {len(input_list)} inputs"
                 )
             for k, (o, t) in enumerate(zip(outs, input_list, strict=True)):
-                _check(o, f"allgather_coalesced output {r}.{k}")
-                _same(o, t, f"allgather_coalesced output {r}.{k}")
+                check_tensor(o, f"allgather_coalesced output {r}.{k}")
+                same(o, t, f"allgather_coalesced output {r}.{k}", f"its input {k}")
         flat_outs = [o for outs in output_lists for o in outs]
-        n, m = len(input_list), len(flat_outs)
+        n = len(input_list)
 
         def body(host):
             for k in range(n):
@@ -472,10 +220,7 @@ class OpsMixin:
                     o = host[n + r * n + k]
                     o.copy_(part.view(o.shape))
 
-        return self._run(
-            "allgather_coalesced", [*input_list, *flat_outs], [True] * n + [False] * m,
-            [False] * n + [True] * m, body, output_lists,
-        )
+        return self._run_moving("allgather_coalesced", input_list, flat_outs, body, output_lists)
 
     # --- synchronization
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
@@ -595,12 +340,12 @@ DELEGATED["allgather_into_tensor_coalesced"] = "all_gather_single_coalesced"
 DELEGATED["reduce_scatter_tensor_coalesced"] = "reduce_scatter_single_coalesced"
 
 
-def _tensors(args):
+def _tensors_in(args):
     for a in args:
         if isinstance(a, torch.Tensor):
             yield a
         elif isinstance(a, (list, tuple)):
-            yield from _tensors(a)
+            yield from _tensors_in(a)
 
 
 def delegate_cpu_ops(cls):
@@ -617,7 +362,7 @@ def delegate_cpu_ops(cls):
         def op(self, *args, _method=method, _name=name, _target=target, **kwargs):
             cpu = self._cpu_backend
             if cpu is not None:
-                tensors = list(_tensors(args))
+                tensors = list(_tensors_in(args))
                 if _name == "monitored_barrier" or (
                     tensors and all(t.device.type == "cpu" for t in tensors)
                 ):

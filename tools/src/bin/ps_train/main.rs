@@ -35,6 +35,7 @@ mod error;
 mod orchestrate;
 mod processes;
 mod report;
+mod runs;
 mod server;
 mod settings;
 mod tips;

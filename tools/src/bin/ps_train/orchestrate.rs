@@ -2,49 +2,22 @@
 //! (this program in its roles) per run, each algorithm in turn, their
 //! output collected for the report.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{BoxError, Policy};
+use common::BoxError;
 use gradlane::generate_certs;
 use gradlane_tools::cli as common;
 use gradlane_tools::mlp::Mlp;
 
-use crate::args::{Algo, AllArgs};
+use crate::args::AllArgs;
 use crate::error::TrainError;
 use crate::processes::{collect_output, forward_lines, supervise, worker_counts, Guard};
 use crate::report::report;
-use crate::settings::{check_settings, momentum_lr, FilterChoice};
-
-/// One server run of the comparison: an algorithm, and for the filter its
-/// policy and threshold.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Run {
-    pub(crate) algo: Algo,
-    pub(crate) filter: FilterChoice,
-}
-
-impl Run {
-    pub(crate) fn label(&self) -> String {
-        match self.algo {
-            Algo::Filter => format!(
-                "filter {} {}",
-                self.filter.policy.name(),
-                self.filter.threshold
-            ),
-            a => a.name().to_string(),
-        }
-    }
-}
-
-/// What one run's server and workers reported.
-#[derive(Debug, Default)]
-pub(crate) struct Outcome {
-    pub(crate) evals: Vec<(f64, u64, f64, f64)>,
-    pub(crate) done: String,
-    /// Per worker: (pushes answered, of them dropped).
-    pub(crate) worker_pushes: Vec<Option<(u64, u64)>>,
-}
+use crate::runs::{Outcome, Run};
+use crate::settings::{check_settings, momentum_lr};
 
 /// Every check of the flags that needs no process: done before anything
 /// starts, so a bad value fails at once with the flag's name.
@@ -93,26 +66,21 @@ pub(crate) fn validate(a: &AllArgs, runs: &[Run]) -> Result<Vec<f64>, TrainError
     }
 }
 
-pub(crate) fn orchestrate(a: AllArgs) -> Result<(), BoxError> {
-    let mut runs = Vec::new();
-    for &algo in &a.algos {
-        let mut filter = FilterChoice {
-            sample: a.sample,
-            threshold: 1.0,
-            policy: Policy::SlidingWindow,
-        };
-        if algo != Algo::Filter {
-            runs.push(Run { algo, filter });
-            continue;
-        }
-        for &policy in &a.policies {
-            for &threshold in &a.thresholds {
-                filter.policy = policy;
-                filter.threshold = threshold;
-                runs.push(Run { algo, filter });
-            }
-        }
+/// This program in `role` (`server` or `worker`), each flag followed by
+/// its value.
+fn role_command(exe: &Path, role: &str, flags: Vec<(&str, OsString)>) -> Command {
+    let mut command = Command::new(exe);
+    command.arg(role);
+    for (flag, value) in flags {
+        command.arg(flag).arg(value);
     }
+    command
+}
+
+/// Runs every server run the flags ask for, each with its K workers, one
+/// after the other, then prints the report.
+pub(crate) fn orchestrate(a: AllArgs) -> Result<(), BoxError> {
+    let runs = Run::all(&a);
     let skew = validate(&a, &runs)?;
     let k = a.training.workers;
     let dir = std::env::temp_dir().join(format!("gradlane-ps-train-{}", std::process::id()));
@@ -134,39 +102,27 @@ pub(crate) fn orchestrate(a: AllArgs) -> Result<(), BoxError> {
     let mut outcomes = Vec::new();
     for run in &runs {
         println!("  {} ...", run.label());
-        let mut server = Command::new(&exe);
-        server
-            .arg("server")
-            .arg("--algo")
-            .arg(run.algo.name())
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--cert")
-            .arg(&certs.server_cert)
-            .arg("--key")
-            .arg(&certs.server_key)
-            .arg("--eval-ms")
-            .arg(a.eval_ms.to_string())
-            .arg("--max-seconds")
-            .arg((a.seconds * 3 + 60).to_string())
-            .arg("--round-timeout")
-            .arg(a.round_timeout.to_string())
-            .arg("--sample")
-            .arg(run.filter.sample.to_string())
-            .arg("--threshold")
-            .arg(run.filter.threshold.to_string())
-            .arg("--policy")
-            .arg(run.filter.policy.name())
-            .arg("--workers")
-            .arg(k.to_string())
-            .arg("--seed")
-            .arg(t.seed.to_string())
-            .arg("--lr")
-            .arg(t.lr.to_string())
-            .arg("--momentum")
-            .arg(t.momentum.to_string())
-            .arg("--batch")
-            .arg(t.batch.to_string());
+        let mut server = role_command(
+            &exe,
+            "server",
+            vec![
+                ("--algo", run.algo.name().into()),
+                ("--listen", "127.0.0.1:0".into()),
+                ("--cert", certs.server_cert.clone().into()),
+                ("--key", certs.server_key.clone().into()),
+                ("--eval-ms", a.eval_ms.to_string().into()),
+                ("--max-seconds", (a.seconds * 3 + 60).to_string().into()),
+                ("--round-timeout", a.round_timeout.to_string().into()),
+                ("--sample", run.filter.sample.to_string().into()),
+                ("--threshold", run.filter.threshold.to_string().into()),
+                ("--policy", run.filter.policy.name().into()),
+                ("--workers", k.to_string().into()),
+                ("--seed", t.seed.to_string().into()),
+                ("--lr", t.lr.to_string().into()),
+                ("--momentum", t.momentum.to_string().into()),
+                ("--batch", t.batch.to_string().into()),
+            ],
+        );
         let mut server = Guard::spawn(server.stdout(Stdio::piped()))?;
         let mut lines = BufReader::new(server.0.stdout.take().ok_or("no server stdout")?).lines();
         let addr = match lines.next() {
@@ -178,24 +134,20 @@ pub(crate) fn orchestrate(a: AllArgs) -> Result<(), BoxError> {
         let lines = forward_lines(lines);
         let mut workers = Vec::new();
         for (i, s) in skew.iter().enumerate() {
-            let mut w = Command::new(&exe);
-            w.arg("worker")
-                .arg("--connect")
-                .arg(&addr)
-                .arg("--ca")
-                .arg(&certs.ca_cert)
-                .arg("--id")
-                .arg(i.to_string())
-                .arg("--skew")
-                .arg(s.to_string())
-                .arg("--compute-ms")
-                .arg(a.compute_ms.to_string())
-                .arg("--seconds")
-                .arg(a.seconds.to_string())
-                .arg("--loss")
-                .arg(a.loss.to_string())
-                .arg("--delay-ms")
-                .arg(a.delay_ms.to_string());
+            let mut w = role_command(
+                &exe,
+                "worker",
+                vec![
+                    ("--connect", addr.clone().into()),
+                    ("--ca", certs.ca_cert.clone().into()),
+                    ("--id", i.to_string().into()),
+                    ("--skew", s.to_string().into()),
+                    ("--compute-ms", a.compute_ms.to_string().into()),
+                    ("--seconds", a.seconds.to_string().into()),
+                    ("--loss", a.loss.to_string().into()),
+                    ("--delay-ms", a.delay_ms.to_string().into()),
+                ],
+            );
             if a.codec {
                 w.arg("--codec");
             }
@@ -207,18 +159,7 @@ pub(crate) fn orchestrate(a: AllArgs) -> Result<(), BoxError> {
             .collect();
         let mut outcome = Outcome::default();
         supervise(&run.label(), &mut server, lines, &mut workers, |line| {
-            if let Some(rest) = line.strip_prefix("eval ") {
-                let f: Vec<&str> = rest.split(' ').collect();
-                if let [t, steps, loss, acc] = f[..] {
-                    if let (Ok(t), Ok(steps), Ok(loss), Ok(acc)) =
-                        (t.parse(), steps.parse(), loss.parse(), acc.parse())
-                    {
-                        outcome.evals.push((t, steps, loss, acc));
-                    }
-                }
-            } else if let Some(rest) = line.strip_prefix("done ") {
-                outcome.done = rest.to_string();
-            }
+            outcome.take_line(line)
         })?;
         for (i, out) in outputs.into_iter().enumerate() {
             let out = out.join().unwrap_or_default();

@@ -2,8 +2,8 @@
 //! then each run's summary and every worker's pushes.
 
 use crate::args::AllArgs;
-use crate::orchestrate::{Outcome, Run};
 use crate::processes::field;
+use crate::runs::{Outcome, Run};
 
 pub(crate) fn report(a: &AllArgs, skew: &[f64], outcomes: &[(Run, Outcome)]) {
     // Loss and accuracy over time, one column per run, sampled at whole

@@ -16,7 +16,7 @@ use gradlane_tools::cli as common;
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 
-use crate::measure::Kind;
+use crate::variants::Kind;
 use crate::{Bench, Datagrams};
 
 impl Bench {

@@ -43,6 +43,7 @@ mod connect;
 mod measure;
 mod report;
 mod rounds;
+mod variants;
 
 use gradlane_tools::cli as common;
 

@@ -5,7 +5,7 @@
 use gradlane::Congestion;
 use gradlane_tools::cpu::CpuTime;
 
-use crate::measure::{median, Kind, Row};
+use crate::variants::{cc_name, median, Kind, Row};
 use crate::Bench;
 
 pub(crate) fn report(
@@ -21,6 +21,11 @@ pub(crate) fn report(
     };
     let gbps = |t: Option<f64>| t.map(|t| model_bytes as f64 * 8.0 / t / 1e9);
     let lossless_gl = |cc| find("gradlane", cc, 0.0).and_then(Row::p99);
+    // Lossless throughput of variant `a` over variant `b`'s, both under `cc`.
+    let throughput_ratio = |a: &str, b: &str, cc: Option<Congestion>| {
+        let t = |name| find(name, cc, 0.0).and_then(|r| gbps(r.median()));
+        t(a).zip(t(b)).map(|(x, y)| x / y)
+    };
 
     println!();
     println!(
@@ -161,10 +166,7 @@ pub(crate) fn report(
             Some(false) => "NOT met",
             None => "not measured",
         };
-        let t = |name, loss| find(name, bbr, loss).and_then(|r| gbps(r.median()));
-        let g1 = t("gradlane", 0.0)
-            .zip(t("raw quinn", 0.0))
-            .map(|(a, b)| a / b);
+        let g1 = throughput_ratio("gradlane", "raw quinn", bbr);
         println!(
             "- lossless gradlane >= 0.95x raw quinn throughput: {} ({})",
             verdict(g1.map(|x| x >= 0.95)),
@@ -220,11 +222,11 @@ pub(crate) fn report(
         "For reference, not goals ({}):",
         cc_name(Some(bench.first_controller()))
     );
-    let bbr = Some(bench.first_controller());
-    let t = |name, loss| find(name, bbr, loss).and_then(|r| gbps(r.median()));
-    let g5 = t("gradlane", 0.0)
-        .zip(t("raw quinn, f32 in and out", 0.0))
-        .map(|(a, b)| a / b);
+    let g5 = throughput_ratio(
+        "gradlane",
+        "raw quinn, f32 in and out",
+        Some(bench.first_controller()),
+    );
     println!(
         "- lossless gradlane vs raw quinn copying the gradients in and out of the stream: {}",
         g5.map_or("-".into(), |x| format!("{x:.2}x"))
@@ -233,15 +235,4 @@ pub(crate) fn report(
         "- important arrival vs a raw quinn stream of the important bytes only: {}",
         list(&imp_ratios)
     );
-}
-
-pub(crate) fn cc_name(c: Option<Congestion>) -> &'static str {
-    match c {
-        None => "-",
-        Some(Congestion::Bbr) => "BBR",
-        Some(Congestion::CappedBbr) => "BBR, capped",
-        Some(Congestion::Cubic) => "Cubic",
-        Some(Congestion::NewReno) => "NewReno",
-        Some(Congestion::QueueGatedCubic) => "Cubic, queue-gated",
-    }
 }
