@@ -1,3 +1,4 @@
+use super::generate::check_job_name;
 use super::*;
 
 /// A TLS 1.3 handshake between gradlane's own client and server
