@@ -1,5 +1,6 @@
 use super::*;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::task::Waker;
 
 /// Records what is sent; serves queued receive buffers.
 #[derive(Debug, Default)]
