@@ -1,4 +1,5 @@
-//! Why a group operation failed ([`GroupError`]).
+//! Why a group operation failed ([`GroupError`]), and what a failure
+//! means for the core's view keeper and its errors for the group.
 
 #[cfg(doc)]
 use super::{GroupConfig, OnRankFailure};
@@ -7,6 +8,8 @@ use crate::handshake_failure::HandshakeFailure;
 use crate::link::LinkError;
 use crate::tls::PeerCertError;
 use bytes::Bytes;
+use gradlane_core::control::codes;
+use gradlane_core::group::view_keeper::{Failure, KeeperError};
 use std::net::SocketAddr;
 use std::time::Duration;
 use thiserror::Error;
@@ -170,5 +173,56 @@ fn failed_note(failed: &[(SocketAddr, HandshakeFailure)]) -> String {
     match each.is_empty() {
         true => String::new(),
         false => format!("; failed handshakes: {}", each.join("; ")),
+    }
+}
+
+/// What a failed exchange means for the keeper, and the error that stands
+/// where it is not about membership.
+pub(super) fn classify(e: GroupError) -> (Failure, Option<GroupError>) {
+    match e {
+        GroupError::Rank {
+            rank,
+            source: LinkError::Rejected { code, reason },
+        } if code == u64::from(codes::REMOVED) => (
+            Failure::Removed(format!("rank {rank} closed its link: {reason}")),
+            None,
+        ),
+        GroupError::Rank { rank, source } => match source {
+            LinkError::Connection(_)
+            | LinkError::PeerClosed { .. }
+            | LinkError::Rejected { .. }
+            | LinkError::CloseUnacknowledged { .. }
+            | LinkError::Write(_)
+            | LinkError::Read(_) => (Failure::Lost(rank), None),
+            source => (Failure::Fatal, Some(GroupError::Rank { rank, source })),
+        },
+        GroupError::MembersChanging { rank, proposal } => {
+            (Failure::Alarm(rank, proposal.to_vec()), None)
+        }
+        e => (Failure::Fatal, Some(e)),
+    }
+}
+
+/// The group's error for the keeper's.
+pub(super) fn group_error(e: KeeperError, stands: Option<GroupError>) -> GroupError {
+    match (e, stands) {
+        (_, Some(e)) => e,
+        (KeeperError::Removed { rank, epoch, why }, None) => {
+            GroupError::Removed { rank, epoch, why }
+        }
+        (
+            KeeperError::NoQuorum {
+                rank,
+                reached,
+                members,
+            },
+            None,
+        ) => GroupError::NoQuorum {
+            rank,
+            reached,
+            members,
+        },
+        (KeeperError::OutOfStep { rank, what }, None) => GroupError::OutOfStep { rank, what },
+        (e @ KeeperError::Fatal, None) => GroupError::Setup(e.to_string()),
     }
 }
