@@ -1,3 +1,4 @@
+use super::log8::{log8_level, GUESS_OCTAVES, LOG8};
 use super::*;
 use proptest::prelude::*;
 
