@@ -33,29 +33,29 @@ pub mod admission;
 pub mod agreement;
 mod error;
 mod failure_policy;
-mod membership;
 mod mesh;
 mod mesh_forming;
+mod path_messages;
 mod path_plan;
-mod paths;
 mod reduced_shard;
 mod return_report;
 mod sparse_shape;
 pub mod view_keeper;
+mod view_messages;
 
 pub use error::GroupMessageError;
 pub use failure_policy::{OnRankFailure, OnTimeout};
-pub use membership::{CallFate, JoinRequest, Joiners, ViewDecision, ViewOutcome, ViewProposal};
 pub use mesh::{
     judge_hello, view_digest, AddressTable, HelloVerdict, MeshHello, MeshMark, MeshRefusal,
     MAX_WORLD,
 };
 pub use mesh_forming::{DialFailed, Dials, MeshForming};
+pub use path_messages::{PathHello, PathOffer, MAX_SOCKETS};
 pub use path_plan::{paths_per_peer, plan_paths, socket_of, PathPlanError, PlannedPath};
-pub use paths::{PathHello, PathOffer, MAX_SOCKETS};
 pub use reduced_shard::{encode_reduced_shard, ReducedShard, NO_LOSSY_RETURN};
 pub use return_report::{encode_return_report, missed_by_any, ReturnReport};
 pub use sparse_shape::SparseShape;
+pub use view_messages::{CallFate, JoinRequest, Joiners, ViewDecision, ViewOutcome, ViewProposal};
 
 /// The words of a text message: the first names its kind and version.
 fn words<'a>(

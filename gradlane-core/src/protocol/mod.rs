@@ -25,8 +25,6 @@ mod step_deadline;
 mod timing;
 
 #[cfg(test)]
-mod sim;
-#[cfg(test)]
 mod tests;
 
 pub use close::{already_closed, CloseInOrder, CloseOutcome, ClosedBy};

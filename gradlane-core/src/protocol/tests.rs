@@ -1,9 +1,11 @@
 //! The round protocol over the simulated pair: each property over at
 //! least a thousand seeds at every loss rate from 0 to 30%.
 
-use super::sim::{layout, Abandon, Leave, Outcome, Pair, PathModel, Scenario};
+mod sim;
+
 use super::*;
 use crate::layout::ChunkOptions;
+use sim::{layout, Abandon, Leave, Outcome, Pair, PathModel, Scenario};
 use std::time::Duration;
 
 const LOSSES: [f64; 6] = [0.0, 0.01, 0.05, 0.1, 0.2, 0.3];

@@ -27,15 +27,15 @@
 //! carries their messages over the links, forms the meshes they ask for
 //! and maps transport errors to lost ranks.
 
+use super::group_error::{classify, group_error};
 use super::{tag, BucketOptions, Group, GroupConfig, GroupError, Kind, PointToPoint};
 use crate::endpoint::Endpoint;
 use crate::link::Link;
-use crate::link::LinkError;
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use gradlane_core::control::codes;
 use gradlane_core::group::agreement::{Agreement, Event, MessageKind, Outcome, Transmit};
-use gradlane_core::group::view_keeper::{self, Action, Failure, KeeperError, ViewKeeper};
+use gradlane_core::group::view_keeper::{self, Action, ViewKeeper};
 use gradlane_core::group::{Joiners, ViewDecision};
 use gradlane_core::layout::Layout;
 use quinn::VarInt;
@@ -152,57 +152,6 @@ impl ViewEvent {
             ViewEvent::Decision(body) => Event::Decision { from, body },
             ViewEvent::Lost => Event::Lost { from },
         }
-    }
-}
-
-/// What a failed exchange means for the keeper, and the error that stands
-/// where it is not about membership.
-fn classify(e: GroupError) -> (Failure, Option<GroupError>) {
-    match e {
-        GroupError::Rank {
-            rank,
-            source: LinkError::Rejected { code, reason },
-        } if code == u64::from(codes::REMOVED) => (
-            Failure::Removed(format!("rank {rank} closed its link: {reason}")),
-            None,
-        ),
-        GroupError::Rank { rank, source } => match source {
-            LinkError::Connection(_)
-            | LinkError::PeerClosed { .. }
-            | LinkError::Rejected { .. }
-            | LinkError::CloseUnacknowledged { .. }
-            | LinkError::Write(_)
-            | LinkError::Read(_) => (Failure::Lost(rank), None),
-            source => (Failure::Fatal, Some(GroupError::Rank { rank, source })),
-        },
-        GroupError::MembersChanging { rank, proposal } => {
-            (Failure::Alarm(rank, proposal.to_vec()), None)
-        }
-        e => (Failure::Fatal, Some(e)),
-    }
-}
-
-/// The group's error for the keeper's.
-pub(super) fn group_error(e: KeeperError, stands: Option<GroupError>) -> GroupError {
-    match (e, stands) {
-        (_, Some(e)) => e,
-        (KeeperError::Removed { rank, epoch, why }, None) => {
-            GroupError::Removed { rank, epoch, why }
-        }
-        (
-            KeeperError::NoQuorum {
-                rank,
-                reached,
-                members,
-            },
-            None,
-        ) => GroupError::NoQuorum {
-            rank,
-            reached,
-            members,
-        },
-        (KeeperError::OutOfStep { rank, what }, None) => GroupError::OutOfStep { rank, what },
-        (e @ KeeperError::Fatal, None) => GroupError::Setup(e.to_string()),
     }
 }
 

@@ -31,6 +31,7 @@ mod deadline;
 mod differentiated;
 mod exact;
 mod group_config;
+mod group_error;
 mod join_requests;
 mod membership;
 mod movement;
@@ -38,6 +39,7 @@ mod paths;
 mod pipelined;
 mod point_to_point;
 mod port_range;
+mod reduce_op;
 mod rejoin;
 mod rendezvous;
 mod shards;
@@ -47,214 +49,27 @@ pub use bucket_options::{BucketOptions, LossRecovery};
 pub use buckets::BucketId;
 pub use differentiated::AllreduceReport;
 pub use group_config::GroupConfig;
+pub use group_error::GroupError;
 pub use membership::OnRankFailure;
 pub use paths::{core_share, default_sockets, paths_per_peer, MAX_SOCKETS};
 pub use point_to_point::{PointToPoint, MAILBOX_BYTES};
 pub use port_range::{PortRange, PortRangeError};
+pub use reduce_op::ReduceOp;
 pub use rendezvous::Rendezvous;
 pub use sparse::{SparseAllgather, SparsePath, SparseReport, SparseRows};
 
+use group_error::TimedOut;
+
 use crate::config::Config;
-use crate::endpoint::{Endpoint, SetupError};
-use crate::handshake_failure::HandshakeFailure;
-use crate::link::{LinkError, LinkReceiver, LinkSender};
-use crate::tls::PeerCertError;
+use crate::endpoint::Endpoint;
+use crate::link::{LinkReceiver, LinkSender};
 use bytes::Bytes;
 use futures_util::future::try_join_all;
-use gradlane_core::format::Element;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use thiserror::Error;
-
-/// How a reduction combines the ranks' values. Every rank's values are
-/// taken as `f32` and combined in rank order by the rank that owns them,
-/// then rounded once to the buffer's type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ReduceOp {
-    /// The sum, in rank order.
-    #[default]
-    Sum,
-    /// The sum in rank order, divided by the number of ranks.
-    Mean,
-    /// The largest value (NaN if any rank's is NaN, as `torch.maximum`).
-    /// Exact collectives only.
-    Max,
-    /// The smallest value (NaN if any rank's is NaN). Exact collectives
-    /// only.
-    Min,
-}
-
-impl ReduceOp {
-    /// Folds one rank's `values` into `acc` (rank order); `first` for the
-    /// first rank, whose values start the fold.
-    fn fold<T: Element>(self, acc: &mut [f32], values: &[T], first: bool) {
-        match (self, first) {
-            (_, true) => gradlane_core::format::widen(values, acc),
-            (ReduceOp::Sum | ReduceOp::Mean, false) => {
-                for (a, v) in acc.iter_mut().zip(values) {
-                    *a += v.to_f32();
-                }
-            }
-            (ReduceOp::Max, false) => {
-                for (a, v) in acc.iter_mut().zip(values) {
-                    let v = v.to_f32();
-                    if v.is_nan() || v > *a {
-                        *a = v;
-                    }
-                }
-            }
-            (ReduceOp::Min, false) => {
-                for (a, v) in acc.iter_mut().zip(values) {
-                    let v = v.to_f32();
-                    if v.is_nan() || v < *a {
-                        *a = v;
-                    }
-                }
-            }
-        }
-    }
-
-    /// What is left to do once every rank is folded in: a mean divides.
-    fn finish(self, acc: &mut [f32], world: usize) {
-        if self == ReduceOp::Mean {
-            let n = world as f32;
-            acc.iter_mut().for_each(|v| *v /= n);
-        }
-    }
-}
-
-/// Why a group operation failed.
-#[derive(Debug, Error)]
-pub enum GroupError {
-    /// The rank, world or addresses do not make a group.
-    #[error("group setup: {0}")]
-    Setup(String),
-    /// The endpoint could not be made.
-    #[error(transparent)]
-    Endpoint(#[from] SetupError),
-    /// Some ranks did not join in time.
-    #[error(
-        "ranks {missing:?} did not join within {waited:?}{}",
-        failed_note(failed)
-    )]
-    Missing {
-        /// The ranks this rank never heard from.
-        missing: Vec<usize>,
-        /// How long it waited.
-        waited: Duration,
-        /// The connections to this rank that failed their handshake
-        /// meanwhile, by address, and why (a certificate of another CA or
-        /// job refused): the likely reason a rank is missing.
-        failed: Vec<(SocketAddr, HandshakeFailure)>,
-    },
-    /// A rank presented a certificate this rank refuses: nothing was
-    /// exchanged with it.
-    #[error("rank {rank} at {addr} refused: {reason}")]
-    Refused {
-        /// The other rank.
-        rank: usize,
-        /// Its address.
-        addr: SocketAddr,
-        /// Why its certificate was refused.
-        reason: PeerCertError,
-    },
-    /// The link to a rank failed: that rank is gone, closed, or broke the
-    /// protocol.
-    #[error("rank {rank}: {source}")]
-    Rank {
-        /// The other rank.
-        rank: usize,
-        /// What its link reported.
-        source: LinkError,
-    },
-    /// A rank sent something other than what this collective expects: it
-    /// called another collective, or with another size.
-    #[error("rank {rank} is out of step: {what}")]
-    OutOfStep {
-        /// The other rank.
-        rank: usize,
-        /// What differed.
-        what: String,
-    },
-    /// A buffer's size does not fit the collective.
-    #[error("{0}")]
-    Size(String),
-    /// A collective asked of something it does not do (a max over the
-    /// differentiated allreduce, a buffer of another type than its
-    /// bucket's).
-    #[error("{0}")]
-    Unsupported(String),
-    /// Another rank began to agree on the group's members (it lost a
-    /// rank) while this one waited in a collective. With
-    /// [`OnRankFailure::Continue`] the group takes part and goes on; with
-    /// `Fail` this is the error.
-    #[error("rank {rank} is changing the group's members (it lost a rank)")]
-    MembersChanging {
-        /// The rank that began it.
-        rank: usize,
-        /// Its proposal, as it came.
-        proposal: Bytes,
-    },
-    /// This rank is no longer a member: the others went on without it (it
-    /// was silent past the failure timeout, or cut off from them). It
-    /// must not go on with its old state: restart it to rejoin.
-    #[error("rank {rank} was removed from the group in view {epoch}: {why}; restart it to rejoin")]
-    Removed {
-        /// This rank.
-        rank: usize,
-        /// The view that left it out.
-        epoch: u64,
-        /// What it saw.
-        why: String,
-    },
-    /// A collective waited past the group's
-    /// [`collective_timeout`](GroupConfig::collective_timeout) (a
-    /// monitored barrier past its own) for ranks whose links are alive.
-    /// With [`OnRankFailure::Fail`] every later collective returns this
-    /// error again: the group is unusable.
-    #[error(
-        "{op} waited past its timeout ({waited:?}) for ranks {missing:?}, \
-         whose links are alive; the group is unusable"
-    )]
-    Timeout {
-        /// The collective.
-        op: &'static str,
-        /// The sequence number of the message it waited for, as the
-        /// links number them (several a collective).
-        collective: u64,
-        /// The ranks it did not hear from, by the ranks they joined as.
-        missing: Vec<usize>,
-        /// The timeout.
-        waited: Duration,
-    },
-    /// An earlier collective on this rank was cancelled before it ended
-    /// (its future dropped, say by a timeout around it): its messages may
-    /// be half sent or unread, so the links are out of step with the
-    /// other ranks. Close the group and join a new one.
-    #[error(
-        "an earlier {op} was cancelled before it ended: the links are out of step; close the \
-         group and join a new one"
-    )]
-    Interrupted {
-        /// The collective that was cancelled.
-        op: &'static str,
-    },
-    /// Too few ranks are left to go on without risking a split group: the
-    /// ranks this one still reaches are not a majority of the last view
-    /// (or exactly half without its lowest rank).
-    #[error("rank {rank} reaches only ranks {reached:?} of {members:?}: not a quorum, so it stops (the others may go on without it)")]
-    NoQuorum {
-        /// This rank.
-        rank: usize,
-        /// The ranks it reached, itself included.
-        reached: Vec<usize>,
-        /// The members of the last view.
-        members: Vec<usize>,
-    },
-}
 
 /// How long [`Group::close`] waits for quinn's driver to let go of the
 /// group's socket once its connections are gone: it does so as soon as
@@ -300,26 +115,6 @@ pub struct Group {
     timed_out: Option<TimedOut>,
     /// The current view's point-to-point messages.
     point_to_point: Arc<PointToPoint>,
-}
-
-/// What [`GroupError::Timeout`] says, kept to say it again.
-#[derive(Debug, Clone)]
-struct TimedOut {
-    op: &'static str,
-    collective: u64,
-    missing: Vec<usize>,
-    waited: Duration,
-}
-
-impl TimedOut {
-    fn error(&self) -> GroupError {
-        GroupError::Timeout {
-            op: self.op,
-            collective: self.collective,
-            missing: self.missing.clone(),
-            waited: self.waited,
-        }
-    }
 }
 
 impl std::fmt::Debug for Group {
@@ -699,18 +494,6 @@ async fn within<F: std::future::Future>(
 /// A tag as "collective N, kind K", for errors.
 fn describe(tag: u64) -> String {
     format!("#{} ({})", tag >> 8, tag & 0xff)
-}
-
-/// The failed handshakes of a [`GroupError::Missing`], for its message.
-fn failed_note(failed: &[(SocketAddr, HandshakeFailure)]) -> String {
-    let each: Vec<String> = failed
-        .iter()
-        .map(|(a, why)| format!("{a}: {why}"))
-        .collect();
-    match each.is_empty() {
-        true => String::new(),
-        false => format!("; failed handshakes: {}", each.join("; ")),
-    }
 }
 
 /// The name the certificate of the rank at `addr` must be valid for: the

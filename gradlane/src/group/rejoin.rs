@@ -17,8 +17,8 @@
 //! view it was removed from, is refused with a clear error: it is never
 //! merged silently.
 
+use super::group_error::group_error;
 use super::join_requests::{lock, refuse, take_requests};
-use super::membership::group_error;
 use super::rendezvous::{apply_failure_timeout, dial, form_view, listen_address, open_endpoint};
 use super::{tag, Group, GroupConfig, GroupError, Kind, OnRankFailure, Rendezvous};
 use crate::endpoint::Endpoint;

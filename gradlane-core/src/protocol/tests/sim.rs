@@ -16,7 +16,7 @@
 //! - a close that discards unsent data, its frame resent a few times
 //!   until it gets through.
 
-use super::*;
+use super::super::*;
 use crate::control::{CloseNote, Control};
 use crate::encode::{EncodedRound, Encoder, EncoderConfig};
 use crate::layout::{Layout, TensorSpec};
