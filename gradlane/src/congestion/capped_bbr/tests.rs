@@ -504,8 +504,9 @@ fn under_bbr(
 #[test]
 fn one_stale_rtt_sample_does_not_wedge_the_window_at_four_packets() {
     // Loopback with 1 ms of delay each way (allreduce_bench's paths),
-    // 125 MB/s. docs/RESULTS.md saw rounds 4-5 s slower per bucket from
-    // some round on, a path's window at quinn's 4-packet minimum; on a
+    // 125 MB/s. The soak of docs/RESULTS.md ("Stalls under quinn's
+    // BBR") saw rounds stall from some round on, a path's window at
+    // quinn's 4-packet minimum; on a
     // loaded host quinn's BBR holds smallest RTTs of 0.3-0.5 ms on such
     // paths, and zero. One acknowledgement stamped 5 us after its
     // packet's send puts it at 4 packets for the rest of the connection
