@@ -137,6 +137,32 @@ async fn worker_loop(
     Ok(seen)
 }
 
+/// A [`worker_loop`] of each seed in `seeds`, on tasks of their own, each
+/// with its `pause`.
+fn spawn_workers<S>(
+    run: &Running<S>,
+    layout: &Layout,
+    problem: &Arc<LeastSquares>,
+    seeds: std::ops::Range<u64>,
+    steps: usize,
+    compression: Compression,
+    pause: Option<(usize, tokio::sync::watch::Receiver<bool>)>,
+) -> Vec<tokio::task::JoinHandle<Result<Vec<Disposition>, WorkerError>>> {
+    seeds
+        .map(|seed| {
+            tokio::spawn(worker_loop(
+                (run.addr, run.dir.clone()),
+                layout.clone(),
+                problem.clone(),
+                steps,
+                seed,
+                compression,
+                pause.clone(),
+            ))
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ormo_trains_over_lossy_links() {
     let (p, layout) = problem();
@@ -149,19 +175,7 @@ async fn ormo_trains_over_lossy_links() {
         learning_rate: 0.05,
     };
     let run = start("ormo", OrderedMomentum::new(cfg, w0).unwrap());
-    let workers: Vec<_> = (0..3)
-        .map(|i| {
-            tokio::spawn(worker_loop(
-                (run.addr, run.dir.clone()),
-                layout.clone(),
-                p.clone(),
-                40,
-                10 + i,
-                Compression::Rounds,
-                None,
-            ))
-        })
-        .collect();
+    let workers = spawn_workers(&run, &layout, &p, 10..13, 40, Compression::Rounds, None);
     for w in workers {
         let seen = w.await.unwrap().unwrap();
         assert!(seen
@@ -194,19 +208,7 @@ async fn codec_pushes_and_sync_rounds() {
         selection: Selection::TopK(32),
         base: DEFAULT_BASE,
     };
-    let workers: Vec<_> = (0..2)
-        .map(|i| {
-            tokio::spawn(worker_loop(
-                (run.addr, run.dir.clone()),
-                layout.clone(),
-                p.clone(),
-                30,
-                20 + i,
-                codec,
-                None,
-            ))
-        })
-        .collect();
+    let workers = spawn_workers(&run, &layout, &p, 20..22, 30, codec, None);
     let mut buffered = 0;
     for w in workers {
         let seen = w.await.unwrap().unwrap();
@@ -434,19 +436,15 @@ async fn a_killed_worker_does_not_stop_the_others() {
     // Two survivors train; after 20 pushes each they hold until the victim
     // is dead, then push 40 more each.
     let (killed_tx, killed_rx) = tokio::sync::watch::channel(false);
-    let survivors: Vec<_> = (0..2)
-        .map(|i| {
-            tokio::spawn(worker_loop(
-                (run.addr, run.dir.clone()),
-                layout.clone(),
-                p.clone(),
-                60,
-                30 + i,
-                Compression::Rounds,
-                Some((20, killed_rx.clone())),
-            ))
-        })
-        .collect();
+    let survivors = spawn_workers(
+        &run,
+        &layout,
+        &p,
+        30..32,
+        60,
+        Compression::Rounds,
+        Some((20, killed_rx)),
+    );
 
     // The victim lives in its own runtime and dies mid-run holding a ticket,
     // without a goodbye: shutting its runtime down stops its packets at once,
@@ -578,13 +576,24 @@ async fn three_workers_train_an_mlp_to_90_percent_over_5_percent_loss() {
     assert!(after.accuracy >= 0.9, "test accuracy {}", after.accuracy);
 }
 
-/// A QUIC connection to the server that never says hello.
-async fn silent_client(run: &Running<OrderedMomentum>) -> (quinn::Endpoint, quinn::Connection) {
+/// A server for two workers of the problem's dimension whose clients have
+/// `hello_timeout` to say hello, and a QUIC connection to it (with its
+/// endpoint) that never says hello.
+async fn with_a_silent_client(
+    tag: &str,
+    hello_timeout: Duration,
+) -> (Running<OrderedMomentum>, quinn::Endpoint, quinn::Connection) {
+    let (p, _) = problem();
+    let config = Config {
+        hello_timeout,
+        ..quick()
+    };
+    let run = start_with(tag, small_ormo(2, p.dim()), config);
     let cfg = gradlane::quic::client_config(&run.dir.join("ca.pem")).unwrap();
     let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     ep.set_default_client_config(cfg);
     let conn = ep.connect(run.addr, "localhost").unwrap().await.unwrap();
-    (ep, conn)
+    (run, ep, conn)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -592,12 +601,7 @@ async fn a_client_that_never_says_hello_holds_up_nobody() {
     let (p, layout) = problem();
     // Long enough that a server handshaking one client at a time would
     // still be waiting on the silent one when the real worker is done.
-    let config = Config {
-        hello_timeout: Duration::from_secs(20),
-        ..quick()
-    };
-    let run = start_with("silent", small_ormo(2, p.dim()), config);
-    let (_silent_ep, silent) = silent_client(&run).await;
+    let (run, _silent_ep, silent) = with_a_silent_client("silent", Duration::from_secs(20)).await;
 
     let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
     let mut w = Worker::join(&ep, run.addr, "localhost", &layout, Compression::Rounds)
@@ -620,13 +624,8 @@ async fn a_client_that_never_says_hello_holds_up_nobody() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_says_hello_is_closed_after_the_timeout() {
-    let (p, _) = problem();
-    let config = Config {
-        hello_timeout: Duration::from_millis(200),
-        ..quick()
-    };
-    let run = start_with("silent-timeout", small_ormo(2, p.dim()), config);
-    let (_silent_ep, silent) = silent_client(&run).await;
+    let (run, _silent_ep, silent) =
+        with_a_silent_client("silent-timeout", Duration::from_millis(200)).await;
     match silent.closed().await {
         quinn::ConnectionError::ApplicationClosed(c) => {
             assert_eq!(c.error_code.into_inner(), u64::from(codes::BAD_HELLO))
