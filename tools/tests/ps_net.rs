@@ -41,6 +41,14 @@ struct Running<S> {
     done: tokio::task::JoinHandle<Result<ServeStats, ps_net::ServeError>>,
 }
 
+impl<S> Running<S> {
+    /// Stops the server: what it counted.
+    async fn finish(self) -> ServeStats {
+        self.stop.send(()).unwrap();
+        self.done.await.unwrap().unwrap()
+    }
+}
+
 fn start<S: ParameterServer + Send + 'static>(tag: &str, server: S) -> Running<S> {
     start_with(tag, server, quick())
 }
@@ -96,6 +104,15 @@ fn problem() -> (LeastSquares, Layout) {
     let p = LeastSquares::synthetic(7, 512, 64, 10.0, 0.01).unwrap();
     let layout = Layout::new(vec![TensorSpec::dense("w", [p.dim()])]).unwrap();
     (p, layout)
+}
+
+/// [`problem`] shared with the workers' tasks, its layout, and the zero
+/// start with the loss there.
+fn from_zero() -> (Arc<LeastSquares>, Layout, Vec<f32>, f64) {
+    let (p, layout) = problem();
+    let w0 = vec![0.0; p.dim()];
+    let start_loss = p.loss(&w0);
+    (Arc::new(p), layout, w0, start_loss)
 }
 
 /// One worker: `steps` pushes of minibatch gradients, with injected loss.
@@ -165,10 +182,7 @@ fn spawn_workers<S>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ormo_trains_over_lossy_links() {
-    let (p, layout) = problem();
-    let p = Arc::new(p);
-    let w0 = vec![0.0; p.dim()];
-    let start_loss = p.loss(&w0);
+    let (p, layout, w0, start_loss) = from_zero();
     let cfg = OrderedMomentumConfig {
         workers: 3,
         momentum: 0.9,
@@ -183,8 +197,7 @@ async fn ormo_trains_over_lossy_links() {
             .all(|d| matches!(d, Disposition::Applied { .. })));
     }
     let (params, steps) = run.handle.snapshot();
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(steps, 120);
     assert_eq!(stats.applied, 120);
     assert_eq!(stats.workers_joined, 3);
@@ -199,10 +212,7 @@ async fn ormo_trains_over_lossy_links() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codec_pushes_and_sync_rounds() {
-    let (p, layout) = problem();
-    let p = Arc::new(p);
-    let w0 = vec![0.0; p.dim()];
-    let start_loss = p.loss(&w0);
+    let (p, layout, w0, start_loss) = from_zero();
     let run = start("sync", SyncMomentum::new(2, 0.05, 0.9, w0).unwrap());
     let codec = Compression::Codec {
         selection: Selection::TopK(32),
@@ -215,8 +225,7 @@ async fn codec_pushes_and_sync_rounds() {
         buffered += seen.iter().filter(|d| **d == Disposition::Buffered).count();
     }
     let (params, steps) = run.handle.snapshot();
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     // Two workers per synchronous round: one of each pair waits.
     assert_eq!(steps, 30);
     assert_eq!(buffered, 30);
@@ -275,8 +284,7 @@ async fn refusals_leave_tickets_and_links_intact() {
     assert_eq!(reply.params.steps, 2);
     a.leave().await;
     b.leave().await;
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(stats.refused, 4);
     assert_eq!(stats.applied, 2);
 }
@@ -309,8 +317,7 @@ async fn a_cancelled_push_leaves_the_session_usable() {
     let reply = a.push(reply.params.index, &[&grad]).await.unwrap();
     assert_eq!(reply.disposition, Disposition::Applied { staleness: 0 });
     a.leave().await;
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(stats.applied, applied + 2);
     assert!(stats.orphan_rounds <= 1, "{stats:?}");
 }
@@ -355,8 +362,7 @@ async fn a_push_dropped_while_awaiting_its_reply_leaves_the_session_in_step() {
     assert_eq!(reply.disposition, Disposition::Applied { staleness: 0 });
     assert_eq!(reply.params.steps, applied + 2);
     a.leave().await;
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(stats.applied, applied + 2);
 }
 
@@ -403,8 +409,7 @@ async fn wrong_model_size_and_malformed_requests_close_only_that_link() {
         .unwrap();
     assert!(matches!(reply.disposition, Disposition::Applied { .. }));
     good.leave().await;
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(stats.links_refused, 1);
     assert_eq!(stats.applied, 1);
 }
@@ -507,8 +512,7 @@ async fn a_killed_worker_does_not_stop_the_others() {
         end_loss < 0.2 * loss_at_kill,
         "survivors did not keep training: {loss_at_kill} -> {end_loss}"
     );
-    run.stop.send(()).unwrap();
-    run.done.await.unwrap().unwrap();
+    run.finish().await;
 }
 
 /// The acceptance run: K = 3 workers, 5% injected loss each
@@ -563,8 +567,7 @@ async fn three_workers_train_an_mlp_to_90_percent_over_5_percent_loss() {
         w.await.unwrap();
     }
     let (params, steps) = run.handle.snapshot();
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     let after = model.evaluate(&params, &test).unwrap();
     eprintln!(
         "accuracy {:.3} -> {:.3}, {stats:?}",
@@ -617,8 +620,7 @@ async fn a_client_that_never_says_hello_holds_up_nobody() {
         "the worker only got through after the silent client was closed"
     );
     silent.close(0u32.into(), b"bye");
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(stats.applied, 1);
 }
 
@@ -632,8 +634,7 @@ async fn a_client_that_never_says_hello_is_closed_after_the_timeout() {
         }
         other => panic!("expected a bad-hello close, got {other:?}"),
     }
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(stats.links_refused, 1);
 }
 
@@ -750,6 +751,5 @@ async fn workers_get_the_welcome_and_learn_why_the_server_gives_up() {
         "{:?}",
         handle.workers()
     );
-    run.stop.send(()).unwrap();
-    run.done.await.unwrap().unwrap();
+    run.finish().await;
 }
