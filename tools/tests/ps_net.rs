@@ -681,17 +681,19 @@ async fn workers_get_the_welcome_and_learn_why_the_server_gives_up() {
     let handle = ServerHandle::with_welcome(small_ormo(3, p.dim()), b"seed 11".to_vec()).unwrap();
     let run = start_handle("welcome", handle, quick());
     let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
-    let join = |name: &'static str| {
+    let (ep_ref, layout_ref, addr) = (&ep, &layout, run.addr);
+    let join = |name: String| async move {
         Worker::join_as(
-            &ep,
-            run.addr,
+            ep_ref,
+            addr,
             "localhost",
-            &layout,
+            layout_ref,
             Compression::Rounds,
-            name,
+            &name,
         )
+        .await
     };
-    let mut a = join("a").await.unwrap();
+    let mut a = join("a".into()).await.unwrap();
     let mut b = Worker::join(&ep, run.addr, "localhost", &layout, Compression::Rounds)
         .await
         .unwrap();
@@ -708,18 +710,7 @@ async fn workers_get_the_welcome_and_learn_why_the_server_gives_up() {
     );
     // A name too long never leaves the worker.
     let long = "x".repeat(gradlane::ps::messages::MAX_NAME + 1);
-    assert!(matches!(
-        Worker::join_as(
-            &ep,
-            run.addr,
-            "localhost",
-            &layout,
-            Compression::Rounds,
-            &long
-        )
-        .await,
-        Err(WorkerError::NameTooLong(_))
-    ));
+    assert!(matches!(join(long).await, Err(WorkerError::NameTooLong(_))));
 
     let params = a.pull().await.unwrap();
     let why = "round 0 cannot fill: worker c never joined";
