@@ -15,6 +15,8 @@
 # bf16+log8, ...) or --lossy-return.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/certs.sh
+source scripts/lib/certs.sh
 
 RANKS=${RANKS:-4}
 RATE=${RATE:-200mbit}
@@ -26,9 +28,7 @@ cargo build --release --bin certs --bin allreduce_bench
 CERTS=$(mktemp -d)
 LOGS=$(mktemp -d)
 trap 'rm -rf "$CERTS" "$LOGS"' EXIT
-sans=()
-for r in $(seq 1 "$RANKS"); do sans+=(--san "10.77.0.$r"); done
-./target/release/certs --out-dir "$CERTS" "${sans[@]}" >/dev/null
+testbed_certs "$CERTS" "$RANKS"
 
 for loss in $LOSSES; do
     echo "== $RANKS ranks, $RATE per rank, loss $loss (kernel, on input), TCP $TCP_CC"

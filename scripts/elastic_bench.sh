@@ -79,6 +79,8 @@
 # variant says (EB_MODE none, rejoin or restart).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/certs.sh
+source scripts/lib/certs.sh
 
 # ---------------------------------------------------------------- the rank
 
@@ -368,9 +370,7 @@ fi
 CERTS=$(mktemp -d)
 WORK=$(mktemp -d)
 trap 'rm -rf "$CERTS" "$WORK"' EXIT
-sans=()
-for r in $(seq 1 "$RANKS"); do sans+=(--san "10.77.0.$r"); done
-./target/release/certs --out-dir "$CERTS" "${sans[@]}" >/dev/null
+testbed_certs "$CERTS" "$RANKS"
 
 mkdir -p "$OUT/runs"
 RUNS=$OUT/runs.csv

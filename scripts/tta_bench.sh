@@ -93,6 +93,8 @@
 # the tree carried, docs/GPU.md) they must be in target/release already.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/certs.sh
+source scripts/lib/certs.sh
 
 RANKS=${RANKS:-4}
 RATE=${RATE:-100mbit}
@@ -142,9 +144,7 @@ fi
 CERTS=$(mktemp -d)
 WORK=$(mktemp -d)
 trap 'rm -rf "$CERTS" "$WORK"' EXIT
-sans=()
-for r in $(seq 1 "$RANKS"); do sans+=(--san "10.77.0.$r"); done
-./target/release/certs --out-dir "$CERTS" "${sans[@]}" >/dev/null
+testbed_certs "$CERTS" "$RANKS"
 
 mkdir -p "$OUT/runs"
 RUNS=$OUT/runs.csv

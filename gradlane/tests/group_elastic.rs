@@ -12,15 +12,17 @@
 #[path = "integration/common.rs"]
 mod common;
 
-use common::{at_root, cert_dir, free_port, group_config};
+use common::{
+    at_root, bucket, cert_dir, free_port, group_config, inside, join_ranks, reference_sum,
+    same_bits, values_from,
+};
 use futures_util::future::join_all;
 use gradlane::{
-    AllreduceReport, BucketId, Faults, Group, GroupConfig, GroupError, Layout, LossRecovery,
-    LossyCarrier, OnRankFailure, ReduceOp, SparseAllgather, SparseRows, TensorSpec,
+    AllreduceReport, BucketId, Faults, Group, GroupConfig, GroupError, LossRecovery, LossyCarrier,
+    OnRankFailure, ReduceOp, SparseAllgather, SparseRows,
 };
 use gradlane_core::rng::SplitMix64;
 use std::net::SocketAddr;
-use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
 
@@ -44,16 +46,12 @@ async fn elastic_group_with(
     logs();
     let dir = cert_dir(tag);
     let root = free_port();
-    let joins = (0..WORLD).map(|r| {
+    join_ranks((0..WORLD).map(|r| {
         let mut config = elastic_config(&dir, r, root, loss);
         tweak(r, &mut config);
-        Group::join(config)
-    });
-    join_all(joins)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap())
-        .collect()
+        config
+    }))
+    .await
 }
 
 /// The group's log in a failing test's output (`RUST_LOG` to change it):
@@ -83,30 +81,16 @@ fn elastic_config(dir: &Path, rank: usize, root: SocketAddr, loss: f64) -> Group
     c
 }
 
-/// Deterministic values, different per rank and step, with fractions and
-/// signs so that the order of a sum shows in its bits.
+/// Rank `rank`'s values at step `step`.
 fn values(rank: usize, step: usize, n: usize) -> Vec<f32> {
-    let mut rng = SplitMix64::new(1000 * step as u64 + rank as u64);
-    (0..n)
-        .map(|_| (rng.next_f64() as f32 - 0.5) * 1000.0)
-        .collect()
+    values_from(1000 * step as u64 + rank as u64, n)
 }
 
 /// The mean the owners compute: the sum in rank order from the first
 /// rank's value, divided by the number of ranks summed.
-fn mean_of(parts: &[&Vec<f32>]) -> Vec<f32> {
-    let n = parts[0].len();
-    (0..n)
-        .map(|i| parts[1..].iter().fold(parts[0][i], |acc, p| acc + p[i]) / parts.len() as f32)
-        .collect()
-}
-
-#[track_caller]
-fn same_bits(a: &[f32], b: &[f32], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths");
-    let diff = (0..a.len()).filter(|&i| a[i].to_bits() != b[i].to_bits());
-    let first: Vec<usize> = diff.take(3).collect();
-    assert!(first.is_empty(), "{what}: values differ at {first:?}");
+fn mean_of<P: AsRef<[f32]>>(parts: &[P]) -> Vec<f32> {
+    let k = parts.len() as f32;
+    reference_sum(parts).into_iter().map(|v| v / k).collect()
 }
 
 /// Cuts a rank off: from now on its endpoint drops every datagram both
@@ -131,6 +115,20 @@ async fn allreduce_mean(
     results.into_iter().zip(bufs).collect()
 }
 
+/// One exact allreduce (mean) on `groups`, ranks `first` and on, each
+/// with its of `inputs`: asserts that each succeeds and ends with the
+/// mean, bit for bit.
+async fn mean_among(groups: &mut [Group], inputs: &[Vec<f32>], first: usize, what: &str) {
+    let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
+    let out = allreduce_mean(&mut alive, inputs).await;
+    let want = mean_of(inputs);
+    for (r, (res, buf)) in out.iter().enumerate() {
+        let rank = first + r;
+        assert!(res.is_ok(), "{what}, rank {rank}: {res:?}");
+        same_bits(buf, &want, &format!("{what}, rank {rank}"));
+    }
+}
+
 /// Asserts a cut-off rank's collective ended with the error that it is
 /// out of the group.
 #[track_caller]
@@ -148,25 +146,13 @@ async fn a_rank_killed_between_collectives_leaves_the_mean_of_the_survivors() {
         let n = 20_000;
         // All four first.
         let inputs: Vec<Vec<f32>> = (0..WORLD).map(|r| values(r, 0, n)).collect();
-        let mut all: Vec<&mut Group> = groups.iter_mut().collect();
-        let out = allreduce_mean(&mut all, &inputs).await;
-        let want = mean_of(&inputs.iter().collect::<Vec<_>>());
-        for (r, (res, buf)) in out.iter().enumerate() {
-            assert!(res.is_ok(), "rank {r}: {res:?}");
-            same_bits(buf, &want, &format!("loss {loss}: all four, rank {r}"));
-        }
+        mean_among(&mut groups, &inputs, 0, &format!("loss {loss}: all four")).await;
         // Rank 3 dies; the next two collectives run among the others.
         let dead = groups.pop().unwrap();
         cut_off(&dead);
         for step in 1..3 {
             let inputs: Vec<Vec<f32>> = (0..3).map(|r| values(r, step, n)).collect();
-            let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
-            let out = allreduce_mean(&mut alive, &inputs).await;
-            let want = mean_of(&inputs.iter().collect::<Vec<_>>());
-            for (r, (res, buf)) in out.iter().enumerate() {
-                assert!(res.is_ok(), "loss {loss} step {step} rank {r}: {res:?}");
-                same_bits(buf, &want, &format!("loss {loss} step {step} rank {r}"));
-            }
+            mean_among(&mut groups, &inputs, 0, &format!("loss {loss} step {step}")).await;
         }
         for g in &groups {
             assert_eq!(g.members(), &[0, 1, 2]);
@@ -192,7 +178,7 @@ async fn a_rank_killed_in_an_allreduce_costs_its_contribution_only() {
             cut_off(&dead);
         };
         let (out, ()) = tokio::join!(allreduce_mean(&mut alive, &inputs[..3]), kill);
-        let want = mean_of(&inputs[..3].iter().collect::<Vec<_>>());
+        let want = mean_of(&inputs[..3]);
         for (r, (res, buf)) in out.iter().enumerate() {
             assert!(res.is_ok(), "loss {loss} rank {r}: {res:?}");
             same_bits(buf, &want, &format!("loss {loss}: survivors, rank {r}"));
@@ -233,8 +219,8 @@ async fn a_rank_killed_in_an_allreduce_costs_its_contribution_only() {
                 &format!("loss {loss}: rank {r} against rank 0"),
             );
         }
-        let four = mean_of(&inputs.iter().collect::<Vec<_>>());
-        let three = mean_of(&inputs[..3].iter().collect::<Vec<_>>());
+        let four = mean_of(&inputs);
+        let three = mean_of(&inputs[..3]);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert!(
             bits(&mine[0]) == bits(&four) || bits(&mine[0]) == bits(&three),
@@ -260,13 +246,7 @@ async fn two_ranks_killed_at_once_and_the_coordinator_killed() {
     let dead: Vec<Group> = groups.drain(2..).collect();
     dead.iter().for_each(cut_off);
     let inputs: Vec<Vec<f32>> = (0..2).map(|r| values(r, 3, n)).collect();
-    let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
-    let out = allreduce_mean(&mut alive, &inputs).await;
-    let want = mean_of(&inputs.iter().collect::<Vec<_>>());
-    for (r, (res, buf)) in out.iter().enumerate() {
-        assert!(res.is_ok(), "rank {r}: {res:?}");
-        same_bits(buf, &want, &format!("two killed, rank {r}"));
-    }
+    mean_among(&mut groups, &inputs, 0, "two killed").await;
     assert_eq!(groups[0].members(), &[0, 1]);
     drop(dead);
 
@@ -276,25 +256,13 @@ async fn two_ranks_killed_at_once_and_the_coordinator_killed() {
     let first = groups.remove(0);
     cut_off(&first);
     let inputs: Vec<Vec<f32>> = (1..4).map(|r| values(r, 4, n)).collect();
-    let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
-    let out = allreduce_mean(&mut alive, &inputs).await;
-    let want = mean_of(&inputs.iter().collect::<Vec<_>>());
-    for (r, (res, buf)) in out.iter().enumerate() {
-        assert!(res.is_ok(), "rank {}: {res:?}", r + 1);
-        same_bits(buf, &want, &format!("rank 0 killed, rank {}", r + 1));
-    }
+    mean_among(&mut groups, &inputs, 1, "rank 0 killed").await;
     assert_eq!(groups[0].members(), &[1, 2, 3]);
     let second = groups.remove(0);
     cut_off(&second);
     let inputs: Vec<Vec<f32>> = (2..4).map(|r| values(r, 5, n)).collect();
-    let mut alive: Vec<&mut Group> = groups.iter_mut().collect();
-    let out = allreduce_mean(&mut alive, &inputs).await;
-    let want = mean_of(&inputs.iter().collect::<Vec<_>>());
-    for (r, (res, buf)) in out.iter().enumerate() {
-        // Two of three: a majority of the last view.
-        assert!(res.is_ok(), "rank {}: {res:?}", r + 2);
-        same_bits(buf, &want, &format!("rank 1 killed, rank {}", r + 2));
-    }
+    // Two of three: a majority of the last view.
+    mean_among(&mut groups, &inputs, 2, "rank 1 killed").await;
     assert_eq!(groups[0].members(), &[2, 3]);
     assert_eq!(groups[0].epoch(), 2);
     drop((first, second));
@@ -335,13 +303,7 @@ async fn a_rank_that_dies_while_the_new_mesh_forms_is_left_out_of_the_view_after
     }
     // View 2's mesh is whole: the next allreduce runs on it.
     let inputs: Vec<Vec<f32>> = (0..2).map(|r| values(r, 7, n)).collect();
-    let mut alive: Vec<&mut Group> = groups.iter_mut().take(2).collect();
-    let out = allreduce_mean(&mut alive, &inputs).await;
-    let want = mean_of(&inputs.iter().collect::<Vec<_>>());
-    for (r, (res, buf)) in out.iter().enumerate() {
-        assert!(res.is_ok(), "rank {r}, the view after: {res:?}");
-        same_bits(buf, &want, &format!("the view after, rank {r}"));
-    }
+    mean_among(&mut groups[..2], &inputs, 0, "the view after").await;
     drop(dead);
 }
 
@@ -355,7 +317,7 @@ async fn a_cut_off_rank_that_comes_back_is_refused() {
     let inputs: Vec<Vec<f32>> = (0..WORLD).map(|r| values(r, 6, n)).collect();
     let mut all: Vec<&mut Group> = groups.iter_mut().collect();
     let out = allreduce_mean(&mut all, &inputs).await;
-    let want = mean_of(&inputs[..3].iter().collect::<Vec<_>>());
+    let want = mean_of(&inputs[..3]);
     for (r, (res, buf)) in out.iter().take(3).enumerate() {
         assert!(res.is_ok(), "rank {r}: {res:?}");
         same_bits(buf, &want, &format!("cut off, rank {r}"));
@@ -371,29 +333,7 @@ async fn a_cut_off_rank_that_comes_back_is_refused() {
     let message = again.unwrap_err().to_string();
     assert!(message.contains("rank 3"), "{message}");
     let inputs: Vec<Vec<f32>> = (0..3).map(|r| values(r, 7, n)).collect();
-    let mut alive: Vec<&mut Group> = groups.iter_mut().take(3).collect();
-    let out = allreduce_mean(&mut alive, &inputs).await;
-    let want = mean_of(&inputs.iter().collect::<Vec<_>>());
-    for (r, (res, buf)) in out.iter().enumerate() {
-        assert!(res.is_ok(), "rank {r}: {res:?}");
-        same_bits(buf, &want, &format!("after the partition healed, rank {r}"));
-    }
-}
-
-/// A bucket like a small CNN's: conv kernels, biases, a linear layer.
-fn bucket() -> Layout {
-    Layout::new(vec![
-        TensorSpec::conv2d("conv1.weight", [32, 16, 3, 3]),
-        TensorSpec::dense("conv1.bias", [32]),
-        TensorSpec::conv2d("conv2.weight", [64, 32, 3, 3]),
-        TensorSpec::dense("fc.weight", [10, 4096]),
-        TensorSpec::dense("fc.bias", [10]),
-    ])
-    .unwrap()
-}
-
-fn inside(ranges: &[Range<usize>], i: usize) -> bool {
-    ranges.iter().any(|r| r.contains(&i))
+    mean_among(&mut groups[..3], &inputs, 0, "after the partition healed").await;
 }
 
 /// The stated zero fill of a first round on fresh links: per value, the
@@ -461,7 +401,7 @@ async fn a_rank_killed_in_a_differentiated_allreduce_leaves_the_stated_zero_fill
             &format!("loss {loss}: the stated zero fill"),
         );
         if loss == 0.0 {
-            let exact = mean_of(&mine.iter().collect::<Vec<_>>());
+            let exact = mean_of(&mine);
             same_bits(&bufs[0], &exact, "no loss: the exact mean of the survivors");
         }
         assert_eq!(groups[0].members(), &[0, 2, 3]);
@@ -493,12 +433,7 @@ async fn a_restarted_rank_rejoins_and_the_next_allreduce_includes_it() {
         logs();
         let dir = cert_dir(&format!("elastic-rejoin{i}"));
         let root = free_port();
-        let joins = (0..WORLD).map(|r| Group::join(elastic_config(&dir, r, root, loss)));
-        let mut groups: Vec<Group> = join_all(joins)
-            .await
-            .into_iter()
-            .map(|g| g.unwrap())
-            .collect();
+        let mut groups = join_ranks((0..WORLD).map(|r| elastic_config(&dir, r, root, loss))).await;
         let dead = groups.pop().unwrap();
         cut_off(&dead);
         let inputs: Vec<Vec<f32>> = (0..3).map(|r| values(r, 10, n)).collect();
@@ -537,7 +472,7 @@ async fn a_restarted_rank_rejoins_and_the_next_allreduce_includes_it() {
         }
         // The next allreduce includes it.
         let inputs: Vec<Vec<f32>> = (0..WORLD).map(|r| values(r, 200, n)).collect();
-        let want = mean_of(&inputs.iter().collect::<Vec<_>>());
+        let want = mean_of(&inputs);
         for (r, (res, buf)) in allreduce_mean(&mut alive, &inputs).await.iter().enumerate() {
             assert!(res.is_ok(), "loss {loss} rank {r}: {res:?}");
             same_bits(buf, &want, &format!("loss {loss}: rejoined, rank {r}"));
@@ -551,12 +486,7 @@ async fn a_rank_that_is_still_a_member_cannot_rejoin() {
     logs();
     let dir = cert_dir("elastic-twice");
     let root = free_port();
-    let joins = (0..WORLD).map(|r| Group::join(elastic_config(&dir, r, root, 0.0)));
-    let mut groups: Vec<Group> = join_all(joins)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap())
-        .collect();
+    let mut groups = join_ranks((0..WORLD).map(|r| elastic_config(&dir, r, root, 0.0))).await;
     // A second process claims rank 2, alive and well.
     let impostor = Group::rejoin(elastic_config(&dir, 2, root, 0.0));
     let members_go_on = async {
@@ -652,7 +582,7 @@ async fn striped_allreduce(groups: &mut [&mut Group], paths: usize, step: usize,
         .collect();
     let n = 400_000;
     let inputs: Vec<Vec<f32>> = (0..groups.len()).map(|r| values(r, step, n)).collect();
-    let want = mean_of(&inputs.iter().collect::<Vec<_>>());
+    let want = mean_of(&inputs);
     for (r, (res, buf)) in allreduce_mean(groups, &inputs).await.iter().enumerate() {
         assert!(res.is_ok(), "{what}: rank {r}: {res:?}");
         same_bits(buf, &want, &format!("{what}: rank {r}"));
@@ -682,12 +612,7 @@ async fn paths_are_striped_again_after_a_death_and_after_a_rejoin() {
         c.sockets = 4;
         c
     };
-    let joins = (0..WORLD).map(|r| Group::join(config(r)));
-    let mut groups: Vec<Group> = join_all(joins)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap())
-        .collect();
+    let mut groups = join_ranks((0..WORLD).map(config)).await;
     let mut all: Vec<&mut Group> = groups.iter_mut().collect();
     striped_allreduce(&mut all, 2, 0, "all four").await;
     let dead = groups.pop().unwrap();

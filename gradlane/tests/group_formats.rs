@@ -10,24 +10,15 @@
 #[path = "integration/common.rs"]
 mod common;
 
-use common::{bytes_not_lost, group_with};
+use common::{
+    allreduce_all, bucket, bytes_not_lost, differentiated, group_with, register_all, same_bits,
+};
 use futures_util::future::join_all;
 use gradlane::{
-    bf16, f16, BucketId, BucketOptions, ClassFormats, Config, Element, Faults, Group, GroupError,
-    Layout, LossRecovery, LossyCarrier, ReduceOp, TensorSpec, ValueFormat,
+    bf16, f16, BucketId, BucketOptions, ClassFormats, Config, Element, Group, GroupError, Layout,
+    LossRecovery, ReduceOp, TensorSpec, ValueFormat,
 };
 use gradlane_core::rng::SplitMix64;
-
-fn bucket() -> Layout {
-    Layout::new(vec![
-        TensorSpec::conv2d("conv1.weight", [32, 16, 3, 3]),
-        TensorSpec::dense("conv1.bias", [32]),
-        TensorSpec::conv2d("conv2.weight", [64, 32, 3, 3]),
-        TensorSpec::dense("fc.weight", [10, 4096]),
-        TensorSpec::dense("fc.bias", [10]),
-    ])
-    .unwrap()
-}
 
 /// Values whose magnitudes differ by chunk, so that ranks class
 /// differently, with many that bf16 cannot hold exactly.
@@ -83,29 +74,14 @@ fn reference<T: Element>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<T> {
         .collect()
 }
 
-#[track_caller]
-fn same_bits<T: Element>(a: &[T], b: &[T], what: &str) {
-    let (a, b): (&[u8], &[u8]) = (bytemuck::cast_slice(a), bytemuck::cast_slice(b));
-    let differ = a.iter().zip(b).filter(|(x, y)| x != y).count();
-    assert!(
-        a.len() == b.len() && differ == 0,
-        "{what}: {differ} bytes differ"
-    );
-}
-
-async fn allreduce_all<T: Element>(
+/// Every rank's allreduce of its input: the buffers after it.
+async fn allreduced<T: Element>(
     groups: &mut [Group],
     inputs: &[Vec<T>],
     op: ReduceOp,
 ) -> Vec<Vec<T>> {
     let mut bufs = inputs.to_vec();
-    let calls = groups
-        .iter_mut()
-        .zip(bufs.iter_mut())
-        .map(|(g, b)| g.allreduce(b, op));
-    for r in join_all(calls).await {
-        r.unwrap();
-    }
+    allreduce_all(groups, &mut bufs, op).await;
     bufs
 }
 
@@ -117,18 +93,18 @@ async fn sixteen_bit_buffers_reduce_in_f32_and_round_once() {
     let f32s: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 1, n)).collect();
     for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min] {
         let inputs: Vec<Vec<bf16>> = f32s.iter().map(|v| to(v)).collect();
-        let got = allreduce_all(&mut groups, &inputs, op).await;
+        let got = allreduced(&mut groups, &inputs, op).await;
         let want = reference(&inputs, op);
         for (r, g) in got.iter().enumerate() {
             same_bits(g, &want, &format!("bf16 {op:?} rank {r}"));
         }
         let inputs: Vec<Vec<f16>> = f32s.iter().map(|v| to(v)).collect();
-        let got = allreduce_all(&mut groups, &inputs, op).await;
+        let got = allreduced(&mut groups, &inputs, op).await;
         let want = reference(&inputs, op);
         for (r, g) in got.iter().enumerate() {
             same_bits(g, &want, &format!("f16 {op:?} rank {r}"));
         }
-        let got = allreduce_all(&mut groups, &f32s, op).await;
+        let got = allreduced(&mut groups, &f32s, op).await;
         let want = reference(&f32s, op);
         for (r, g) in got.iter().enumerate() {
             same_bits(g, &want, &format!("f32 {op:?} rank {r}"));
@@ -164,8 +140,8 @@ async fn max_and_min_carry_nan_and_infinities_like_torch() {
     inputs[1][3] = f32::NAN;
     inputs[2][4] = f32::INFINITY;
     inputs[0][5] = f32::NEG_INFINITY;
-    let max = allreduce_all(&mut groups, &inputs, ReduceOp::Max).await;
-    let min = allreduce_all(&mut groups, &inputs, ReduceOp::Min).await;
+    let max = allreduced(&mut groups, &inputs, ReduceOp::Max).await;
+    let min = allreduced(&mut groups, &inputs, ReduceOp::Min).await;
     for r in 0..world {
         assert!(max[r][3].is_nan() && min[r][3].is_nan());
         assert_eq!(max[r][4], f32::INFINITY);
@@ -174,56 +150,14 @@ async fn max_and_min_carry_nan_and_infinities_like_torch() {
     }
 }
 
-/// Each rank drops a share `p` of what it sends; the lossy part rides
-/// datagrams. Packets stay Ethernet-sized: this bucket fills only a few
-/// 64 KB packets, and the seeded draws must meet many packets.
+/// [`common::lossy`] with this file's seeds.
 fn lossy(p: f64) -> impl Fn(usize, Config) -> Config {
-    move |rank, mut c| {
-        c.packets = gradlane::Packets::Ethernet;
-        c.quic.max_idle_timeout = Some(std::time::Duration::from_secs(15));
-        if p > 0.0 {
-            c.timing.lossy_carrier = LossyCarrier::Datagrams;
-            c.faults = Some(Faults {
-                loss_out: p,
-                seed: 77 + rank as u64,
-                ..Faults::default()
-            });
-        }
-        c
-    }
+    common::lossy(p, 77)
 }
 
+/// [`bucket`] registered on every rank with `options`.
 async fn register(groups: &mut [Group], options: BucketOptions) -> BucketId {
-    let layout = bucket();
-    let ids: Vec<BucketId> = join_all(
-        groups
-            .iter_mut()
-            .map(|g| g.register_bucket_with(&layout, options)),
-    )
-    .await
-    .into_iter()
-    .map(|r| r.unwrap())
-    .collect();
-    ids[0]
-}
-
-async fn differentiated<T: Element>(
-    groups: &mut [Group],
-    id: BucketId,
-    inputs: &[Vec<T>],
-    op: ReduceOp,
-) -> (Vec<Vec<T>>, Vec<gradlane::AllreduceReport>) {
-    let mut bufs = inputs.to_vec();
-    let calls = groups
-        .iter_mut()
-        .zip(bufs.iter_mut())
-        .map(|(g, b)| g.allreduce_differentiated(id, b, op));
-    let reports = join_all(calls)
-        .await
-        .into_iter()
-        .map(|r| r.unwrap())
-        .collect();
-    (bufs, reports)
+    register_all(groups, &bucket(), options).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -337,7 +271,7 @@ async fn a_rank_sends_the_bytes_its_formats_imply() {
     let inputs: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 40, n)).collect();
 
     let before = sent(&groups);
-    allreduce_all(&mut groups, &inputs, ReduceOp::Mean).await;
+    allreduced(&mut groups, &inputs, ReduceOp::Mean).await;
     let exact: Vec<u64> = sent(&groups)
         .iter()
         .zip(&before)
@@ -353,19 +287,11 @@ async fn a_rank_sends_the_bytes_its_formats_imply() {
             lossy_return,
             ..BucketOptions::default()
         };
-        let ids: Vec<BucketId> = join_all(
-            groups
-                .iter_mut()
-                .map(|g| g.register_bucket_with(&layout, options)),
-        )
-        .await
-        .into_iter()
-        .map(|r| r.unwrap())
-        .collect();
+        let id = register_all(&mut groups, &layout, options).await;
         // A first step scores every chunk; the second is the one measured.
-        differentiated(&mut groups, ids[0], &inputs, ReduceOp::Mean).await;
+        differentiated(&mut groups, id, &inputs, ReduceOp::Mean).await;
         let before = sent(&groups);
-        differentiated(&mut groups, ids[0], &inputs, ReduceOp::Mean).await;
+        differentiated(&mut groups, id, &inputs, ReduceOp::Mean).await;
         for (r, (after, b)) in sent(&groups).iter().zip(&before).enumerate() {
             let ratio = (after - b) as f64 / exact[r] as f64;
             assert!(

@@ -2,7 +2,10 @@
 
 import pytest
 
-import gradlane
+# Its helpers assert what the ranks reported: pytest's messages for them.
+pytest.register_assert_rewrite("rank_processes")
+
+import gradlane  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ torch = pytest.importorskip(
     "torch", reason="torch is not installed (scripts/test.sh installs it into the venv)"
 )
 
-from test_torch import WORLD, batch, bits, params_of, run_ranks, wide_cnn  # noqa: E402
+from test_torch import WORLD, batch, bits, params_of, run_ranks, sgd_step, wide_cnn  # noqa: E402
 
 #: How long a rank waits for the other's word through the store: long
 #: enough for a CPU starved by a parallel build, short enough to fail.
@@ -129,7 +129,6 @@ def train_with_powersgd(rank, ddp, model, state, steps):
     """`steps` steps of `ddp` under torch's powerSGD_hook with `state`:
     each step's loss, the final parameters, and the values of each bucket
     the hook saw (by bucket index)."""
-    import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
     sizes = {}
@@ -142,12 +141,7 @@ def train_with_powersgd(rank, ddp, model, state, steps):
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     losses = []
     for step in range(steps):
-        x, y = batch(step, rank, n=8)
-        opt.zero_grad()
-        loss = F.cross_entropy(ddp(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
+        losses.append(sgd_step(ddp, opt, step, rank))
     return {"loss": losses, "params": params_of(model), "buckets": sizes}
 
 

@@ -19,7 +19,7 @@ torch = pytest.importorskip(
     "torch", reason="torch is not installed (scripts/test.sh installs it into the venv)"
 )
 
-from rank_processes import rank_context  # noqa: E402
+from rank_processes import rank_context, reports, stop  # noqa: E402
 from test_torch import bits, params_of, rank_env, rank_main, run_ranks  # noqa: E402
 
 RANKS = 3
@@ -261,16 +261,9 @@ def replace_a_killed_rank(cert_dir, powersgd, victim=RANKS - 1, store_file=None)
         # The command a user runs to start one replacement rank: the same
         # environment, RANK of the dead one, GRADLANE_REJOIN=1.
         procs.append(start(victim, {"GRADLANE_REJOIN": "1"}))
-        got = {}
-        for _ in range(RANKS):
-            rank, status, out = results.get(timeout=300)
-            assert status == "ok", f"rank {rank} failed:\n{out}"
-            got[rank] = out
+        got = reports(results, RANKS, 300)
     finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+        stop(procs)
     assert sorted(got) == list(range(RANKS))
     assert got[victim]["replacement"]
     # A member that was never replaced, to compare the others with.

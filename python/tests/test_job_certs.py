@@ -21,19 +21,12 @@ torch = pytest.importorskip(
 )
 
 import gradlane  # noqa: E402
-from rank_processes import rank_context  # noqa: E402
+from rank_processes import collect, free_port, rank_context  # noqa: E402
 
 WORLD = 2
 RESULT_TIMEOUT = 120.0
 # The collectives' bound (joining has GRADLANE_JOIN_TIMEOUT).
 JOIN_TIMEOUT = datetime.timedelta(seconds=5)
-
-
-def free_port(kind=socket.SOCK_STREAM):
-    """A loopback port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_main(rank, env, stderr_path, results):
@@ -81,19 +74,7 @@ def run_ranks(cert_dirs, stderr_dir):
         )
         for r in range(WORLD)
     ]
-    for p in procs:
-        p.start()
-    try:
-        got = {}
-        for _ in range(WORLD):
-            rank, status, out = results.get(timeout=RESULT_TIMEOUT)
-            got[rank] = (status, out)
-        return got
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    return collect(procs, results, WORLD, RESULT_TIMEOUT, check=False)
 
 
 def test_a_job_certificate_forms_the_group_on_addresses_it_does_not_name(tmp_path):

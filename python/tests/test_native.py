@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import gradlane
+from rank_processes import collect
 
 WORLD = 3
 # Sizes of the exact collectives: empty, one value, odd sizes that do not
@@ -283,21 +284,7 @@ def run_ranks(scenario, cert_dir, options=None, expect=WORLD):
         )
         for r in range(WORLD)
     ]
-    for p in procs:
-        p.start()
-    try:
-        got = {}
-        for _ in range(expect):
-            rank, status, out = results.get(timeout=RESULT_TIMEOUT)
-            assert status == "ok", f"rank {rank} failed:\n{out}"
-            got[rank] = out
-        return got
-    finally:
-        done.set()
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    return collect(procs, results, expect, RESULT_TIMEOUT, done=done)
 
 
 # ---------------------------------------------------------------- tests

@@ -28,21 +28,13 @@ torch = pytest.importorskip(
 )
 
 import gradlane  # noqa: E402
-from rank_processes import rank_context  # noqa: E402
+from rank_processes import collect, free_port, rank_context  # noqa: E402
 
 WORLD = 2
 STEPS = 3
 BATCH = 4  # per rank
 LR = 0.1
 RESULT_TIMEOUT = 300.0
-
-
-def free_port(kind=socket.SOCK_STREAM):
-    """A loopback port (TCP by default, UDP with SOCK_DGRAM) that was free
-    a moment ago."""
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- models
@@ -95,21 +87,30 @@ def train_steps(ddp, model, steps, stats_of, batches=4):
     """`steps` SGD steps of `ddp` on this rank's fixed batches (`batches`
     of them in turn): each step's parameters, loss and hook statistics
     (`stats_of()`, a dict), as lists under "params", "loss" and "stats"."""
-    import torch.nn.functional as F
-
     rank = torch.distributed.get_rank()
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     out = {"params": [], "loss": [], "stats": []}
     for step in range(steps):
-        x, y = batch(step % batches, rank, n=16)
-        opt.zero_grad()
-        value = F.cross_entropy(ddp(x), y)
-        value.backward()
-        opt.step()
+        out["loss"].append(sgd_step(ddp, opt, step % batches, rank, n=16))
         out["params"].append(params_of(model))
-        out["loss"].append(value.item())
         out["stats"].append(dict(stats_of()))
     return out
+
+
+def sgd_step(ddp, opt, step, rank, n=8, before_backward=None):
+    """One step of `opt` on `ddp` with rank `rank`'s batch of step `step`
+    (`n` samples): its loss, a float. `before_backward()`, where given,
+    runs between the forward and the backward pass."""
+    import torch.nn.functional as F
+
+    x, y = batch(step, rank, n=n)
+    opt.zero_grad()
+    loss = F.cross_entropy(ddp(x), y)
+    if before_backward is not None:
+        before_backward()
+    loss.backward()
+    opt.step()
+    return float(loss)
 
 
 # ---------------------------------------------------------------- ranks
@@ -296,7 +297,6 @@ def scenario_deadline(rank, steps, straggler, late_s):
     rank `straggler` starts each backward `late_s` late: the others' steps
     run to their deadline. Every step's parameters and statistics."""
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import gradlane.torch as gl
@@ -308,14 +308,9 @@ def scenario_deadline(rank, steps, straggler, late_s):
     ddp.register_comm_hook(state, gl.ddp_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     out = {"params": [], "stats": []}
+    late = (lambda: time.sleep(late_s)) if rank == straggler else None
     for step in range(steps):
-        x, y = batch(step, rank, n=8)
-        opt.zero_grad()
-        loss = F.cross_entropy(ddp(x), y)
-        if rank == straggler:
-            time.sleep(late_s)
-        loss.backward()
-        opt.step()
+        sgd_step(ddp, opt, step, rank, before_backward=late)
         out["params"].append(params_of(model))
         out["stats"].append(dict(state.last_stats))
     state.close()
@@ -481,7 +476,6 @@ def scenario_torch_hook(rank, backend, hook, steps):
     instead of gradlane's) over `backend`: the loss and parameters of each
     step."""
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -501,12 +495,7 @@ def scenario_torch_hook(rank, backend, hook, steps):
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     out = {"loss": [], "params": []}
     for step in range(steps):
-        x, y = batch(step, rank, n=8)
-        opt.zero_grad()
-        loss = F.cross_entropy(ddp(x), y)
-        loss.backward()
-        opt.step()
-        out["loss"].append(float(loss))
+        out["loss"].append(sgd_step(ddp, opt, step, rank))
         out["params"].append(params_of(model))
     dist.destroy_process_group()
     return out
@@ -660,20 +649,7 @@ def run_ranks(scenario, cert_dir, *args, expect=None, extra_env=None, world=WORL
         ctx.Process(target=rank_main, args=(scenario, r, env, args, results), daemon=True)
         for r in range(world)
     ]
-    for p in procs:
-        p.start()
-    try:
-        got = {}
-        for _ in range(expect):
-            rank, status, out = results.get(timeout=RESULT_TIMEOUT)
-            assert status == "ok", f"rank {rank} failed:\n{out}"
-            got[rank] = out
-        return got
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    return collect(procs, results, expect, RESULT_TIMEOUT)
 
 
 # ---------------------------------------------------------------- tests

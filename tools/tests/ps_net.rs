@@ -41,6 +41,14 @@ struct Running<S> {
     done: tokio::task::JoinHandle<Result<ServeStats, ps_net::ServeError>>,
 }
 
+impl<S> Running<S> {
+    /// Stops the server: what it counted.
+    async fn finish(self) -> ServeStats {
+        self.stop.send(()).unwrap();
+        self.done.await.unwrap().unwrap()
+    }
+}
+
 fn start<S: ParameterServer + Send + 'static>(tag: &str, server: S) -> Running<S> {
     start_with(tag, server, quick())
 }
@@ -98,6 +106,15 @@ fn problem() -> (LeastSquares, Layout) {
     (p, layout)
 }
 
+/// [`problem`] shared with the workers' tasks, its layout, and the zero
+/// start with the loss there.
+fn from_zero() -> (Arc<LeastSquares>, Layout, Vec<f32>, f64) {
+    let (p, layout) = problem();
+    let w0 = vec![0.0; p.dim()];
+    let start_loss = p.loss(&w0);
+    (Arc::new(p), layout, w0, start_loss)
+}
+
 /// One worker: `steps` pushes of minibatch gradients, with injected loss.
 async fn worker_loop(
     run: (SocketAddr, PathBuf),
@@ -137,31 +154,42 @@ async fn worker_loop(
     Ok(seen)
 }
 
+/// A [`worker_loop`] of each seed in `seeds`, on tasks of their own, each
+/// with its `pause`.
+fn spawn_workers<S>(
+    run: &Running<S>,
+    layout: &Layout,
+    problem: &Arc<LeastSquares>,
+    seeds: std::ops::Range<u64>,
+    steps: usize,
+    compression: Compression,
+    pause: Option<(usize, tokio::sync::watch::Receiver<bool>)>,
+) -> Vec<tokio::task::JoinHandle<Result<Vec<Disposition>, WorkerError>>> {
+    seeds
+        .map(|seed| {
+            tokio::spawn(worker_loop(
+                (run.addr, run.dir.clone()),
+                layout.clone(),
+                problem.clone(),
+                steps,
+                seed,
+                compression,
+                pause.clone(),
+            ))
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ormo_trains_over_lossy_links() {
-    let (p, layout) = problem();
-    let p = Arc::new(p);
-    let w0 = vec![0.0; p.dim()];
-    let start_loss = p.loss(&w0);
+    let (p, layout, w0, start_loss) = from_zero();
     let cfg = OrderedMomentumConfig {
         workers: 3,
         momentum: 0.9,
         learning_rate: 0.05,
     };
     let run = start("ormo", OrderedMomentum::new(cfg, w0).unwrap());
-    let workers: Vec<_> = (0..3)
-        .map(|i| {
-            tokio::spawn(worker_loop(
-                (run.addr, run.dir.clone()),
-                layout.clone(),
-                p.clone(),
-                40,
-                10 + i,
-                Compression::Rounds,
-                None,
-            ))
-        })
-        .collect();
+    let workers = spawn_workers(&run, &layout, &p, 10..13, 40, Compression::Rounds, None);
     for w in workers {
         let seen = w.await.unwrap().unwrap();
         assert!(seen
@@ -169,8 +197,7 @@ async fn ormo_trains_over_lossy_links() {
             .all(|d| matches!(d, Disposition::Applied { .. })));
     }
     let (params, steps) = run.handle.snapshot();
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(steps, 120);
     assert_eq!(stats.applied, 120);
     assert_eq!(stats.workers_joined, 3);
@@ -185,36 +212,20 @@ async fn ormo_trains_over_lossy_links() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codec_pushes_and_sync_rounds() {
-    let (p, layout) = problem();
-    let p = Arc::new(p);
-    let w0 = vec![0.0; p.dim()];
-    let start_loss = p.loss(&w0);
+    let (p, layout, w0, start_loss) = from_zero();
     let run = start("sync", SyncMomentum::new(2, 0.05, 0.9, w0).unwrap());
     let codec = Compression::Codec {
         selection: Selection::TopK(32),
         base: DEFAULT_BASE,
     };
-    let workers: Vec<_> = (0..2)
-        .map(|i| {
-            tokio::spawn(worker_loop(
-                (run.addr, run.dir.clone()),
-                layout.clone(),
-                p.clone(),
-                30,
-                20 + i,
-                codec,
-                None,
-            ))
-        })
-        .collect();
+    let workers = spawn_workers(&run, &layout, &p, 20..22, 30, codec, None);
     let mut buffered = 0;
     for w in workers {
         let seen = w.await.unwrap().unwrap();
         buffered += seen.iter().filter(|d| **d == Disposition::Buffered).count();
     }
     let (params, steps) = run.handle.snapshot();
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     // Two workers per synchronous round: one of each pair waits.
     assert_eq!(steps, 30);
     assert_eq!(buffered, 30);
@@ -273,8 +284,7 @@ async fn refusals_leave_tickets_and_links_intact() {
     assert_eq!(reply.params.steps, 2);
     a.leave().await;
     b.leave().await;
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(stats.refused, 4);
     assert_eq!(stats.applied, 2);
 }
@@ -307,8 +317,7 @@ async fn a_cancelled_push_leaves_the_session_usable() {
     let reply = a.push(reply.params.index, &[&grad]).await.unwrap();
     assert_eq!(reply.disposition, Disposition::Applied { staleness: 0 });
     a.leave().await;
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(stats.applied, applied + 2);
     assert!(stats.orphan_rounds <= 1, "{stats:?}");
 }
@@ -353,8 +362,7 @@ async fn a_push_dropped_while_awaiting_its_reply_leaves_the_session_in_step() {
     assert_eq!(reply.disposition, Disposition::Applied { staleness: 0 });
     assert_eq!(reply.params.steps, applied + 2);
     a.leave().await;
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(stats.applied, applied + 2);
 }
 
@@ -401,8 +409,7 @@ async fn wrong_model_size_and_malformed_requests_close_only_that_link() {
         .unwrap();
     assert!(matches!(reply.disposition, Disposition::Applied { .. }));
     good.leave().await;
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(stats.links_refused, 1);
     assert_eq!(stats.applied, 1);
 }
@@ -434,19 +441,15 @@ async fn a_killed_worker_does_not_stop_the_others() {
     // Two survivors train; after 20 pushes each they hold until the victim
     // is dead, then push 40 more each.
     let (killed_tx, killed_rx) = tokio::sync::watch::channel(false);
-    let survivors: Vec<_> = (0..2)
-        .map(|i| {
-            tokio::spawn(worker_loop(
-                (run.addr, run.dir.clone()),
-                layout.clone(),
-                p.clone(),
-                60,
-                30 + i,
-                Compression::Rounds,
-                Some((20, killed_rx.clone())),
-            ))
-        })
-        .collect();
+    let survivors = spawn_workers(
+        &run,
+        &layout,
+        &p,
+        30..32,
+        60,
+        Compression::Rounds,
+        Some((20, killed_rx)),
+    );
 
     // The victim lives in its own runtime and dies mid-run holding a ticket,
     // without a goodbye: shutting its runtime down stops its packets at once,
@@ -509,8 +512,7 @@ async fn a_killed_worker_does_not_stop_the_others() {
         end_loss < 0.2 * loss_at_kill,
         "survivors did not keep training: {loss_at_kill} -> {end_loss}"
     );
-    run.stop.send(()).unwrap();
-    run.done.await.unwrap().unwrap();
+    run.finish().await;
 }
 
 /// The acceptance run: K = 3 workers, 5% injected loss each
@@ -565,8 +567,7 @@ async fn three_workers_train_an_mlp_to_90_percent_over_5_percent_loss() {
         w.await.unwrap();
     }
     let (params, steps) = run.handle.snapshot();
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     let after = model.evaluate(&params, &test).unwrap();
     eprintln!(
         "accuracy {:.3} -> {:.3}, {stats:?}",
@@ -578,13 +579,24 @@ async fn three_workers_train_an_mlp_to_90_percent_over_5_percent_loss() {
     assert!(after.accuracy >= 0.9, "test accuracy {}", after.accuracy);
 }
 
-/// A QUIC connection to the server that never says hello.
-async fn silent_client(run: &Running<OrderedMomentum>) -> (quinn::Endpoint, quinn::Connection) {
+/// A server for two workers of the problem's dimension whose clients have
+/// `hello_timeout` to say hello, and a QUIC connection to it (with its
+/// endpoint) that never says hello.
+async fn with_a_silent_client(
+    tag: &str,
+    hello_timeout: Duration,
+) -> (Running<OrderedMomentum>, quinn::Endpoint, quinn::Connection) {
+    let (p, _) = problem();
+    let config = Config {
+        hello_timeout,
+        ..quick()
+    };
+    let run = start_with(tag, small_ormo(2, p.dim()), config);
     let cfg = gradlane::quic::client_config(&run.dir.join("ca.pem")).unwrap();
     let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     ep.set_default_client_config(cfg);
     let conn = ep.connect(run.addr, "localhost").unwrap().await.unwrap();
-    (ep, conn)
+    (run, ep, conn)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -592,12 +604,7 @@ async fn a_client_that_never_says_hello_holds_up_nobody() {
     let (p, layout) = problem();
     // Long enough that a server handshaking one client at a time would
     // still be waiting on the silent one when the real worker is done.
-    let config = Config {
-        hello_timeout: Duration::from_secs(20),
-        ..quick()
-    };
-    let run = start_with("silent", small_ormo(2, p.dim()), config);
-    let (_silent_ep, silent) = silent_client(&run).await;
+    let (run, _silent_ep, silent) = with_a_silent_client("silent", Duration::from_secs(20)).await;
 
     let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
     let mut w = Worker::join(&ep, run.addr, "localhost", &layout, Compression::Rounds)
@@ -613,28 +620,21 @@ async fn a_client_that_never_says_hello_holds_up_nobody() {
         "the worker only got through after the silent client was closed"
     );
     silent.close(0u32.into(), b"bye");
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(stats.applied, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_says_hello_is_closed_after_the_timeout() {
-    let (p, _) = problem();
-    let config = Config {
-        hello_timeout: Duration::from_millis(200),
-        ..quick()
-    };
-    let run = start_with("silent-timeout", small_ormo(2, p.dim()), config);
-    let (_silent_ep, silent) = silent_client(&run).await;
+    let (run, _silent_ep, silent) =
+        with_a_silent_client("silent-timeout", Duration::from_millis(200)).await;
     match silent.closed().await {
         quinn::ConnectionError::ApplicationClosed(c) => {
             assert_eq!(c.error_code.into_inner(), u64::from(codes::BAD_HELLO))
         }
         other => panic!("expected a bad-hello close, got {other:?}"),
     }
-    run.stop.send(()).unwrap();
-    let stats = run.done.await.unwrap().unwrap();
+    let stats = run.finish().await;
     assert_eq!(stats.links_refused, 1);
 }
 
@@ -681,17 +681,19 @@ async fn workers_get_the_welcome_and_learn_why_the_server_gives_up() {
     let handle = ServerHandle::with_welcome(small_ormo(3, p.dim()), b"seed 11".to_vec()).unwrap();
     let run = start_handle("welcome", handle, quick());
     let ep = Endpoint::client(run.dir.join("ca.pem"), quick()).unwrap();
-    let join = |name: &'static str| {
+    let (ep_ref, layout_ref, addr) = (&ep, &layout, run.addr);
+    let join = |name: String| async move {
         Worker::join_as(
-            &ep,
-            run.addr,
+            ep_ref,
+            addr,
             "localhost",
-            &layout,
+            layout_ref,
             Compression::Rounds,
-            name,
+            &name,
         )
+        .await
     };
-    let mut a = join("a").await.unwrap();
+    let mut a = join("a".into()).await.unwrap();
     let mut b = Worker::join(&ep, run.addr, "localhost", &layout, Compression::Rounds)
         .await
         .unwrap();
@@ -708,18 +710,7 @@ async fn workers_get_the_welcome_and_learn_why_the_server_gives_up() {
     );
     // A name too long never leaves the worker.
     let long = "x".repeat(gradlane::ps::messages::MAX_NAME + 1);
-    assert!(matches!(
-        Worker::join_as(
-            &ep,
-            run.addr,
-            "localhost",
-            &layout,
-            Compression::Rounds,
-            &long
-        )
-        .await,
-        Err(WorkerError::NameTooLong(_))
-    ));
+    assert!(matches!(join(long).await, Err(WorkerError::NameTooLong(_))));
 
     let params = a.pull().await.unwrap();
     let why = "round 0 cannot fill: worker c never joined";
@@ -751,6 +742,5 @@ async fn workers_get_the_welcome_and_learn_why_the_server_gives_up() {
         "{:?}",
         handle.workers()
     );
-    run.stop.send(()).unwrap();
-    run.done.await.unwrap().unwrap();
+    run.finish().await;
 }

@@ -11,7 +11,13 @@ use gradlane_core::ps::{
 use gradlane_core::rng::SplitMix64;
 use proptest::prelude::*;
 
-fn ormo(workers: usize, momentum: f64, learning_rate: f64, w0: Vec<f32>) -> OrderedMomentum {
+/// OrMo with these settings, or why it refuses them.
+fn try_ormo(
+    workers: usize,
+    momentum: f64,
+    learning_rate: f64,
+    w0: Vec<f32>,
+) -> Result<OrderedMomentum, ConfigError> {
     OrderedMomentum::new(
         OrderedMomentumConfig {
             workers,
@@ -20,7 +26,10 @@ fn ormo(workers: usize, momentum: f64, learning_rate: f64, w0: Vec<f32>) -> Orde
         },
         w0,
     )
-    .unwrap()
+}
+
+fn ormo(workers: usize, momentum: f64, learning_rate: f64, w0: Vec<f32>) -> OrderedMomentum {
+    try_ormo(workers, momentum, learning_rate, w0).unwrap()
 }
 
 fn uniform(rng: &mut SplitMix64) -> f64 {
@@ -204,16 +213,8 @@ fn ormo_rejects_bad_input_without_changing_state() {
         PushError::UnknownIndex(0)
     );
 
-    let bad = |workers, momentum, learning_rate, w0: Vec<f32>| {
-        OrderedMomentum::new(
-            OrderedMomentumConfig {
-                workers,
-                momentum,
-                learning_rate,
-            },
-            w0,
-        )
-        .unwrap_err()
+    let bad = |workers, momentum, learning_rate, w0| {
+        try_ormo(workers, momentum, learning_rate, w0).unwrap_err()
     };
     assert_eq!(bad(0, 0.9, 0.1, vec![0.0]), ConfigError::NoWorkers);
     assert_eq!(bad(1, 1.0, 0.1, vec![0.0]), ConfigError::Momentum(1.0));

@@ -1,10 +1,14 @@
 //! Helpers shared by the integration tests: certificates, a quick
-//! configuration, a connected pair of links, and groups of ranks.
+//! configuration, a connected pair of links, groups of ranks, and the
+//! values and local references the collectives are checked against.
 
 use gradlane::{
-    generate_certs, Config, Endpoint, Faults, Group, GroupConfig, Layout, Link, Rendezvous,
+    generate_certs, BucketId, BucketOptions, Config, Element, Endpoint, Faults, Group, GroupConfig,
+    Layout, Link, LossyCarrier, Rendezvous, TensorSpec,
 };
+use gradlane_core::rng::SplitMix64;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -149,20 +153,33 @@ pub fn at_root(root: SocketAddr) -> Rendezvous {
 }
 
 /// `world` ranks of one group, as tasks of this runtime, meeting at rank
-/// 0; `link(rank)` changes each rank's link settings.
+/// 0; `change(rank, config)` changes each rank's configuration first.
+pub async fn group_configured(
+    tag: &str,
+    world: usize,
+    change: impl Fn(usize, GroupConfig) -> GroupConfig,
+) -> Vec<Group> {
+    let dir = cert_dir(tag);
+    let root = free_port();
+    join_ranks((0..world).map(|r| change(r, group_config(&dir, r, world, at_root(root))))).await
+}
+
+/// [`group_configured`] changing only the link settings: `link(rank)`.
 pub async fn group_with(
     tag: &str,
     world: usize,
     link: impl Fn(usize, Config) -> Config,
 ) -> Vec<Group> {
-    let dir = cert_dir(tag);
-    let root = free_port();
-    let joins = (0..world).map(|r| {
-        let mut c = group_config(&dir, r, world, at_root(root));
-        c.link = link(r, c.link.clone());
-        Group::join(c)
-    });
-    futures_util::future::join_all(joins)
+    group_configured(tag, world, |r, c| GroupConfig {
+        link: link(r, c.link.clone()),
+        ..c
+    })
+    .await
+}
+
+/// A rank of each configuration, all joining at once; each must join.
+pub async fn join_ranks(configs: impl IntoIterator<Item = GroupConfig>) -> Vec<Group> {
+    futures_util::future::join_all(configs.into_iter().map(Group::join))
         .await
         .into_iter()
         .map(|g| g.unwrap())
@@ -196,4 +213,145 @@ pub fn bytes_not_lost(g: &Group) -> u64 {
             stats.udp_tx.bytes - stats.path.lost_bytes
         })
         .sum()
+}
+
+/// One differentiated allreduce of bucket `id` on every rank, each of its
+/// input: the buffers after it and the reports.
+pub async fn differentiated<T: Element>(
+    groups: &mut [Group],
+    id: BucketId,
+    inputs: &[Vec<T>],
+    op: gradlane::ReduceOp,
+) -> (Vec<Vec<T>>, Vec<gradlane::AllreduceReport>) {
+    let mut bufs = inputs.to_vec();
+    let calls = groups
+        .iter_mut()
+        .zip(bufs.iter_mut())
+        .map(|(g, b)| g.allreduce_differentiated(id, b, op));
+    let reports = futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    (bufs, reports)
+}
+
+/// `layout` registered on every rank with `options`: its id, the same on
+/// every rank.
+pub async fn register_all(
+    groups: &mut [Group],
+    layout: &Layout,
+    options: BucketOptions,
+) -> BucketId {
+    let calls = groups
+        .iter_mut()
+        .map(|g| g.register_bucket_with(layout, options));
+    let ids: Vec<BucketId> = futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert!(ids.iter().all(|&i| i == ids[0]), "bucket ids {ids:?}");
+    ids[0]
+}
+
+/// A bucket like a small CNN's: conv kernels, biases, a linear layer.
+pub fn bucket() -> Layout {
+    Layout::new(vec![
+        TensorSpec::conv2d("conv1.weight", [32, 16, 3, 3]),
+        TensorSpec::dense("conv1.bias", [32]),
+        TensorSpec::conv2d("conv2.weight", [64, 32, 3, 3]),
+        TensorSpec::dense("fc.weight", [10, 4096]),
+        TensorSpec::dense("fc.bias", [10]),
+    ])
+    .unwrap()
+}
+
+/// Whether value `i` is in one of `ranges`.
+pub fn inside(ranges: &[Range<usize>], i: usize) -> bool {
+    ranges.iter().any(|r| r.contains(&i))
+}
+
+/// Each rank drops a share `p` of what it sends, its draws seeded with
+/// `seed` plus its rank, so every packet between two ranks meets loss `p`
+/// once (dropping on receipt too would make it 1-(1-p)^2). At 20% loss
+/// handshakes and retransmissions back off for seconds: these links allow
+/// 15 s of silence, not quick()'s 3 s. The lossy part always rides
+/// datagrams: the adaptive carrier would put a round on streams (and lose
+/// nothing) until quinn has declared a loss. Packets stay Ethernet-sized:
+/// [`bucket`] (256 KB) fills only a few 64 KB packets, and the seeded draws
+/// must meet many packets.
+pub fn lossy(p: f64, seed: u64) -> impl Fn(usize, Config) -> Config {
+    move |rank, mut c| {
+        c.packets = gradlane::Packets::Ethernet;
+        c.quic.max_idle_timeout = Some(Duration::from_secs(15));
+        if p > 0.0 {
+            c.timing.lossy_carrier = LossyCarrier::Datagrams;
+        }
+        c.faults = (p > 0.0).then(|| Faults {
+            loss_out: p,
+            seed: seed + rank as u64,
+            ..Faults::default()
+        });
+        c
+    }
+}
+
+/// Deterministic values from `seed`, with fractions and signs so that the
+/// order of a sum shows in its bits.
+pub fn values_from(seed: u64, n: usize) -> Vec<f32> {
+    let mut rng = SplitMix64::new(seed);
+    (0..n)
+        .map(|_| (rng.next_f64() as f32 - 0.5) * 1000.0)
+        .collect()
+}
+
+/// Each value's bits, to compare buffers bit for bit.
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The sum element by element in rank order from the first rank's value,
+/// as the owner of a shard adds.
+pub fn reference_sum<P: AsRef<[f32]>>(parts: &[P]) -> Vec<f32> {
+    let mut acc = parts[0].as_ref().to_vec();
+    for p in &parts[1..] {
+        acc.iter_mut().zip(p.as_ref()).for_each(|(a, v)| *a += v);
+    }
+    acc
+}
+
+/// The sum element by element in rank order from 0.0: the bits of
+/// [`reference_sum`] but where the first rank's value is -0.0, which
+/// 0.0 + -0.0 makes +0.0.
+pub fn reference_sum_from_zero(parts: &[Vec<f32>]) -> Vec<f32> {
+    let n = parts[0].len();
+    (0..n)
+        .map(|i| parts.iter().fold(0f32, |acc, p| acc + p[i]))
+        .collect()
+}
+
+/// Asserts two buffers hold the same bits, naming the first differences.
+#[track_caller]
+pub fn same_bits<T: Element>(a: &[T], b: &[T], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let diff: Vec<(usize, T, T)> = (0..a.len())
+        .filter(|&i| bytemuck::bytes_of(&a[i]) != bytemuck::bytes_of(&b[i]))
+        .map(|i| (i, a[i], b[i]))
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "{what}: {} of {} values differ, first {:?}",
+        diff.len(),
+        a.len(),
+        &diff[..diff.len().min(5)]
+    );
+}
+
+/// A barrier on every group at once; each must pass it.
+pub async fn barrier_all(groups: &mut [Group]) {
+    let barriers = groups.iter_mut().map(|g| g.barrier());
+    for r in futures_util::future::join_all(barriers).await {
+        r.unwrap();
+    }
 }

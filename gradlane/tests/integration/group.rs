@@ -5,7 +5,8 @@
 use crate::common;
 
 use common::{
-    allreduce_all, at_root, bytes_not_lost, cert_dir, free_port, group_config, group_with,
+    allreduce_all, at_root, barrier_all, bits, bytes_not_lost, cert_dir, free_port, group_config,
+    group_configured, group_with, join_ranks, reference_sum_from_zero, values_from,
 };
 use futures_util::future::join_all;
 use gradlane::{
@@ -23,46 +24,21 @@ async fn group(tag: &str, world: usize) -> Vec<Group> {
 
 /// `world` ranks of one group, each told every rank's address.
 async fn group_by_addresses(tag: &str, world: usize) -> Vec<Group> {
-    let dir = cert_dir(tag);
     let addrs: Vec<SocketAddr> = (0..world).map(|_| free_port()).collect();
-    let joins = (0..world).map(|r| {
-        Group::join(group_config(
-            &dir,
-            r,
-            world,
-            Rendezvous::Addresses(addrs.clone()),
-        ))
-    });
-    join_all(joins)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap())
-        .collect()
+    group_configured(tag, world, |_, c| GroupConfig {
+        rendezvous: Rendezvous::Addresses(addrs.clone()),
+        ..c
+    })
+    .await
 }
 
 fn config(dir: &Path, rank: usize, world: usize, root: SocketAddr) -> GroupConfig {
     group_config(dir, rank, world, at_root(root))
 }
 
-/// Deterministic values, different per rank, with fractions and signs so
-/// that the order of a sum shows in its bits.
+/// Rank `rank`'s values (seeded by `rank`).
 fn values(rank: usize, n: usize) -> Vec<f32> {
-    let mut rng = SplitMix64::new(1000 + rank as u64);
-    (0..n)
-        .map(|_| (rng.next_f64() as f32 - 0.5) * 1000.0)
-        .collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-/// The reference sum: element by element, from 0.0, in rank order.
-fn reference_sum(parts: &[Vec<f32>]) -> Vec<f32> {
-    let n = parts[0].len();
-    (0..n)
-        .map(|i| parts.iter().fold(0f32, |acc, p| acc + p[i]))
-        .collect()
+    values_from(1000 + rank as u64, n)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,19 +51,13 @@ async fn exact_collectives_equal_a_local_reference_bit_for_bit() {
         };
         for n in [0usize, 1, 7, 1000] {
             let inputs: Vec<Vec<f32>> = (0..world).map(|r| values(r, n)).collect();
-            let sum = reference_sum(&inputs);
+            let sum = reference_sum_from_zero(&inputs);
             let mean: Vec<f32> = sum.iter().map(|v| v / world as f32).collect();
 
             // allreduce, sum and mean
             for (op, want) in [(ReduceOp::Sum, &sum), (ReduceOp::Mean, &mean)] {
                 let mut bufs = inputs.clone();
-                let calls = groups
-                    .iter_mut()
-                    .zip(bufs.iter_mut())
-                    .map(|(g, b)| g.allreduce(b, op));
-                for r in join_all(calls).await {
-                    r.unwrap();
-                }
+                allreduce_all(&mut groups, &mut bufs, op).await;
                 for (r, b) in bufs.iter().enumerate() {
                     assert_eq!(
                         bits(b),
@@ -127,7 +97,7 @@ async fn exact_collectives_equal_a_local_reference_bit_for_bit() {
 
             // reduce-scatter: every rank's input is `world` parts of n
             let big: Vec<Vec<f32>> = (0..world).map(|r| values(r + 10, n * world)).collect();
-            let full = reference_sum(&big);
+            let full = reference_sum_from_zero(&big);
             let mut outs = vec![vec![0f32; n]; world];
             let calls = groups
                 .iter_mut()
@@ -145,10 +115,7 @@ async fn exact_collectives_equal_a_local_reference_bit_for_bit() {
                 );
             }
         }
-        let barriers = groups.iter_mut().map(|g| g.barrier());
-        for r in join_all(barriers).await {
-            r.unwrap();
-        }
+        barrier_all(&mut groups).await;
         join_all(groups.into_iter().map(|g| g.close())).await;
     }
 }
@@ -163,13 +130,7 @@ async fn an_allreduce_sends_two_n_minus_one_over_n_of_the_buffer() {
     let n = 4 << 20; // 16 MiB of f32
     let mut bufs: Vec<Vec<f32>> = (0..world).map(|r| values(r, n)).collect();
     let before: Vec<u64> = groups.iter().map(bytes_not_lost).collect();
-    let calls = groups
-        .iter_mut()
-        .zip(bufs.iter_mut())
-        .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
-    for r in join_all(calls).await {
-        r.unwrap();
-    }
+    allreduce_all(&mut groups, &mut bufs, ReduceOp::Sum).await;
     let bound = 2.0 * (world - 1) as f64 / world as f64 * (n * 4) as f64;
     for (r, g) in groups.iter().enumerate() {
         let sent = (bytes_not_lost(g) - before[r]) as f64;
@@ -190,7 +151,7 @@ async fn a_pipelined_allreduce_equals_the_reference_bit_for_bit() {
     let mut groups = group("pipelined", world).await;
     let n = 3 * (700 << 10) + 5; // shards of 2.7 MiB of f32, uneven
     let parts: Vec<Vec<f32>> = (0..world).map(|r| values(r, n)).collect();
-    let want = reference_sum(&parts);
+    let want = reference_sum_from_zero(&parts);
     for op in [ReduceOp::Sum, ReduceOp::Mean] {
         let mut bufs = parts.clone();
         allreduce_all(&mut groups, &mut bufs, op).await;
@@ -211,7 +172,7 @@ async fn a_pipelined_allreduce_equals_the_reference_bit_for_bit() {
         .iter()
         .map(|p| p.iter().map(|v| v.to_f32()).collect())
         .collect();
-    let want: Vec<u16> = reference_sum(&widened)
+    let want: Vec<u16> = reference_sum_from_zero(&widened)
         .iter()
         .map(|&v| gradlane::bf16::from_f32(v).to_bits())
         .collect();
@@ -398,27 +359,12 @@ async fn a_group_closes_and_is_rebuilt_on_the_same_addresses() {
     let dir = cert_dir("rebuild");
     let addrs: Vec<SocketAddr> = (0..world).map(|_| free_port()).collect();
     for attempt in 0..2 {
-        let joins = (0..world).map(|r| {
-            Group::join(group_config(
-                &dir,
-                r,
-                world,
-                Rendezvous::Addresses(addrs.clone()),
-            ))
-        });
-        let mut groups: Vec<Group> = join_all(joins)
-            .await
-            .into_iter()
-            .map(|g| g.unwrap())
-            .collect();
+        let mut groups = join_ranks(
+            (0..world).map(|r| group_config(&dir, r, world, Rendezvous::Addresses(addrs.clone()))),
+        )
+        .await;
         let mut bufs: Vec<Vec<f32>> = (0..world).map(|r| values(r, 100)).collect();
-        let calls = groups
-            .iter_mut()
-            .zip(bufs.iter_mut())
-            .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
-        for r in join_all(calls).await {
-            r.unwrap();
-        }
+        allreduce_all(&mut groups, &mut bufs, ReduceOp::Sum).await;
         assert!(
             bufs.iter().all(|b| bits(b) == bits(&bufs[0])),
             "attempt {attempt}"
@@ -483,10 +429,7 @@ async fn rank_zero_may_start_after_the_others() {
         Group::join(config(&dir, 2, world, root))
     );
     let mut groups = vec![g0.unwrap(), g1.unwrap(), g2.unwrap()];
-    let barriers = groups.iter_mut().map(|g| g.barrier());
-    for r in join_all(barriers).await {
-        r.unwrap();
-    }
+    barrier_all(&mut groups).await;
     join_all(groups.into_iter().map(|g| g.close())).await;
 }
 
@@ -498,22 +441,15 @@ async fn ranks_listening_on_every_interface_advertise_a_reachable_address() {
     let world = 3;
     let dir = cert_dir("any-if");
     let root = free_port();
-    let joins = (0..world).map(|r| {
+    let mut groups = join_ranks((0..world).map(|r| {
         let mut c = config(&dir, r, world, root);
         c.rendezvous = Rendezvous::Root {
             root,
             listen: "0.0.0.0:0".parse().unwrap(),
         };
-        Group::join(c)
-    });
-    let mut groups: Vec<Group> = join_all(joins)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap())
-        .collect();
-    let barriers = groups.iter_mut().map(|g| g.barrier());
-    for r in join_all(barriers).await {
-        r.unwrap();
-    }
+        c
+    }))
+    .await;
+    barrier_all(&mut groups).await;
     join_all(groups.into_iter().map(|g| g.close())).await;
 }

@@ -3,10 +3,10 @@
 //! any rank missed is zero at every rank, its owner adds it into its next
 //! call, and every rank ends every call with the same bits.
 
-use crate::common::group_with;
+use crate::common::{bucket, differentiated, group_with, register_all, same_bits};
 use crate::group_differentiated::{
-    allreduce, bucket, expected, gradient, lossy, register_layout, register_with, same_bits,
-    stalling, with_return_missed,
+    error_feedback_within, expected, gradient, lossy, register_with, stalling, with_return_missed,
+    Owed,
 };
 use gradlane::{BucketOptions, ClassFormats, LossRecovery, ReduceOp, StepDeadline, ValueFormat};
 use std::time::Duration;
@@ -23,31 +23,17 @@ async fn a_return_chunk_a_rank_missed_is_zero_everywhere_and_its_owner_carries_i
     let world = 3;
     let mut groups = group_with("bounded-return-stall", world, stalling(2)).await;
     let budget = Duration::from_millis(20);
-    let options = BucketOptions {
-        recovery: LossRecovery::ErrorFeedback,
-        deadline: StepDeadline::Fixed(budget),
-        ..BucketOptions::default()
-    };
-    let id = register_with(&mut groups, options).await;
+    let id = register_with(&mut groups, error_feedback_within(budget)).await;
     let n = bucket().total_values() as usize;
     let mut carry = vec![0.0f32; n];
-    let mut owed: Vec<Vec<f32>> = vec![vec![0.0; n]; world];
+    let mut owed = Owed::new(world, n);
     let mut missed_calls = 0;
     for step in 0..4 {
         let fresh: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 60 + step, n)).collect();
-        let inputs: Vec<Vec<f32>> = fresh
-            .iter()
-            .zip(&owed)
-            .map(|(g, o)| g.iter().zip(o).map(|(a, b)| a + b).collect())
-            .collect();
+        let inputs = owed.sent(&fresh);
         let carried = carry.clone();
-        let (got, reports) = allreduce(&mut groups, id, &fresh, ReduceOp::Sum).await;
-        for (r, rep) in reports.iter().enumerate() {
-            owed[r].iter_mut().for_each(|v| *v = 0.0);
-            for range in &rep.lost {
-                owed[r][range.clone()].copy_from_slice(&inputs[r][range.clone()]);
-            }
-        }
+        let (got, reports) = differentiated(&mut groups, id, &fresh, ReduceOp::Sum).await;
+        owed.settle(&inputs, &reports);
         let sums = expected(&inputs, &reports, ReduceOp::Sum, false);
         let want = with_return_missed(sums.clone(), &mut carry, &reports);
         for (r, g) in got.iter().enumerate() {
@@ -112,7 +98,7 @@ async fn under_loss_a_bounded_return_in_bf16_and_log8_keeps_every_rank_s_bits() 
     let mut missed_any = false;
     for step in 0..4 {
         let inputs: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 80 + step, n)).collect();
-        let (got, reports) = allreduce(&mut groups, id, &inputs, ReduceOp::Mean).await;
+        let (got, reports) = differentiated(&mut groups, id, &inputs, ReduceOp::Mean).await;
         let mut missed = reports[0].return_missed.clone();
         missed.sort_by_key(|r| r.start);
         for (r, rep) in reports.iter().enumerate() {
@@ -153,7 +139,7 @@ async fn the_differentiated_allgather_keeps_every_rank_s_bits_and_zeroes_what_an
             gather: true,
             ..BucketOptions::default()
         };
-        let id = register_layout(&mut groups, &layout, options).await;
+        let id = register_all(&mut groups, &layout, options).await;
         // An allreduce of an allgather bucket is refused, before any
         // traffic.
         let mut wrong = vec![0.0f32; world * per_rank];

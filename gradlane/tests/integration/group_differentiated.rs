@@ -5,27 +5,17 @@
 
 use crate::common;
 
-use common::{bytes_not_lost, group_with};
-use futures_util::future::join_all;
+use common::{
+    allreduce_all, bucket, bytes_not_lost, differentiated, group_with, inside, register_all,
+    same_bits,
+};
 use gradlane::{
-    AdaptiveDeadline, AllreduceReport, BucketId, BucketOptions, Faults, Group, Layout,
-    LossRecovery, LossyCarrier, ReduceOp, StepDeadline, TensorSpec,
+    AdaptiveDeadline, AllreduceReport, BucketId, BucketOptions, Faults, Group, LossRecovery,
+    ReduceOp, RoundStats, SendReport, StepDeadline,
 };
 use gradlane_core::rng::SplitMix64;
 use std::ops::Range;
 use std::time::Duration;
-
-/// A bucket like a small CNN's: conv kernels, biases, a linear layer.
-pub(crate) fn bucket() -> Layout {
-    Layout::new(vec![
-        TensorSpec::conv2d("conv1.weight", [32, 16, 3, 3]),
-        TensorSpec::dense("conv1.bias", [32]),
-        TensorSpec::conv2d("conv2.weight", [64, 32, 3, 3]),
-        TensorSpec::dense("fc.weight", [10, 4096]),
-        TensorSpec::dense("fc.bias", [10]),
-    ])
-    .unwrap()
-}
 
 /// A rank's gradient: magnitudes that differ by chunk, so that the
 /// important chunks differ between ranks.
@@ -42,84 +32,69 @@ pub(crate) fn gradient(rank: usize, step: usize, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Asserts two buffers hold the same bits, naming the first differences.
-#[track_caller]
-pub(crate) fn same_bits(a: &[f32], b: &[f32], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths");
-    let diff: Vec<(usize, f32, f32)> = (0..a.len())
-        .filter(|&i| a[i].to_bits() != b[i].to_bits())
-        .map(|i| (i, a[i], b[i]))
-        .collect();
-    assert!(
-        diff.is_empty(),
-        "{what}: {} of {} values differ, first {:?}",
-        diff.len(),
-        a.len(),
-        &diff[..diff.len().min(5)]
-    );
-}
-
-/// Each rank drops a share `p` of what it sends, so every packet between
-/// two ranks meets loss `p` once (dropping on receipt too would make it
-/// 1-(1-p)^2). At 20% loss handshakes and retransmissions back off for
-/// seconds: these links allow 15 s of silence, not quick()'s 3 s. The
-/// lossy part always rides datagrams: the adaptive carrier would put a
-/// round on streams (and lose nothing) until quinn has declared a loss.
-/// Packets stay Ethernet-sized: a bucket this small fills a few 64 KB
-/// packets, and the seeded draws must meet many packets.
+/// [`common::lossy`] with this file's seeds.
 pub(crate) fn lossy(p: f64) -> impl Fn(usize, gradlane::Config) -> gradlane::Config {
-    move |rank, mut c| {
-        c.packets = gradlane::Packets::Ethernet;
-        c.quic.max_idle_timeout = Some(std::time::Duration::from_secs(15));
-        if p > 0.0 {
-            c.timing.lossy_carrier = LossyCarrier::Datagrams;
-        }
-        c.faults = (p > 0.0).then(|| Faults {
-            loss_out: p,
-            seed: 4242 + rank as u64,
-            ..Faults::default()
-        });
-        c
-    }
+    common::lossy(p, 4242)
 }
 
 async fn register(groups: &mut [Group], recovery: LossRecovery) -> BucketId {
-    let layout = bucket();
-    let ids: Vec<_> = join_all(
-        groups
-            .iter_mut()
-            .map(|g| g.register_bucket(&layout, recovery)),
-    )
-    .await;
-    let ids: Vec<BucketId> = ids.into_iter().map(|r| r.unwrap()).collect();
-    assert!(ids.iter().all(|&i| i == ids[0]));
-    ids[0]
+    register_with(groups, BucketOptions::new(recovery)).await
 }
 
-/// One differentiated allreduce on every rank: the buffers after it and
-/// the reports.
-pub(crate) async fn allreduce(
-    groups: &mut [Group],
-    id: BucketId,
-    inputs: &[Vec<f32>],
-    op: ReduceOp,
-) -> (Vec<Vec<f32>>, Vec<AllreduceReport>) {
-    let mut bufs = inputs.to_vec();
-    let calls = groups
-        .iter_mut()
-        .zip(bufs.iter_mut())
-        .map(|(g, b)| g.allreduce_differentiated(id, b, op));
-    let reports = join_all(calls)
-        .await
-        .into_iter()
-        .map(|r| r.unwrap())
-        .collect();
-    (bufs, reports)
+/// What each rank received of each peer's part, paired with what that
+/// peer reports it sent it (a rank receives nothing from itself).
+pub(crate) fn received_with_sent(
+    reports: &[AllreduceReport],
+) -> impl Iterator<Item = (&RoundStats, &SendReport)> {
+    reports.iter().enumerate().flat_map(move |(r, rep)| {
+        rep.received
+            .iter()
+            .enumerate()
+            .filter_map(move |(q, stats)| {
+                let stats = stats.as_ref()?;
+                Some((stats, reports[q].sent[r].as_ref().expect("a send report")))
+            })
+    })
 }
 
-/// Whether value `i` is in one of `ranges`.
-fn inside(ranges: &[Range<usize>], i: usize) -> bool {
-    ranges.iter().any(|r| r.contains(&i))
+/// Asserts every rank received the whole important part of every peer's
+/// part, none of it zero-filled.
+#[track_caller]
+pub(crate) fn important_parts_arrived(reports: &[AllreduceReport]) {
+    for (s, sent) in received_with_sent(reports) {
+        assert_eq!(s.classes[0].received_bytes, sent.important_bytes);
+        assert_eq!(s.classes[0].zero_filled_bytes, 0);
+    }
+}
+
+/// What each rank owes under error feedback: the values of its parts that
+/// were lost in the call before, which it adds into its next gradient.
+pub(crate) struct Owed(Vec<Vec<f32>>);
+
+impl Owed {
+    /// Nothing owed yet, by `world` ranks of `n` values.
+    pub(crate) fn new(world: usize, n: usize) -> Self {
+        Owed(vec![vec![0.0; n]; world])
+    }
+
+    /// What each rank really sends: its gradient plus what it owes.
+    pub(crate) fn sent(&self, fresh: &[Vec<f32>]) -> Vec<Vec<f32>> {
+        fresh
+            .iter()
+            .zip(&self.0)
+            .map(|(g, o)| g.iter().zip(o).map(|(a, b)| a + b).collect())
+            .collect()
+    }
+
+    /// After a call that sent `sent`: each rank owes the values it lost.
+    pub(crate) fn settle(&mut self, sent: &[Vec<f32>], reports: &[AllreduceReport]) {
+        for (r, rep) in reports.iter().enumerate() {
+            self.0[r].fill(0.0);
+            for range in &rep.lost {
+                self.0[r][range.clone()].copy_from_slice(&sent[r][range.clone()]);
+            }
+        }
+    }
 }
 
 /// The expected result of a first round (no late data yet) from the
@@ -171,15 +146,9 @@ async fn without_loss_it_equals_the_exact_allreduce_and_sends_two_n_minus_one_ov
     for (step, op) in [ReduceOp::Sum, ReduceOp::Mean].into_iter().enumerate() {
         let inputs: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, step, n)).collect();
         let mut exact = inputs.clone();
-        let calls = groups
-            .iter_mut()
-            .zip(exact.iter_mut())
-            .map(|(g, b)| g.allreduce(b, op));
-        for r in join_all(calls).await {
-            r.unwrap();
-        }
+        allreduce_all(&mut groups, &mut exact, op).await;
         let before: Vec<u64> = groups.iter().map(bytes_not_lost).collect();
-        let (got, reports) = allreduce(&mut groups, id, &inputs, op).await;
+        let (got, reports) = differentiated(&mut groups, id, &inputs, op).await;
         for r in 0..world {
             same_bits(&got[r], &exact[r], &format!("{op:?} rank {r}"));
             assert!(reports[r].lost.is_empty() && reports[r].missing.iter().all(Vec::is_empty));
@@ -201,7 +170,7 @@ async fn under_loss_every_rank_ends_with_the_same_bits_and_the_important_part_ex
         let mut lost = 0;
         for step in 0..3 {
             let inputs: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, step, n)).collect();
-            let (got, reports) = allreduce(&mut groups, id, &inputs, ReduceOp::Sum).await;
+            let (got, reports) = differentiated(&mut groups, id, &inputs, ReduceOp::Sum).await;
             for r in 1..world {
                 same_bits(&got[r], &got[0], &format!("loss {p} step {step} rank {r}"));
             }
@@ -211,24 +180,18 @@ async fn under_loss_every_rank_ends_with_the_same_bits_and_the_important_part_ex
                 let want = expected(&inputs, &reports, ReduceOp::Sum, false);
                 same_bits(&got[0], &want, &format!("loss {p} first round"));
             }
-            for (r, rep) in reports.iter().enumerate() {
-                lost += rep.lost.len();
-                for (q, stats) in rep.received.iter().enumerate() {
-                    let Some(s) = stats else { continue };
-                    let sent = reports[q].sent[r].as_ref().unwrap();
-                    // The important part all arrived; per class, what was
-                    // sent arrived or was zero-filled.
-                    assert_eq!(s.classes[0].received_bytes, sent.important_bytes);
-                    assert_eq!(s.classes[0].zero_filled_bytes, 0);
-                    for c in 1..=s.levels as usize {
-                        let k = &s.classes[c];
-                        assert_eq!(k.sent_bytes, sent.lossy_bytes[c - 1], "class {c}");
-                        assert_eq!(
-                            k.sent_bytes,
-                            k.received_bytes + k.zero_filled_bytes,
-                            "class {c}"
-                        );
-                    }
+            lost += reports.iter().map(|rep| rep.lost.len()).sum::<usize>();
+            important_parts_arrived(&reports);
+            // Per lossy class, what was sent arrived or was zero-filled.
+            for (s, sent) in received_with_sent(&reports) {
+                for c in 1..=s.levels as usize {
+                    let k = &s.classes[c];
+                    assert_eq!(k.sent_bytes, sent.lossy_bytes[c - 1], "class {c}");
+                    assert_eq!(
+                        k.sent_bytes,
+                        k.received_bytes + k.zero_filled_bytes,
+                        "class {c}"
+                    );
                 }
             }
         }
@@ -251,7 +214,7 @@ async fn rescaling_divides_each_chunk_by_the_ranks_whose_part_arrived() {
             _ => register(&mut groups, LossRecovery::Rescale).await,
         };
         let inputs: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 9, n)).collect();
-        let (got, reports) = allreduce(&mut groups, id, &inputs, op).await;
+        let (got, reports) = differentiated(&mut groups, id, &inputs, op).await;
         assert!(
             reports.iter().any(|r| !r.lost.is_empty()),
             "some chunk was lost"
@@ -269,31 +232,20 @@ async fn error_feedback_adds_what_was_lost_into_the_next_round() {
     let mut groups = group_with("diff-feedback", world, lossy(0.1)).await;
     let id = register(&mut groups, LossRecovery::ErrorFeedback).await;
     let n = bucket().total_values() as usize;
-    // What each rank still owes: the values of its parts that were lost.
-    let mut owed: Vec<Vec<f32>> = vec![vec![0.0; n]; world];
+    let mut owed = Owed::new(world, n);
     let mut any_lost = false;
     for step in 0..3 {
         let fresh: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 20 + step, n)).collect();
-        // What each rank really sends: its gradient plus what it owes.
-        let sent: Vec<Vec<f32>> = fresh
-            .iter()
-            .zip(&owed)
-            .map(|(g, o)| g.iter().zip(o).map(|(a, b)| a + b).collect())
-            .collect();
-        let (got, reports) = allreduce(&mut groups, id, &fresh, ReduceOp::Sum).await;
+        let sent = owed.sent(&fresh);
+        let (got, reports) = differentiated(&mut groups, id, &fresh, ReduceOp::Sum).await;
         // Late data is dropped, not merged: every round is exactly the
         // parts that arrived of what was sent.
         let want = expected(&sent, &reports, ReduceOp::Sum, false);
         for (r, g) in got.iter().enumerate() {
             same_bits(g, &want, &format!("step {step} rank {r}"));
         }
-        for (r, rep) in reports.iter().enumerate() {
-            owed[r].iter_mut().for_each(|v| *v = 0.0);
-            for range in &rep.lost {
-                any_lost = true;
-                owed[r][range.clone()].copy_from_slice(&sent[r][range.clone()]);
-            }
-        }
+        any_lost |= reports.iter().any(|rep| !rep.lost.is_empty());
+        owed.settle(&sent, &reports);
     }
     assert!(any_lost, "at 10% loss some chunk was lost");
 }
@@ -311,23 +263,14 @@ async fn a_stalled_peer_s_lossy_part_is_cut_at_the_deadline_and_folded_into_the_
     let stalled = 2;
     let mut groups = group_with("diff-deadline", world, stalling(stalled)).await;
     let budget = Duration::from_millis(20);
-    let with_deadline = BucketOptions {
-        recovery: LossRecovery::ErrorFeedback,
-        deadline: StepDeadline::Fixed(budget),
-        ..BucketOptions::default()
-    };
-    let id = register_with(&mut groups, with_deadline).await;
+    let id = register_with(&mut groups, error_feedback_within(budget)).await;
     let n = bucket().total_values() as usize;
-    let mut owed: Vec<Vec<f32>> = vec![vec![0.0; n]; world];
+    let mut owed = Owed::new(world, n);
     let mut carry = vec![0.0f32; n];
     for step in 0..3 {
         let fresh: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 40 + step, n)).collect();
-        let sent: Vec<Vec<f32>> = fresh
-            .iter()
-            .zip(&owed)
-            .map(|(g, o)| g.iter().zip(o).map(|(a, b)| a + b).collect())
-            .collect();
-        let (got, reports) = allreduce(&mut groups, id, &fresh, ReduceOp::Sum).await;
+        let sent = owed.sent(&fresh);
+        let (got, reports) = differentiated(&mut groups, id, &fresh, ReduceOp::Sum).await;
         let want = with_return_missed(
             expected(&sent, &reports, ReduceOp::Sum, false),
             &mut carry,
@@ -361,16 +304,13 @@ async fn a_stalled_peer_s_lossy_part_is_cut_at_the_deadline_and_folded_into_the_
             let mut lost = rep.lost.clone();
             lost.sort_by_key(|c| c.start);
             assert_eq!(lost, told, "step {step} rank {r}");
-            owed[r].iter_mut().for_each(|v| *v = 0.0);
-            for range in &rep.lost {
-                owed[r][range.clone()].copy_from_slice(&sent[r][range.clone()]);
-            }
         }
+        owed.settle(&sent, &reports);
     }
     let no_deadline = BucketOptions::new(LossRecovery::ErrorFeedback);
     let id = register_with(&mut groups, no_deadline).await;
     let inputs: Vec<Vec<f32>> = (0..world).map(|r| gradient(r, 50, n)).collect();
-    let (got, reports) = allreduce(&mut groups, id, &inputs, ReduceOp::Sum).await;
+    let (got, reports) = differentiated(&mut groups, id, &inputs, ReduceOp::Sum).await;
     for (r, rep) in reports.iter().enumerate() {
         assert!(
             rep.lost.is_empty(),
@@ -440,24 +380,16 @@ pub(crate) fn stalling(stalled: usize) -> impl Fn(usize, gradlane::Config) -> gr
     }
 }
 
-pub(crate) async fn register_with(groups: &mut [Group], options: BucketOptions) -> BucketId {
-    register_layout(groups, &bucket(), options).await
+/// Error feedback under a fixed deadline of `budget` a step.
+pub(crate) fn error_feedback_within(budget: Duration) -> BucketOptions {
+    BucketOptions {
+        recovery: LossRecovery::ErrorFeedback,
+        deadline: StepDeadline::Fixed(budget),
+        ..BucketOptions::default()
+    }
 }
 
-/// `layout` registered on every rank with `options`: its id, the same on
-/// every rank.
-pub(crate) async fn register_layout(
-    groups: &mut [Group],
-    layout: &Layout,
-    options: BucketOptions,
-) -> BucketId {
-    let ids: Vec<_> = join_all(
-        groups
-            .iter_mut()
-            .map(|g| g.register_bucket_with(layout, options)),
-    )
-    .await;
-    let ids: Vec<BucketId> = ids.into_iter().map(|r| r.unwrap()).collect();
-    assert!(ids.iter().all(|&i| i == ids[0]));
-    ids[0]
+/// [`bucket`] registered on every rank with `options`.
+pub(crate) async fn register_with(groups: &mut [Group], options: BucketOptions) -> BucketId {
+    register_all(groups, &bucket(), options).await
 }

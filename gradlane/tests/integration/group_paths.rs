@@ -6,13 +6,16 @@
 
 use crate::common;
 
-use common::cert_dir;
+use crate::group_differentiated::important_parts_arrived;
+use common::{
+    allreduce_all, bits, cert_dir, differentiated, group_configured, join_ranks, reference_sum,
+    register_all, values_from,
+};
 use futures_util::future::join_all;
 use gradlane::{
     paths_per_peer, BucketOptions, Faults, Group, GroupConfig, GroupError, Layout, LossRecovery,
     LossyCarrier, ReduceOp, TensorSpec,
 };
-use gradlane_core::rng::SplitMix64;
 use std::time::Duration;
 
 /// `world` ranks, rank `r` with `sockets(r)` sockets.
@@ -24,43 +27,9 @@ async fn group_of(tag: &str, world: usize, sockets: impl Fn(usize) -> usize) -> 
     .await
 }
 
-/// `world` ranks, rank `r`'s configuration changed by `change`.
-async fn group_configured(
-    tag: &str,
-    world: usize,
-    change: impl Fn(usize, GroupConfig) -> GroupConfig,
-) -> Vec<Group> {
-    let dir = cert_dir(tag);
-    let root = common::free_port();
-    let joins = (0..world).map(|r| {
-        let c = common::group_config(&dir, r, world, common::at_root(root));
-        Group::join(change(r, c))
-    });
-    join_all(joins)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap())
-        .collect()
-}
-
+/// Rank `rank`'s values for the round `salt`.
 fn values(rank: usize, n: usize, salt: u64) -> Vec<f32> {
-    let mut rng = SplitMix64::new(7000 + salt * 100 + rank as u64);
-    (0..n)
-        .map(|_| (rng.next_f64() as f32 - 0.5) * 1000.0)
-        .collect()
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
-/// Element by element, from the first rank's value, in rank order.
-fn reference_sum(parts: &[Vec<f32>]) -> Vec<f32> {
-    let mut acc = parts[0].clone();
-    for p in &parts[1..] {
-        acc.iter_mut().zip(p).for_each(|(a, v)| *a += v);
-    }
-    acc
+    values_from(7000 + salt * 100 + rank as u64, n)
 }
 
 /// Allreduce (sum), broadcast and allgather of `n` values on every rank:
@@ -70,13 +39,7 @@ async fn collectives_are_exact(groups: &mut [Group], n: usize, salt: u64) {
     let inputs: Vec<Vec<f32>> = (0..world).map(|r| values(r, n, salt)).collect();
     let want = bits(&reference_sum(&inputs));
     let mut bufs = inputs.clone();
-    let calls = groups
-        .iter_mut()
-        .zip(bufs.iter_mut())
-        .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
-    for r in join_all(calls).await {
-        r.unwrap();
-    }
+    allreduce_all(groups, &mut bufs, ReduceOp::Sum).await;
     for (r, b) in bufs.iter().enumerate() {
         assert!(bits(b) == want, "allreduce on rank {r}");
     }
@@ -215,40 +178,18 @@ async fn the_differentiated_allreduce_keeps_its_promises_over_several_paths() {
         recovery: LossRecovery::ZeroFill,
         ..BucketOptions::default()
     };
-    let regs = groups
-        .iter_mut()
-        .map(|g| g.register_bucket_with(&layout, options));
-    let ids: Vec<_> = join_all(regs)
-        .await
-        .into_iter()
-        .map(|r| r.unwrap())
-        .collect();
+    let id = register_all(&mut groups, &layout, options).await;
     let n = layout.total_values() as usize;
     let mut lost = 0;
     for step in 0..3u64 {
-        let mut bufs: Vec<Vec<f32>> = (0..world).map(|r| values(r, n, 10 + step)).collect();
-        let calls = groups
-            .iter_mut()
-            .zip(bufs.iter_mut())
-            .map(|(g, b)| g.allreduce_differentiated(ids[0], b, ReduceOp::Sum));
-        let reports: Vec<_> = join_all(calls)
-            .await
-            .into_iter()
-            .map(|r| r.unwrap())
-            .collect();
+        let inputs: Vec<Vec<f32>> = (0..world).map(|r| values(r, n, 10 + step)).collect();
+        let (bufs, reports) = differentiated(&mut groups, id, &inputs, ReduceOp::Sum).await;
         assert!(
             bits(&bufs[0]) == bits(&bufs[1]),
             "step {step}: replicas differ"
         );
-        for (r, rep) in reports.iter().enumerate() {
-            lost += rep.lost.len();
-            for (q, stats) in rep.received.iter().enumerate() {
-                let Some(s) = stats else { continue };
-                let sent = reports[q].sent[r].as_ref().unwrap();
-                assert_eq!(s.classes[0].received_bytes, sent.important_bytes);
-                assert_eq!(s.classes[0].zero_filled_bytes, 0);
-            }
-        }
+        important_parts_arrived(&reports);
+        lost += reports.iter().map(|rep| rep.lost.len()).sum::<usize>();
     }
     assert!(lost > 0, "at 30% loss some lossy chunks were lost");
     for g in groups {
@@ -290,17 +231,13 @@ async fn every_socket_comes_from_the_port_range_and_an_exhausted_range_says_so()
     let root = common::free_port();
     let range = PortRange::new(root.port(), root.port().saturating_add(63)).unwrap();
     let dir = cert_dir("port-range");
-    let joins = (0..world).map(|r| {
+    let groups = join_ranks((0..world).map(|r| {
         let mut c = common::group_config(&dir, r, world, common::at_root(root));
         c.sockets = 4;
         c.port_range = Some(range);
-        Group::join(c)
-    });
-    let groups: Vec<Group> = join_all(joins)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap())
-        .collect();
+        c
+    }))
+    .await;
     let mut ports = Vec::new();
     for g in &groups {
         for e in g.endpoints() {

@@ -5,10 +5,10 @@
 //! outlives a sender that closed, and the errors (a peer gone, a timeout,
 //! bad ranks).
 
-use crate::common::{at_root, cert_dir, free_port, group_config, group_with};
+use crate::common::{allreduce_all, group_configured, group_with};
 use bytes::Bytes;
 use futures_util::future::join_all;
-use gradlane::{Group, GroupError, ReduceOp};
+use gradlane::{Group, GroupConfig, GroupError, ReduceOp};
 use std::time::{Duration, Instant};
 
 fn body(from: usize, tag: u64, i: usize, len: usize) -> Bytes {
@@ -58,13 +58,7 @@ async fn a_receive_posted_before_collectives_gets_a_message_sent_after_them() {
     // Both ranks run collectives while rank 1's receive waits.
     for step in 0..3 {
         let mut bufs: Vec<Vec<f32>> = (0..2).map(|r| vec![(r + step) as f32; 1000]).collect();
-        let calls = groups
-            .iter_mut()
-            .zip(bufs.iter_mut())
-            .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
-        for r in join_all(calls).await {
-            r.unwrap();
-        }
+        allreduce_all(&mut groups, &mut bufs, ReduceOp::Sum).await;
         assert_eq!(bufs[0][0], (1 + 2 * step) as f32);
     }
     assert!(!posted.is_finished());
@@ -161,18 +155,11 @@ async fn a_receive_from_any_rank_outlives_a_sender_that_closed_after_its_last_me
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receive_nothing_comes_for_ends_at_the_group_timeout() {
-    let dir = cert_dir("p2p-timeout");
-    let root = free_port();
-    let joins = (0..2).map(|r| {
-        let mut c = group_config(&dir, r, 2, at_root(root));
-        c.collective_timeout = Some(Duration::from_secs(1));
-        Group::join(c)
-    });
-    let groups: Vec<Group> = join_all(joins)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap())
-        .collect();
+    let groups = group_configured("p2p-timeout", 2, |_, c| GroupConfig {
+        collective_timeout: Some(Duration::from_secs(1)),
+        ..c
+    })
+    .await;
     let started = Instant::now();
     match groups[0].point_to_point().recv(None, 2).await {
         Err(GroupError::Timeout { op, missing, .. }) => {

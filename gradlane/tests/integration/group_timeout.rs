@@ -4,9 +4,9 @@
 //! and the rank that stayed away learns it at its next collective; with
 //! `Continue` the others go on without it and it is out.
 
-use crate::common::{allreduce_all, at_root, cert_dir, free_port, group_config};
+use crate::common::{allreduce_all, group_configured};
 use futures_util::future::join_all;
-use gradlane::{Group, GroupError, OnRankFailure, ReduceOp};
+use gradlane::{Group, GroupConfig, GroupError, OnRankFailure, ReduceOp};
 use std::time::{Duration, Instant};
 
 const WORLD: usize = 3;
@@ -15,20 +15,14 @@ const TIMEOUT: Duration = Duration::from_secs(1);
 /// cores: a bound that catches a collective that never ends.
 const MARGIN: Duration = Duration::from_secs(3);
 
+/// WORLD ranks under `policy` and the collective timeout `timeout`.
 async fn group_of(tag: &str, policy: OnRankFailure, timeout: Option<Duration>) -> Vec<Group> {
-    let dir = cert_dir(tag);
-    let root = free_port();
-    let joins = (0..WORLD).map(|r| {
-        let mut c = group_config(&dir, r, WORLD, at_root(root));
-        c.on_rank_failure = policy;
-        c.collective_timeout = timeout;
-        Group::join(c)
-    });
-    join_all(joins)
-        .await
-        .into_iter()
-        .map(|g| g.unwrap())
-        .collect()
+    group_configured(tag, WORLD, |_, c| GroupConfig {
+        on_rank_failure: policy,
+        collective_timeout: timeout,
+        ..c
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,13 +101,7 @@ async fn with_continue_a_rank_silent_past_the_timeout_is_removed() {
     let mut groups = group_of("timeout-continue", OnRankFailure::Continue, Some(TIMEOUT)).await;
     let mut away = groups.pop().unwrap();
     let mut bufs = [vec![1.0f32; 64], vec![2.0f32; 64]];
-    let calls = groups
-        .iter_mut()
-        .zip(bufs.iter_mut())
-        .map(|(g, b)| g.allreduce(b, ReduceOp::Sum));
-    for r in join_all(calls).await {
-        r.unwrap();
-    }
+    allreduce_all(&mut groups, &mut bufs, ReduceOp::Sum).await;
     for (g, b) in groups.iter().zip(&bufs) {
         assert_eq!(g.members(), &[0, 1]);
         assert_eq!(g.epoch(), 1);
