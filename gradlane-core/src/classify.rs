@@ -2,8 +2,8 @@
 //! (CN110958187B, steps S31–S34; docs/DESIGN.md §2.4).
 //!
 //! Chunks are ranked by contribution, descending (ties by chunk id so the
-//! result is deterministic). The top `ceil(ratio * N)` are important; the rest
-//! are split into `levels` equal rank bands, level 1 holding the highest lossy
+//! result is deterministic). The bottom `loss_tolerance` share travels lossy:
+//! the top `ceil((1 - loss_tolerance) * N)` are important; the rest are split into `levels` equal rank bands, level 1 holding the highest lossy
 //! contributions. Ranking is per tensor by default so that every tensor keeps
 //! its most important part exact; a global ranking is an option.
 
@@ -30,19 +30,22 @@ pub enum Ranking {
     Global,
 }
 
-/// Adaptive ratio: `ratio_t = max(ratio_0 * L_t / L_0, ratio_min)`, from the
-/// training loss the caller reports.
+/// Adaptive ratio: the important share `r = 1 - loss_tolerance` follows
+/// the training loss the caller reports, `r_t = max(r_0 * L_t / L_0,
+/// ratio_min)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdaptiveRatio {
-    /// The floor of the ratio.
+    /// The floor of the important share.
     pub ratio_min: f64,
 }
 
 /// Classification settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ClassifyConfig {
-    /// Fraction of chunks that are important, in `[0, 1]` (default 0.8).
-    pub ratio: f64,
+    /// Share of each ranked group's chunks (a tensor's, or the round's with
+    /// [`Ranking::Global`]), the least important, that travel lossy, in
+    /// `[0, 1]` (default 0.2). 0 sends everything exactly.
+    pub loss_tolerance: f64,
     /// Number of lossy levels, `1..=7` (default 3).
     pub levels: u8,
     /// Per tensor or global ranking.
@@ -58,7 +61,7 @@ pub struct ClassifyConfig {
 impl Default for ClassifyConfig {
     fn default() -> Self {
         Self {
-            ratio: 0.8,
+            loss_tolerance: 0.2,
             levels: 3,
             ranking: Ranking::PerTensor,
             adaptive: None,
@@ -71,9 +74,9 @@ impl Default for ClassifyConfig {
 /// Why a classification setting was refused.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum ClassifyError {
-    /// The ratio is outside `[0, 1]`.
-    #[error("ratio {0} is not in [0, 1]")]
-    Ratio(f64),
+    /// The loss tolerance is outside `[0, 1]`.
+    #[error("loss_tolerance {0} is not in [0, 1]")]
+    LossTolerance(f64),
     /// The level count is outside `1..=7`.
     #[error("levels {0} is not in 1..=7")]
     Levels(u8),
@@ -96,8 +99,8 @@ pub enum ClassifyError {
 impl ClassifyConfig {
     /// Checks every field's range.
     pub fn validate(&self) -> Result<(), ClassifyError> {
-        if !(0.0..=1.0).contains(&self.ratio) {
-            return Err(ClassifyError::Ratio(self.ratio));
+        if !(0.0..=1.0).contains(&self.loss_tolerance) {
+            return Err(ClassifyError::LossTolerance(self.loss_tolerance));
         }
         if !(1..=MAX_LEVELS).contains(&self.levels) {
             return Err(ClassifyError::Levels(self.levels));
@@ -111,11 +114,19 @@ impl ClassifyConfig {
     }
 }
 
-/// How many of `n` chunks are important at `ratio`: `ceil(ratio * n)`.
+/// How many of `n` chunks stay exact at `loss_tolerance`:
+/// `ceil((1 - loss_tolerance) * n)`.
 ///
-/// Computed so that float noise cannot add a chunk: `0.8 * 10` is 8, not 9.
-pub fn important_count(ratio: f64, n: usize) -> usize {
-    let x = ratio * n as f64;
+/// Computed so that float noise cannot add a chunk: at 0.2, 10 chunks keep
+/// 8 exact, not 9.
+pub fn important_count(loss_tolerance: f64, n: usize) -> usize {
+    share_count(1.0 - loss_tolerance, n)
+}
+
+/// `ceil(share * n)`, float noise within 1e-9 of a whole number rounded
+/// to it.
+fn share_count(share: f64, n: usize) -> usize {
+    let x = share * n as f64;
     let r = x.round();
     let k = if (x - r).abs() < 1e-9 { r } else { x.ceil() };
     (k.max(0.0) as usize).min(n)
@@ -143,7 +154,9 @@ pub fn level_of(pos: usize, m: usize, levels: u8) -> Class {
 pub struct Classifier {
     config: ClassifyConfig,
     first_loss: Option<f64>,
-    ratio: f64,
+    /// The share of chunks the next round keeps exact: `1 -
+    /// loss_tolerance`, moved by the reported loss with an adaptive ratio.
+    important: f64,
     rng: SplitMix64,
     rounds: u64,
     order: Vec<u32>,
@@ -155,7 +168,7 @@ impl Classifier {
     pub fn new(config: ClassifyConfig) -> Result<Self, ClassifyError> {
         config.validate()?;
         Ok(Self {
-            ratio: config.ratio,
+            important: 1.0 - config.loss_tolerance,
             rng: SplitMix64::new(config.random_ranking.unwrap_or(0)),
             config,
             first_loss: None,
@@ -170,14 +183,16 @@ impl Classifier {
         &self.config
     }
 
-    /// The ratio the next round will use.
-    pub fn ratio(&self) -> f64 {
-        self.ratio
+    /// The loss tolerance the next round will use (the configured one
+    /// unless an adaptive ratio moved it).
+    pub fn loss_tolerance(&self) -> f64 {
+        1.0 - self.important
     }
 
-    /// Reports the training loss; with adaptive ratio on, sets
-    /// `ratio = max(ratio_0 * L / L_0, ratio_min)`, `L_0` being the first
-    /// loss reported. The result is capped at 1.
+    /// Reports the training loss; with adaptive ratio on, sets the
+    /// important share `r = max(r_0 * L / L_0, ratio_min)`, `r_0` being
+    /// `1 - loss_tolerance` and `L_0` the first loss reported. The share is
+    /// capped at 1.
     pub fn report_loss(&mut self, loss: f64) -> Result<(), ClassifyError> {
         if !(loss.is_finite() && loss > 0.0) {
             return Err(ClassifyError::Loss(loss));
@@ -186,7 +201,8 @@ impl Classifier {
             return Ok(());
         };
         let l0 = *self.first_loss.get_or_insert(loss);
-        self.ratio = (self.config.ratio * loss / l0).max(a.ratio_min).min(1.0);
+        let first = 1.0 - self.config.loss_tolerance;
+        self.important = (first * loss / l0).max(a.ratio_min).min(1.0);
         Ok(())
     }
 
@@ -229,7 +245,7 @@ impl Classifier {
         out: &mut [Class],
     ) {
         let n = range.len();
-        let k = important_count(self.ratio, n);
+        let k = share_count(self.important, n);
         if k == n {
             return; // already all important
         }
@@ -262,12 +278,12 @@ mod tests {
 
     #[test]
     fn important_count_is_exact_ceil() {
-        assert_eq!(important_count(0.8, 10), 8);
-        assert_eq!(important_count(0.8, 11), 9);
-        assert_eq!(important_count(0.0, 11), 0);
-        assert_eq!(important_count(1.0, 11), 11);
-        assert_eq!(important_count(0.3, 10), 3);
-        assert_eq!(important_count(0.7, 10), 7);
+        assert_eq!(important_count(0.2, 10), 8);
+        assert_eq!(important_count(0.2, 11), 9);
+        assert_eq!(important_count(1.0, 11), 0);
+        assert_eq!(important_count(0.0, 11), 11);
+        assert_eq!(important_count(0.7, 10), 3);
+        assert_eq!(important_count(0.3, 10), 7);
     }
 
     #[test]

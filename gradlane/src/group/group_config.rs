@@ -76,8 +76,11 @@ pub struct GroupConfig {
 }
 
 impl GroupConfig {
-    /// A configuration with the default link settings and a 60 s join
-    /// timeout.
+    /// [`GroupConfig::join_timeout`]'s default.
+    pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// A configuration with the default link settings and a
+    /// [`DEFAULT_JOIN_TIMEOUT`](Self::DEFAULT_JOIN_TIMEOUT) join timeout.
     pub fn new(
         rank: usize,
         world: usize,
@@ -95,7 +98,7 @@ impl GroupConfig {
             ca: ca.into(),
             server_name: None,
             link: Config::default(),
-            join_timeout: Duration::from_secs(60),
+            join_timeout: Self::DEFAULT_JOIN_TIMEOUT,
             sockets: default_sockets(),
             port_range: None,
             on_rank_failure: OnRankFailure::Fail,
