@@ -30,8 +30,9 @@ pub struct GroupConfig {
     /// up is an error naming it.
     pub join_timeout: Duration,
     /// UDP sockets (quinn endpoints) this rank spreads its traffic over,
-    /// at least 1 (default [`default_sockets`]: one per core of this
-    /// rank's share where it has at least 4, at most 4; else 1). quinn
+    /// at least 1 (default [`default_sockets`] of a host to itself: one
+    /// per core where it has at least 4, at most 4; else 1; a caller
+    /// whose host has several ranks passes their count there). quinn
     /// seals, opens and acknowledges a connection's packets in one task;
     /// with more sockets each pair of ranks gets [`paths_per_peer`]
     /// connections and the exact collectives stripe their messages over
@@ -99,7 +100,7 @@ impl GroupConfig {
             server_name: None,
             link: Config::default(),
             join_timeout: Self::DEFAULT_JOIN_TIMEOUT,
-            sockets: default_sockets(),
+            sockets: default_sockets(1),
             port_range: None,
             on_rank_failure: OnRankFailure::Fail,
             failure_timeout: None,
