@@ -117,80 +117,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # The hook's knobs, each by its gradlane.Settings name (dest "hook.NAME")
     # and with the Settings' default: parsed into one Settings for HookState.
     hook = p.add_argument_group("hook", "gradlane's DDP hook's settings (--transport hook)")
-    knob = gradlane.Settings()
-    hook.add_argument(
-        "--recovery",
-        dest="hook.recovery",
-        choices=["zero_fill", "rescale", "error_feedback"],
-        default=knob.recovery,
-        help="what a lost chunk becomes",
-    )
-    hook.add_argument(
-        "--loss-tolerance",
-        dest="hook.loss_tolerance",
-        type=float,
-        default=knob.loss_tolerance,
-        help="the lossy share",
-    )
-    hook.add_argument(
-        "--dscp", dest="hook.dscp", action="store_true", help="mark packets by class (priority queues)"
-    )
-    hook.add_argument(
-        "--overlap",
-        dest="hook.overlap",
-        action="store_true",
-        help="allreduce each bucket on a thread while backward goes on",
-    )
-    hook.add_argument(
-        "--lossy-carrier",
-        dest="hook.lossy_carrier",
-        choices=["adaptive", "datagrams"],
-        default=knob.lossy_carrier,
-        help="what carries the lossy chunks",
-    )
-    hook.add_argument(
-        "--important-format",
-        dest="hook.important_format",
-        choices=["f32", "bf16", "f16"],
-        default=knob.important_format,
-        help="the wire format of the important chunks",
-    )
-    hook.add_argument(
-        "--lossy-format",
-        dest="hook.lossy_format",
-        choices=["f32", "bf16", "f16", "log8"],
-        default=knob.lossy_format,
-        help="the wire format of the lossy chunks (log8 keeps compression feedback)",
-    )
-    hook.add_argument(
-        "--rotation",
-        dest="hook.rotation",
-        type=none_or_word,
-        choices=[None, "hadamard"],
-        default=knob.rotation,
-        help="rotate each bucket before it is chunked: none or hadamard",
-    )
-    hook.add_argument(
-        "--lossy-return",
-        dest="hook.lossy_return",
-        action="store_true",
-        help="the owners return the sum's least important chunks in the lossy format",
-    )
-    hook.add_argument(
-        "--deadline",
-        dest="hook.deadline",
-        type=seconds_or_adaptive,
-        default=knob.deadline,
-        help="a deadline for each bucket's lossy part, 'adaptive' or seconds "
-        "(use it with --recovery error_feedback)",
-    )
-    hook.add_argument(
-        "--deadline-factor",
-        dest="hook.deadline_factor",
-        type=float,
-        default=knob.deadline_factor,
-        help="with --deadline adaptive, the budget over the median recent step",
-    )
+    defaults = gradlane.Settings()
+
+    def knob(flag: str, help: str, **how) -> None:
+        name = flag.removeprefix("--").replace("-", "_")
+        if how.get("action") != "store_true":
+            how["default"] = getattr(defaults, name)
+        hook.add_argument(flag, dest=f"hook.{name}", help=help, **how)
+
+    knob("--recovery", "what a lost chunk becomes",
+         choices=["zero_fill", "rescale", "error_feedback"])
+    knob("--loss-tolerance", "the lossy share", type=float)
+    knob("--dscp", "mark packets by class (priority queues)", action="store_true")
+    knob("--overlap", "allreduce each bucket on a thread while backward goes on",
+         action="store_true")
+    knob("--lossy-carrier", "what carries the lossy chunks", choices=["adaptive", "datagrams"])
+    knob("--important-format", "the wire format of the important chunks",
+         choices=["f32", "bf16", "f16"])
+    knob("--lossy-format",
+         "the wire format of the lossy chunks (log8 keeps compression feedback)",
+         choices=["f32", "bf16", "f16", "log8"])
+    knob("--rotation", "rotate each bucket before it is chunked: none or hadamard",
+         type=none_or_word, choices=[None, "hadamard"])
+    knob("--lossy-return",
+         "the owners return the sum's least important chunks in the lossy format",
+         action="store_true")
+    knob("--deadline",
+         "a deadline for each bucket's lossy part, 'adaptive' or seconds (use it with "
+         "--recovery error_feedback)",
+         type=seconds_or_adaptive)
+    knob("--deadline-factor", "with --deadline adaptive, the budget over the median recent step",
+         type=float)
     p.add_argument(
         "--comm-hook",
         choices=["none", "fp16", "bf16", "powersgd", "powersgd-fp16", "localsgd", "sparse"],
@@ -328,7 +285,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.settings = gradlane.Settings(**knobs)
     except ValueError as e:
         p.error(str(e))
-    changed = [name for name, value in knobs.items() if value != getattr(knob, name)]
+    changed = [name for name, value in knobs.items() if value != getattr(defaults, name)]
     if changed and args.transport != "hook":
         flags = ", ".join("--" + name.replace("_", "-") for name in changed)
         p.error(f"{flags}: the hook's settings; it needs --transport hook")

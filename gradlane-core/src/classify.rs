@@ -120,13 +120,7 @@ impl ClassifyConfig {
 /// Computed so that float noise cannot add a chunk: at 0.2, 10 chunks keep
 /// 8 exact, not 9.
 pub fn important_count(loss_tolerance: f64, n: usize) -> usize {
-    share_count(1.0 - loss_tolerance, n)
-}
-
-/// `ceil(share * n)`, float noise within 1e-9 of a whole number rounded
-/// to it.
-fn share_count(share: f64, n: usize) -> usize {
-    let x = share * n as f64;
+    let x = (1.0 - loss_tolerance) * n as f64;
     let r = x.round();
     let k = if (x - r).abs() < 1e-9 { r } else { x.ceil() };
     (k.max(0.0) as usize).min(n)
@@ -154,9 +148,9 @@ pub fn level_of(pos: usize, m: usize, levels: u8) -> Class {
 pub struct Classifier {
     config: ClassifyConfig,
     first_loss: Option<f64>,
-    /// The share of chunks the next round keeps exact: `1 -
-    /// loss_tolerance`, moved by the reported loss with an adaptive ratio.
-    important: f64,
+    /// The loss tolerance the next round uses: the configured one, moved
+    /// by the reported loss with an adaptive ratio.
+    loss_tolerance: f64,
     rng: SplitMix64,
     rounds: u64,
     order: Vec<u32>,
@@ -168,7 +162,7 @@ impl Classifier {
     pub fn new(config: ClassifyConfig) -> Result<Self, ClassifyError> {
         config.validate()?;
         Ok(Self {
-            important: 1.0 - config.loss_tolerance,
+            loss_tolerance: config.loss_tolerance,
             rng: SplitMix64::new(config.random_ranking.unwrap_or(0)),
             config,
             first_loss: None,
@@ -186,7 +180,7 @@ impl Classifier {
     /// The loss tolerance the next round will use (the configured one
     /// unless an adaptive ratio moved it).
     pub fn loss_tolerance(&self) -> f64 {
-        1.0 - self.important
+        self.loss_tolerance
     }
 
     /// Reports the training loss; with adaptive ratio on, sets the
@@ -201,8 +195,10 @@ impl Classifier {
             return Ok(());
         };
         let l0 = *self.first_loss.get_or_insert(loss);
+        // The ratio is the important share, the tolerance's complement.
         let first = 1.0 - self.config.loss_tolerance;
-        self.important = (first * loss / l0).max(a.ratio_min).min(1.0);
+        let important = (first * loss / l0).max(a.ratio_min).min(1.0);
+        self.loss_tolerance = 1.0 - important;
         Ok(())
     }
 
@@ -245,7 +241,7 @@ impl Classifier {
         out: &mut [Class],
     ) {
         let n = range.len();
-        let k = share_count(self.important, n);
+        let k = important_count(self.loss_tolerance, n);
         if k == n {
             return; // already all important
         }
@@ -278,12 +274,47 @@ mod tests {
 
     #[test]
     fn important_count_is_exact_ceil() {
-        assert_eq!(important_count(0.2, 10), 8);
-        assert_eq!(important_count(0.2, 11), 9);
-        assert_eq!(important_count(1.0, 11), 0);
-        assert_eq!(important_count(0.0, 11), 11);
-        assert_eq!(important_count(0.7, 10), 3);
-        assert_eq!(important_count(0.3, 10), 7);
+        // (loss_tolerance, chunks, exact ones): 1 - 0.2 of 10 is 8, not 9.
+        let cases = [(0.2, 10, 8), (0.2, 11, 9), (1.0, 11, 0), (0.0, 11, 11)];
+        for (tolerance, n, exact) in cases.into_iter().chain([(0.7, 10, 3), (0.3, 10, 7)]) {
+            assert_eq!(important_count(tolerance, n), exact, "{tolerance} of {n}");
+        }
+    }
+
+    #[test]
+    fn the_loss_tolerance_is_the_lossy_share_of_each_tensor() {
+        let layout = crate::layout::Layout::new(vec![
+            crate::layout::TensorSpec::dense("a", [40]),
+            crate::layout::TensorSpec::dense("b", [40]),
+        ])
+        .unwrap();
+        let chunking = crate::layout::ChunkOptions {
+            block_values: 4,
+            ..Default::default()
+        };
+        let plan = layout.plan(chunking).unwrap();
+        let config = ClassifyConfig {
+            loss_tolerance: 0.3,
+            ..Default::default()
+        };
+        let mut c = Classifier::new(config).unwrap();
+        assert_eq!(c.loss_tolerance(), 0.3);
+        let contributions: Vec<f32> = (0..plan.len()).map(|i| i as f32).collect();
+        let mut classes = Vec::new();
+        c.classify(&plan, &contributions, &mut classes).unwrap();
+        // 10 chunks a tensor: the 3 smallest of each are lossy.
+        let lossy: Vec<usize> = (0..plan.len())
+            .filter(|&i| classes[i] != IMPORTANT)
+            .collect();
+        assert_eq!(lossy, [0, 1, 2, 10, 11, 12]);
+        let bad = ClassifyConfig {
+            loss_tolerance: 1.5,
+            ..Default::default()
+        };
+        assert_eq!(
+            Classifier::new(bad).unwrap_err(),
+            ClassifyError::LossTolerance(1.5)
+        );
     }
 
     #[test]
