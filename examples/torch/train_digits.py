@@ -42,7 +42,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
     p.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
     # Unset, the hook's knobs keep gradlane.Settings' defaults.
-    p.add_argument("--loss-tolerance", type=float, help="hook: lossy share (unset: the hook's default)")
+    p.add_argument(
+        "--loss-tolerance", type=float, help="hook: lossy share (unset: the hook's default)"
+    )
     p.add_argument(
         "--recovery",
         choices=["zero_fill", "rescale", "error_feedback"],
