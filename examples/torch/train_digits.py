@@ -41,12 +41,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
     p.add_argument("--seed", type=int, default=0, help="model and data seed (default 0)")
     p.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
-    p.add_argument("--loss-tolerance", type=float, default=0.2, help="hook: lossy share")
+    # Unset, the hook's knobs keep gradlane.Settings' defaults.
+    p.add_argument(
+        "--loss-tolerance", type=float, help="hook: lossy share (unset: the hook's default)"
+    )
     p.add_argument(
         "--recovery",
         choices=["zero_fill", "rescale", "error_feedback"],
-        default="zero_fill",
-        help="hook: what a lost chunk becomes",
+        help="hook: what a lost chunk becomes (unset: the hook's default)",
     )
     p.add_argument(
         "--injected-loss",

@@ -85,6 +85,8 @@ import time
 
 import torch
 import torch.distributed as dist
+
+import gradlane
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -96,68 +98,56 @@ from tta_hooks import hook_bytes, local_sgd_averager, register_hook  # noqa: E40
 from tta_model import ResNet18, digits  # noqa: E402
 
 
+def seconds_or_adaptive(word: str) -> str | float:
+    """--deadline's value: "adaptive" or a number of seconds."""
+    return word if word == "adaptive" else float(word)
+
+
+def none_or_word(word: str) -> str | None:
+    """A choice whose "none" is Python's None."""
+    return None if word == "none" else word
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--transport", choices=["gloo", "gradlane", "hook"], default="hook")
-    p.add_argument(
-        "--recovery",
-        choices=["zero_fill", "rescale", "error_feedback"],
-        default="zero_fill",
-        help="hook: what a lost chunk becomes",
-    )
-    p.add_argument("--loss-tolerance", type=float, default=0.2, help="hook: lossy share")
-    p.add_argument(
-        "--dscp", action="store_true", help="hook: mark packets by class (priority queues)"
-    )
-    p.add_argument(
-        "--overlap",
-        action="store_true",
-        help="hook: allreduce each bucket on a thread while backward goes on",
-    )
-    p.add_argument(
-        "--lossy-carrier",
-        choices=["adaptive", "datagrams"],
-        default="adaptive",
-        help="hook: what carries the lossy chunks (HookState's lossy_carrier)",
-    )
-    p.add_argument(
-        "--important-format",
-        choices=["f32", "bf16", "f16"],
-        default="f32",
-        help="hook: the wire format of the important chunks",
-    )
-    p.add_argument(
-        "--lossy-format",
-        choices=["f32", "bf16", "f16", "log8"],
-        default="f32",
-        help="hook: the wire format of the lossy chunks (log8 keeps compression feedback)",
-    )
-    p.add_argument(
-        "--rotation",
-        choices=["none", "hadamard"],
-        default="none",
-        help="hook: rotate each bucket before it is chunked (HookState's rotation)",
-    )
-    p.add_argument(
-        "--lossy-return",
-        action="store_true",
-        help="hook: the owners return the sum's least important chunks in the lossy format",
-    )
-    p.add_argument(
-        "--deadline",
-        default=None,
-        help="hook: a deadline for each bucket's lossy part, 'adaptive' or seconds "
-        "(HookState's deadline; use it with --recovery error_feedback)",
-    )
-    p.add_argument(
-        "--deadline-factor",
-        type=float,
-        default=1.25,
-        help="hook: with --deadline adaptive, the budget over the median recent step",
-    )
+    # The hook's knobs, each by its gradlane.Settings name (dest "hook.NAME")
+    # and with the Settings' default: parsed into one Settings for HookState.
+    hook = p.add_argument_group("hook", "gradlane's DDP hook's settings (--transport hook)")
+    defaults = gradlane.Settings()
+
+    def knob(flag: str, help: str, **how) -> None:
+        name = flag.removeprefix("--").replace("-", "_")
+        if how.get("action") != "store_true":
+            how["default"] = getattr(defaults, name)
+        hook.add_argument(flag, dest=f"hook.{name}", help=help, **how)
+
+    knob("--recovery", "what a lost chunk becomes",
+         choices=["zero_fill", "rescale", "error_feedback"])
+    knob("--loss-tolerance", "the lossy share", type=float)
+    knob("--dscp", "mark packets by class (priority queues)", action="store_true")
+    knob("--overlap", "allreduce each bucket on a thread while backward goes on",
+         action="store_true")
+    knob("--lossy-carrier", "what carries the lossy chunks", choices=["adaptive", "datagrams"])
+    knob("--important-format", "the wire format of the important chunks",
+         choices=["f32", "bf16", "f16"])
+    knob("--lossy-format",
+         "the wire format of the lossy chunks (log8 keeps compression feedback)",
+         choices=["f32", "bf16", "f16", "log8"])
+    knob("--rotation", "rotate each bucket before it is chunked: none or hadamard",
+         type=none_or_word, choices=[None, "hadamard"])
+    knob("--lossy-return",
+         "the owners return the sum's least important chunks in the lossy format",
+         action="store_true")
+    knob("--deadline",
+         "a deadline for each bucket's lossy part, 'adaptive' or seconds (use it with "
+         "--recovery error_feedback)",
+         type=seconds_or_adaptive)
+    knob("--deadline-factor", "with --deadline adaptive, the budget over the median recent step",
+         type=float)
     p.add_argument(
         "--comm-hook",
         choices=["none", "fp16", "bf16", "powersgd", "powersgd-fp16", "localsgd", "sparse"],
@@ -286,32 +276,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--steps, --batch, --eval-every and --width must be positive")
     if not 0.0 < args.target_acc <= 1.0:
         p.error("--target-acc must be in (0, 1]")
-    if args.dscp and args.transport != "hook":
-        p.error("--dscp marks the hook's packets: it needs --transport hook")
-    if args.overlap and args.transport != "hook":
-        p.error("--overlap is the hook's: it needs --transport hook")
-    if args.lossy_carrier != "adaptive" and args.transport != "hook":
-        p.error("--lossy-carrier is the hook's: it needs --transport hook")
-    hook_formats = args.important_format != "f32" or args.lossy_format != "f32"
-    if (hook_formats or args.lossy_return) and args.transport != "hook":
-        p.error("--important-format, --lossy-format and --lossy-return need --transport hook")
+    knobs = {
+        name.removeprefix("hook."): value
+        for name, value in vars(args).items()
+        if name.startswith("hook.")
+    }
+    try:
+        args.settings = gradlane.Settings(**knobs)
+    except ValueError as e:
+        p.error(str(e))
+    changed = [name for name, value in knobs.items() if value != getattr(defaults, name)]
+    if changed and args.transport != "hook":
+        flags = ", ".join("--" + name.replace("_", "-") for name in changed)
+        p.error(f"{flags}: the hook's settings; it needs --transport hook")
     if args.comm_hook not in ("none", "powersgd", "sparse") and args.transport == "hook":
         p.error(
             "--transport hook takes --comm-hook powersgd or sparse (gradlane's own); torch's "
             "other hooks go over a backend: use --transport gloo or gradlane"
         )
-    if args.rotation != "none" and args.transport != "hook":
-        p.error("--rotation is the hook's: it needs --transport hook")
     if not 0.0 < args.sparse_density <= 1.0:
         p.error("--sparse-density must be in (0, 1]")
-    if args.deadline is not None:
-        if args.transport != "hook":
-            p.error("--deadline is the hook's: it needs --transport hook")
-        if args.deadline != "adaptive":
-            try:
-                args.deadline = float(args.deadline)
-            except ValueError:
-                p.error("--deadline is 'adaptive' or a number of seconds")
     if args.localsgd_period < 1:
         p.error("--localsgd-period must be positive")
     if args.powersgd_rank < 1 or args.powersgd_start < 1:

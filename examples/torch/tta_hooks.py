@@ -21,19 +21,7 @@ def register_hook(model: DDP, args: argparse.Namespace):
     if args.transport == "hook":
         import gradlane.torch as gl
 
-        state = gl.HookState(
-            loss_tolerance=args.loss_tolerance,
-            recovery=args.recovery,
-            dscp=args.dscp,
-            overlap=args.overlap,
-            lossy_carrier=args.lossy_carrier,
-            important_format=args.important_format,
-            lossy_format=args.lossy_format,
-            lossy_return=args.lossy_return,
-            deadline=args.deadline,
-            deadline_factor=args.deadline_factor,
-            rotation=None if args.rotation == "none" else args.rotation,
-        )
+        state = gl.HookState(settings=args.settings)
         if args.comm_hook == "powersgd":
             compressed = gl.PowerSGDHookState(powersgd_state(args), state)
             model.register_comm_hook(compressed, gl.powersgd_hook)

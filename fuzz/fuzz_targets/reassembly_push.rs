@@ -121,7 +121,7 @@ fuzz_target!(|data: &[u8]| {
     let max_datagram = MIN_DATAGRAM + input.byte() as usize * 6;
     let split = input.byte();
     let classify = ClassifyConfig {
-        ratio: f64::from(split % 11) / 10.0,
+        loss_tolerance: f64::from(split % 11) / 10.0,
         levels: 1 + (split / 11) % 7,
         ranking: match split & 0x80 {
             0 => Ranking::PerTensor,

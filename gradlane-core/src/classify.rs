@@ -2,8 +2,8 @@
 //! (CN110958187B, steps S31–S34; docs/DESIGN.md §2.4).
 //!
 //! Chunks are ranked by contribution, descending (ties by chunk id so the
-//! result is deterministic). The top `ceil(ratio * N)` are important; the rest
-//! are split into `levels` equal rank bands, level 1 holding the highest lossy
+//! result is deterministic). The bottom `loss_tolerance` share travels lossy:
+//! the top `ceil((1 - loss_tolerance) * N)` are important; the rest are split into `levels` equal rank bands, level 1 holding the highest lossy
 //! contributions. Ranking is per tensor by default so that every tensor keeps
 //! its most important part exact; a global ranking is an option.
 
@@ -30,19 +30,22 @@ pub enum Ranking {
     Global,
 }
 
-/// Adaptive ratio: `ratio_t = max(ratio_0 * L_t / L_0, ratio_min)`, from the
-/// training loss the caller reports.
+/// Adaptive ratio: the important share `r = 1 - loss_tolerance` follows
+/// the training loss the caller reports, `r_t = max(r_0 * L_t / L_0,
+/// ratio_min)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdaptiveRatio {
-    /// The floor of the ratio.
+    /// The floor of the important share.
     pub ratio_min: f64,
 }
 
 /// Classification settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ClassifyConfig {
-    /// Fraction of chunks that are important, in `[0, 1]` (default 0.8).
-    pub ratio: f64,
+    /// Share of each ranked group's chunks (a tensor's, or the round's with
+    /// [`Ranking::Global`]), the least important, that travel lossy, in
+    /// `[0, 1]` (default 0.2). 0 sends everything exactly.
+    pub loss_tolerance: f64,
     /// Number of lossy levels, `1..=7` (default 3).
     pub levels: u8,
     /// Per tensor or global ranking.
@@ -58,7 +61,7 @@ pub struct ClassifyConfig {
 impl Default for ClassifyConfig {
     fn default() -> Self {
         Self {
-            ratio: 0.8,
+            loss_tolerance: 0.2,
             levels: 3,
             ranking: Ranking::PerTensor,
             adaptive: None,
@@ -71,9 +74,9 @@ impl Default for ClassifyConfig {
 /// Why a classification setting was refused.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum ClassifyError {
-    /// The ratio is outside `[0, 1]`.
-    #[error("ratio {0} is not in [0, 1]")]
-    Ratio(f64),
+    /// The loss tolerance is outside `[0, 1]`.
+    #[error("loss_tolerance {0} is not in [0, 1]")]
+    LossTolerance(f64),
     /// The level count is outside `1..=7`.
     #[error("levels {0} is not in 1..=7")]
     Levels(u8),
@@ -96,8 +99,8 @@ pub enum ClassifyError {
 impl ClassifyConfig {
     /// Checks every field's range.
     pub fn validate(&self) -> Result<(), ClassifyError> {
-        if !(0.0..=1.0).contains(&self.ratio) {
-            return Err(ClassifyError::Ratio(self.ratio));
+        if !(0.0..=1.0).contains(&self.loss_tolerance) {
+            return Err(ClassifyError::LossTolerance(self.loss_tolerance));
         }
         if !(1..=MAX_LEVELS).contains(&self.levels) {
             return Err(ClassifyError::Levels(self.levels));
@@ -111,11 +114,13 @@ impl ClassifyConfig {
     }
 }
 
-/// How many of `n` chunks are important at `ratio`: `ceil(ratio * n)`.
+/// How many of `n` chunks stay exact at `loss_tolerance`:
+/// `ceil((1 - loss_tolerance) * n)`.
 ///
-/// Computed so that float noise cannot add a chunk: `0.8 * 10` is 8, not 9.
-pub fn important_count(ratio: f64, n: usize) -> usize {
-    let x = ratio * n as f64;
+/// Computed so that float noise cannot add a chunk: at 0.2, 10 chunks keep
+/// 8 exact, not 9.
+pub fn important_count(loss_tolerance: f64, n: usize) -> usize {
+    let x = (1.0 - loss_tolerance) * n as f64;
     let r = x.round();
     let k = if (x - r).abs() < 1e-9 { r } else { x.ceil() };
     (k.max(0.0) as usize).min(n)
@@ -143,7 +148,9 @@ pub fn level_of(pos: usize, m: usize, levels: u8) -> Class {
 pub struct Classifier {
     config: ClassifyConfig,
     first_loss: Option<f64>,
-    ratio: f64,
+    /// The loss tolerance the next round uses: the configured one, moved
+    /// by the reported loss with an adaptive ratio.
+    loss_tolerance: f64,
     rng: SplitMix64,
     rounds: u64,
     order: Vec<u32>,
@@ -155,7 +162,7 @@ impl Classifier {
     pub fn new(config: ClassifyConfig) -> Result<Self, ClassifyError> {
         config.validate()?;
         Ok(Self {
-            ratio: config.ratio,
+            loss_tolerance: config.loss_tolerance,
             rng: SplitMix64::new(config.random_ranking.unwrap_or(0)),
             config,
             first_loss: None,
@@ -170,14 +177,16 @@ impl Classifier {
         &self.config
     }
 
-    /// The ratio the next round will use.
-    pub fn ratio(&self) -> f64 {
-        self.ratio
+    /// The loss tolerance the next round will use (the configured one
+    /// unless an adaptive ratio moved it).
+    pub fn loss_tolerance(&self) -> f64 {
+        self.loss_tolerance
     }
 
-    /// Reports the training loss; with adaptive ratio on, sets
-    /// `ratio = max(ratio_0 * L / L_0, ratio_min)`, `L_0` being the first
-    /// loss reported. The result is capped at 1.
+    /// Reports the training loss; with adaptive ratio on, sets the
+    /// important share `r = max(r_0 * L / L_0, ratio_min)`, `r_0` being
+    /// `1 - loss_tolerance` and `L_0` the first loss reported. The share is
+    /// capped at 1.
     pub fn report_loss(&mut self, loss: f64) -> Result<(), ClassifyError> {
         if !(loss.is_finite() && loss > 0.0) {
             return Err(ClassifyError::Loss(loss));
@@ -186,7 +195,10 @@ impl Classifier {
             return Ok(());
         };
         let l0 = *self.first_loss.get_or_insert(loss);
-        self.ratio = (self.config.ratio * loss / l0).max(a.ratio_min).min(1.0);
+        // The ratio is the important share, the tolerance's complement.
+        let first = 1.0 - self.config.loss_tolerance;
+        let important = (first * loss / l0).max(a.ratio_min).min(1.0);
+        self.loss_tolerance = 1.0 - important;
         Ok(())
     }
 
@@ -229,7 +241,7 @@ impl Classifier {
         out: &mut [Class],
     ) {
         let n = range.len();
-        let k = important_count(self.ratio, n);
+        let k = important_count(self.loss_tolerance, n);
         if k == n {
             return; // already all important
         }
@@ -262,12 +274,47 @@ mod tests {
 
     #[test]
     fn important_count_is_exact_ceil() {
-        assert_eq!(important_count(0.8, 10), 8);
-        assert_eq!(important_count(0.8, 11), 9);
-        assert_eq!(important_count(0.0, 11), 0);
-        assert_eq!(important_count(1.0, 11), 11);
-        assert_eq!(important_count(0.3, 10), 3);
-        assert_eq!(important_count(0.7, 10), 7);
+        // (loss_tolerance, chunks, exact ones): 1 - 0.2 of 10 is 8, not 9.
+        let cases = [(0.2, 10, 8), (0.2, 11, 9), (1.0, 11, 0), (0.0, 11, 11)];
+        for (tolerance, n, exact) in cases.into_iter().chain([(0.7, 10, 3), (0.3, 10, 7)]) {
+            assert_eq!(important_count(tolerance, n), exact, "{tolerance} of {n}");
+        }
+    }
+
+    #[test]
+    fn the_loss_tolerance_is_the_lossy_share_of_each_tensor() {
+        let layout = crate::layout::Layout::new(vec![
+            crate::layout::TensorSpec::dense("a", [40]),
+            crate::layout::TensorSpec::dense("b", [40]),
+        ])
+        .unwrap();
+        let chunking = crate::layout::ChunkOptions {
+            block_values: 4,
+            ..Default::default()
+        };
+        let plan = layout.plan(chunking).unwrap();
+        let config = ClassifyConfig {
+            loss_tolerance: 0.3,
+            ..Default::default()
+        };
+        let mut c = Classifier::new(config).unwrap();
+        assert_eq!(c.loss_tolerance(), 0.3);
+        let contributions: Vec<f32> = (0..plan.len()).map(|i| i as f32).collect();
+        let mut classes = Vec::new();
+        c.classify(&plan, &contributions, &mut classes).unwrap();
+        // 10 chunks a tensor: the 3 smallest of each are lossy.
+        let lossy: Vec<usize> = (0..plan.len())
+            .filter(|&i| classes[i] != IMPORTANT)
+            .collect();
+        assert_eq!(lossy, [0, 1, 2, 10, 11, 12]);
+        let bad = ClassifyConfig {
+            loss_tolerance: 1.5,
+            ..Default::default()
+        };
+        assert_eq!(
+            Classifier::new(bad).unwrap_err(),
+            ClassifyError::LossTolerance(1.5)
+        );
     }
 
     #[test]

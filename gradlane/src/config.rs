@@ -7,7 +7,7 @@ use crate::socket::faults::Faults;
 use crate::socket::marking::DscpMarks;
 use crate::tuning::Tuning;
 pub use crate::tuning::{ETHERNET_UDP_PAYLOAD, JUMBO_UDP_PAYLOAD};
-use gradlane_core::classify::{AdaptiveRatio, ClassifyConfig, Ranking, MAX_LEVELS};
+use gradlane_core::classify::{AdaptiveRatio, ClassifyConfig, Ranking};
 use gradlane_core::encode::EncoderConfig;
 use gradlane_core::format::ClassFormats;
 use gradlane_core::layout::{ChunkOptions, Layout};
@@ -105,7 +105,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            loss_tolerance: 0.2,
+            loss_tolerance: ClassifyConfig::default().loss_tolerance,
             formats: ClassFormats::F32,
             levels: 3,
             lanes: 4,
@@ -301,23 +301,13 @@ impl Config {
     /// Checks every setting; what [`Endpoint`](crate::Endpoint) does
     /// before it opens a socket.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(0.0..=1.0).contains(&self.loss_tolerance) {
-            return Err(ConfigError::LossTolerance(self.loss_tolerance));
-        }
-        if !(1..=MAX_LEVELS).contains(&self.levels) {
-            return Err(ConfigError::Levels(self.levels));
-        }
+        self.encoder().classify.validate()?;
         self.formats.validate()?;
         if self.lanes == 0 {
             return Err(ConfigError::Lanes);
         }
         if !(0.0..=1.0).contains(&self.scoring.alpha) {
             return Err(ConfigError::Alpha(self.scoring.alpha));
-        }
-        if let Some(a) = self.scoring.adaptive {
-            if !(0.0..=1.0).contains(&a.ratio_min) {
-                return Err(ConfigError::RatioMin(a.ratio_min));
-            }
         }
         if self.scoring.chunking.block_values == 0 {
             return Err(ConfigError::Chunking);
@@ -348,7 +338,7 @@ impl Config {
             chunking: self.scoring.chunking,
             alpha: self.scoring.alpha,
             classify: ClassifyConfig {
-                ratio: 1.0 - self.loss_tolerance,
+                loss_tolerance: self.loss_tolerance,
                 levels: self.levels,
                 ranking: self.scoring.ranking,
                 adaptive: self.scoring.adaptive,
@@ -398,12 +388,14 @@ impl Config {
 mod tests {
     use super::*;
 
+    use gradlane_core::classify::ClassifyError;
+
     #[test]
     fn the_default_is_valid_and_the_published_design() {
         let c = Config::default();
         c.validate().unwrap();
         let e = c.encoder();
-        assert_eq!(e.classify.ratio, 0.8);
+        assert_eq!(e.classify.loss_tolerance, 0.2);
         assert_eq!(e.classify.levels, 3);
         assert_eq!(e.alpha, 0.3);
         assert_eq!(c.tuning().congestion, Congestion::CappedBbr);
@@ -416,16 +408,25 @@ mod tests {
             f(&mut c);
             c.validate().unwrap_err()
         };
+        let classify = |e| ConfigError::Classify(e);
         assert_eq!(
             bad(|c| c.loss_tolerance = 1.5),
-            ConfigError::LossTolerance(1.5)
+            classify(ClassifyError::LossTolerance(1.5))
+        );
+        assert_eq!(
+            bad(|c| c.loss_tolerance = 1.5).to_string(),
+            "loss_tolerance 1.5 is not in [0, 1]"
         );
         assert!(matches!(
             bad(|c| c.loss_tolerance = f64::NAN),
-            ConfigError::LossTolerance(_)
+            ConfigError::Classify(ClassifyError::LossTolerance(_))
         ));
-        assert_eq!(bad(|c| c.levels = 0), ConfigError::Levels(0));
-        assert_eq!(bad(|c| c.levels = 8), ConfigError::Levels(8));
+        assert_eq!(bad(|c| c.levels = 0), classify(ClassifyError::Levels(0)));
+        assert_eq!(bad(|c| c.levels = 8), classify(ClassifyError::Levels(8)));
+        assert_eq!(
+            bad(|c| c.scoring.adaptive = Some(AdaptiveRatio { ratio_min: 2.0 })),
+            classify(ClassifyError::RatioMin(2.0))
+        );
         assert_eq!(bad(|c| c.lanes = 0), ConfigError::Lanes);
         assert_eq!(
             bad(|c| c.formats.important = gradlane_core::format::ValueFormat::Log8),

@@ -3,7 +3,7 @@
 //! `tuning`, which `config` builds, can report its own refusals without
 //! a circle between the two.
 
-use gradlane_core::classify::MAX_LEVELS;
+use gradlane_core::classify::ClassifyError;
 use gradlane_core::format::FormatError;
 use std::time::Duration;
 use thiserror::Error;
@@ -18,21 +18,16 @@ pub const MAX_UDP_PAYLOAD: u16 = 65_527;
 /// A setting out of its range.
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum ConfigError {
-    /// `loss_tolerance` is not in `[0, 1]`.
-    #[error("loss tolerance {0} is not in [0, 1]")]
-    LossTolerance(f64),
-    /// `levels` is not in `1..=7`.
-    #[error("levels {0} is not in 1..={MAX_LEVELS}")]
-    Levels(u8),
+    /// `loss_tolerance`, `levels` or the adaptive ratio's floor is out of
+    /// its range: the classifier's own check, which holds each range once.
+    #[error(transparent)]
+    Classify(#[from] ClassifyError),
     /// `lanes` is 0.
     #[error("lanes must be at least 1")]
     Lanes,
     /// `scoring.alpha` is not in `[0, 1]`.
     #[error("scoring alpha {0} is not in [0, 1]")]
     Alpha(f32),
-    /// The adaptive ratio's floor is not in `[0, 1]`.
-    #[error("adaptive ratio_min {0} is not in [0, 1]")]
-    RatioMin(f64),
     /// The UDP payload bounds are outside QUIC's range, or crossed.
     #[error("udp payload bounds {min}..={max} must be ordered and within 1200..=65527")]
     Packets {

@@ -128,6 +128,7 @@ mod config;
 mod config_error;
 mod congestion;
 mod endpoint;
+pub mod environment;
 mod framing;
 mod group;
 mod handshake_failure;

@@ -25,6 +25,11 @@ For a job whose addresses are known only when it runs,
 ``generate_job_certs(dir, "my-job")`` makes a certificate that names the
 job instead: the ranks check each other by it, on any address.
 
+Its knobs (loss tolerance, formats, timeouts, ...) are a
+:class:`Settings`: ``Group(..., settings=Settings(loss_tolerance=0.3))``,
+or the same knobs as keywords of ``Group``; their defaults are
+``Settings()``'s.
+
 Errors of the group are :class:`GroupError` (a rank gone, out of step,
 never joined; ``err.rank`` names the rank); bad input from Python is a
 ``ValueError`` or ``TypeError``.
@@ -38,6 +43,7 @@ import multiprocessing.util as _multiprocessing_util
 
 from gradlane._native import (
     Group,
+    Settings,
     CollectiveTimeoutError,
     GroupClosedError,
     GroupError,
@@ -62,6 +68,7 @@ _multiprocessing_util.Finalize(None, _close_groups_at_exit, exitpriority=0)
 
 __all__ = [
     "Group",
+    "Settings",
     "CollectiveTimeoutError",
     "GroupClosedError",
     "GroupError",

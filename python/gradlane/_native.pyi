@@ -35,6 +35,60 @@ class RemovedError(GroupError): ...
 class CollectiveTimeoutError(GroupError): ...
 
 def close_groups_at_exit() -> None: ...
+def port_range_from_env() -> tuple[int, int] | None: ...
+def cert_dir_from_env() -> str: ...
+
+class Settings:
+    def __init__(
+        self,
+        *,
+        loss_tolerance: float = ...,
+        injected_loss: float = ...,
+        injected_delay: float = ...,
+        seed: int = ...,
+        idle_timeout: float | None = ...,
+        dscp: bool = ...,
+        lossy_carrier: Literal["adaptive", "datagrams"] = ...,
+        important_format: Literal["f32", "bf16", "f16"] = ...,
+        lossy_format: Literal["f32", "bf16", "f16", "log8"] = ...,
+        sockets: int | None = ...,
+        port_range: str | None = ...,
+        on_rank_failure: Literal["fail", "continue"] = ...,
+        join_timeout: float = ...,
+        collective_timeout: float | None = ...,
+        recovery: Literal["zero_fill", "rescale", "error_feedback"] = ...,
+        compression_feedback: bool | None = ...,
+        lossy_return: bool = ...,
+        deadline: Literal["adaptive"] | float | None = ...,
+        deadline_factor: float = ...,
+        overlap: bool = ...,
+        rotation: Literal["hadamard"] | None = ...,
+    ) -> None: ...
+    def replace(self, **knobs: Any) -> Settings: ...
+    def links_match(self, other: Settings) -> bool: ...
+    @property
+    def needs_own_group(self) -> bool: ...
+    loss_tolerance: float
+    injected_loss: float
+    injected_delay: float
+    seed: int
+    idle_timeout: float | None
+    dscp: bool
+    lossy_carrier: str
+    important_format: str
+    lossy_format: str
+    sockets: int | None
+    port_range: str | None
+    on_rank_failure: str
+    join_timeout: float
+    collective_timeout: float | None
+    recovery: str
+    compression_feedback: bool | None
+    lossy_return: bool
+    deadline: str | float | None
+    deadline_factor: float
+    overlap: bool
+    rotation: str | None
 
 class Group:
     def __init__(
@@ -47,22 +101,12 @@ class Group:
         listen: str = "0.0.0.0:0",
         cert_dir: str | os.PathLike[str] | None = None,
         server_name: str | None = None,
-        join_timeout: float = 60.0,
-        loss_tolerance: float = 0.2,
-        injected_loss: float = 0.0,
-        injected_delay: float = 0.0,
-        seed: int = 0,
-        idle_timeout: float | None = None,
-        dscp: bool = False,
-        lossy_carrier: Literal["adaptive", "datagrams"] = "adaptive",
-        important_format: Literal["f32", "bf16", "f16"] = "f32",
-        lossy_format: Literal["f32", "bf16", "f16", "log8"] = "f32",
-        sockets: int | None = None,
-        port_range: str | None = None,
-        on_rank_failure: Literal["fail", "continue"] = "fail",
         rejoin: bool = False,
-        collective_timeout: float | None = None,
+        settings: Settings | None = None,
+        **knobs: Any,
     ) -> None: ...
+    @property
+    def settings(self) -> Settings: ...
     def local_ports(self) -> list[int]: ...
     @property
     def rank(self) -> int: ...
@@ -113,16 +157,12 @@ class Group:
     def register_bucket(
         self,
         shapes: list[tuple[str, list[int], Literal["conv2d", "dense"]]],
-        recovery: Literal["zero_fill", "rescale", "error_feedback", "drop"] = "zero_fill",
+        recovery: Literal["zero_fill", "rescale", "error_feedback", "drop"] | None = None,
         *,
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
-        important_format: Literal["f32", "bf16", "f16"] | None = None,
-        lossy_format: Literal["f32", "bf16", "f16", "log8"] | None = None,
-        lossy_return: bool = False,
-        compression_feedback: bool | None = None,
-        deadline: Literal["adaptive"] | float | None = None,
-        deadline_factor: float = 1.25,
+        settings: Settings | None = None,
         gather: bool = False,
+        **knobs: Any,
     ) -> int: ...
     def allreduce_differentiated(
         self, bucket: int, buf: Buffer, op: Literal["sum", "mean"] = "mean"

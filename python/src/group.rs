@@ -2,34 +2,27 @@
 //! Python buffers.
 
 use crate::buffer::{bits_as, bits_as_ref, disjoint, Bits16, InBuf, OutBuf};
+use crate::environment::cert_dir as group_cert_dir;
 use crate::errors::CallError;
-use crate::group_arguments::{
-    link_config, rank_failure, reduce_op, resolve, route_to, seconds, value_dtype, value_format,
-    Injected,
-};
+use crate::group_arguments::{reduce_op, resolve, route_to, value_dtype};
+use crate::group_state::{lock_point_to_point, GroupState, PointToPointSlot, State};
 use crate::runtime;
-use crate::settings::{cert_dir as group_cert_dir, group_port_range, group_sockets};
-use gradlane::{
-    bf16, f16, BucketId, ClassFormats, Group, GroupConfig, PointToPoint, Rendezvous, ValueFormat,
-};
+use crate::settings::Settings;
+use gradlane::{bf16, f16, Group, GroupConfig, PointToPoint, Rendezvous, ValueFormat};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use tokio::runtime::Runtime;
 
 /// One rank of a gradlane group: a QUIC link to every other rank, and the
 /// collectives among them.
 ///
 /// Group(rank, world, *, root=None, addresses=None, listen="0.0.0.0:0",
-///       cert_dir=None, server_name=None, join_timeout=60.0,
-///       loss_tolerance=0.2, injected_loss=0.0, injected_delay=0.0, seed=0,
-///       idle_timeout=None,
-///       dscp=False, lossy_carrier="adaptive", important_format="f32",
-///       lossy_format="f32", sockets=None, port_range=None,
-///       on_rank_failure="fail", rejoin=False, collective_timeout=None)
+///       cert_dir=None, server_name=None, rejoin=False, settings=None,
+///       **knobs)
 ///
 /// The constructor joins the group (the GIL is released while it waits)
 /// and returns once this rank has a link to every other rank. Give exactly
@@ -48,49 +41,30 @@ use tokio::runtime::Runtime;
 /// default the job's name when server.pem names a job, as
 /// generate_job_certs makes, else the peer's IP address).
 ///
-/// join_timeout (seconds): how long forming the group may take before the
-/// ranks that never came are a JoinTimeoutError. loss_tolerance: the share
-/// of each tensor's chunks (the least important) that the differentiated
-/// allreduce sends lossy, in [0, 1]. injected_loss and seed: drop that
-/// share of this rank's outgoing packets, seeded (for tests and demos; it
-/// stands for a lossy path between hosts, so packets then stay Ethernet-
-/// sized, as on such a path, rather than growing to what loopback carries).
-/// injected_delay (seconds): hold each of this rank's outgoing packets
-/// that long, for tests and demos of a long path on one host.
-/// idle_timeout (seconds): a link silent this long fails, which is how a
-/// rank that died is noticed (default 30 s; None keeps the default).
-/// dscp: mark packets by class (the important class DSCP 56, the lossy
-/// levels below it), for networks whose queues serve the important class
-/// first; Linux only. lossy_carrier: what carries the differentiated
-/// allreduce's lossy part, "adaptive" (low-priority streams while the path
-/// loses nothing, datagrams after a loss; cheapest in CPU) or "datagrams"
-/// (always: lossy data is never retransmitted, not even before the first
-/// loss is seen, at more CPU). important_format and lossy_format: how the
-/// differentiated allreduce's classes travel, unless a bucket says
-/// otherwise (register_bucket): "f32" (exact), "bf16" (half the bytes, 8
-/// bits of precision), "f16", or for the lossy levels "log8" (a byte a
-/// value, within 4.9%). sockets: UDP sockets this rank spreads its
-/// traffic over, each pair of ranks getting a share of them as paths
-/// that the exact collectives stripe large messages over (more cores
-/// seal and open packets); by default the environment variable
-/// GRADLANE_SOCKETS, else one per core of this rank's share of the host
-/// (torchrun's LOCAL_WORLD_SIZE ranks share it) where it has at least 4,
-/// at most 4, and 1 where it has fewer. Tune it on a fast path where a
-/// rank's cores sit idle; leave it on a slow link. port_range: "lo-hi",
-/// the UDP ports this rank's sockets take (by default the environment
-/// variable GRADLANE_PORT_RANGE, else any free port), so that a firewall
-/// can pass exactly them; a given listen port must lie in it, and a range
-/// with no free port left is a GroupSetupError naming it. on_rank_failure:
-/// "fail" (a dead rank fails the others' collectives) or "continue" (the
-/// rest agree on who is left and go on: members, epoch, contributors);
-/// rejoin=True starts a replacement for a rank the others went on
-/// without, returning once they admit() it. collective_timeout (seconds):
-/// how long one collective may wait for the other ranks (torch's process
-/// group timeout); past it the collective raises CollectiveTimeoutError
-/// naming the ranks it did not hear from (`missing`), and with "fail" the
-/// group is unusable (its links are closed, so the others raise too),
-/// with "continue" the silent ranks are removed as dead ones are. None
-/// (the default): no bound but idle_timeout.
+/// settings: a gradlane.Settings, or its knobs as keywords here (not
+/// both): loss_tolerance, the share of each tensor's chunks (the least
+/// important) that the differentiated allreduce sends lossy;
+/// join_timeout (seconds), how long forming the group may take before the
+/// ranks that never came are a JoinTimeoutError; injected_loss,
+/// injected_delay and seed, faults on this rank's outgoing packets (for
+/// tests and demos; with loss, packets stay Ethernet-sized, as on the
+/// lossy path between hosts they stand for); idle_timeout (seconds), how
+/// long a silent link lasts, which is how a dead rank is noticed; dscp,
+/// marks by class for priority queues (Linux); lossy_carrier, "adaptive"
+/// or "datagrams"; important_format and lossy_format, the classes' wire
+/// formats unless a bucket says otherwise; sockets, the UDP sockets this
+/// rank spreads its traffic over (by default GRADLANE_SOCKETS, else one
+/// per core of this rank's share of the host where it has at least 4, at
+/// most 4); port_range, "lo-hi", the UDP ports its sockets take (by
+/// default GRADLANE_PORT_RANGE, else any free port; a range with no free
+/// port left is a GroupSetupError naming it); on_rank_failure, "fail" (a
+/// dead rank fails the others' collectives) or "continue" (the rest agree
+/// on who is left and go on: members, epoch, contributors);
+/// collective_timeout (seconds), how long one collective may wait for the
+/// other ranks before a CollectiveTimeoutError naming those it did not
+/// hear from (`missing`). Settings' own docs say more of each, and its
+/// defaults are the library's. rejoin=True starts a replacement for a
+/// rank the others went on without, returning once they admit() it.
 ///
 /// Every rank must call the same collectives in the same order, as in any
 /// process group; a rank that calls something else, or dies, makes the
@@ -114,6 +88,9 @@ use tokio::runtime::Runtime;
 pub(crate) struct PyGroup {
     pub(crate) rank: usize,
     pub(crate) world: usize,
+    /// What it was made with; a bucket's settings unless it is given its
+    /// own.
+    pub(crate) settings: Settings,
     /// `None` once closed. A mutex, not a RefCell: calls from several
     /// Python threads wait for each other (with the GIL released).
     /// Shared with the exit's registry ([`crate::group_exit`]).
@@ -125,30 +102,6 @@ pub(crate) struct PyGroup {
     /// the exit's registry, which drops it before the close: it holds the
     /// links, and with them the socket the close waits for.
     point_to_point: Arc<PointToPointSlot>,
-}
-
-/// A Group's point-to-point messages, `None` once closed.
-pub(crate) type PointToPointSlot = Mutex<Option<Arc<PointToPoint>>>;
-
-/// A Group's joined state, `None` once closed.
-pub(crate) type GroupState = Mutex<Option<State>>;
-
-/// A joined group and what was registered with it.
-pub(crate) struct State {
-    pub(crate) group: Group,
-    /// The registered buckets, by the index Python knows them by.
-    pub(crate) buckets: Vec<Bucket>,
-    /// The Group's formats, which a bucket's own complete.
-    pub(crate) formats: ClassFormats,
-}
-
-/// A registered bucket.
-pub(crate) struct Bucket {
-    pub(crate) id: BucketId,
-    /// The values its flat buffer holds.
-    pub(crate) values: usize,
-    /// Their type.
-    pub(crate) dtype: ValueFormat,
 }
 
 impl PyGroup {
@@ -203,21 +156,9 @@ impl PyGroup {
         listen = "0.0.0.0:0",
         cert_dir = None,
         server_name = None,
-        join_timeout = 60.0,
-        loss_tolerance = 0.2,
-        injected_loss = 0.0,
-        injected_delay = 0.0,
-        seed = 0,
-        idle_timeout = None,
-        dscp = false,
-        lossy_carrier = "adaptive",
-        important_format = "f32",
-        lossy_format = "f32",
-        sockets = None,
-        port_range = None,
-        on_rank_failure = "fail",
         rejoin = false,
-        collective_timeout = None,
+        settings = None,
+        **knobs,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
@@ -229,25 +170,20 @@ impl PyGroup {
         listen: &str,
         cert_dir: Option<PathBuf>,
         server_name: Option<String>,
-        join_timeout: f64,
-        loss_tolerance: f64,
-        injected_loss: f64,
-        injected_delay: f64,
-        seed: u64,
-        idle_timeout: Option<f64>,
-        dscp: bool,
-        lossy_carrier: &str,
-        important_format: &str,
-        lossy_format: &str,
-        sockets: Option<i64>,
-        port_range: Option<&str>,
-        on_rank_failure: &str,
         rejoin: bool,
-        collective_timeout: Option<f64>,
+        settings: Option<PyRef<'_, Settings>>,
+        knobs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let on_rank_failure = rank_failure(on_rank_failure)?;
-        let sockets = group_sockets(sockets).map_err(|e| e.into_py(py))?;
-        let port_range = group_port_range(port_range).map_err(|e| e.into_py(py))?;
+        let settings = match (settings, knobs.filter(|k| !k.is_empty())) {
+            (Some(_), Some(_)) => {
+                return Err(PyValueError::new_err(
+                    "give settings= or its knobs as keywords, not both (settings.replace(...) \
+                     changes some)",
+                ))
+            }
+            (Some(s), None) => s.clone(),
+            (None, knobs) => Settings::new(knobs)?,
+        };
         let world = usize::try_from(world)
             .ok()
             .filter(|&w| w > 0)
@@ -272,34 +208,14 @@ impl PyGroup {
             }
         }
         let cert_dir = group_cert_dir(cert_dir).map_err(|e| e.into_py(py))?;
-        if !(0.0..=1.0).contains(&injected_loss) {
-            return Err(PyValueError::new_err(format!(
-                "injected_loss {injected_loss} is not in [0, 1]"
-            )));
-        }
-        let join_timeout = seconds("join_timeout", join_timeout)?;
-        let collective_timeout = collective_timeout
-            .map(|t| seconds("collective_timeout", t))
-            .transpose()?;
-        let formats = ClassFormats {
-            important: value_format("important_format", important_format)?,
-            lossy: value_format("lossy_format", lossy_format)?,
-        };
-        let link = link_config(
-            loss_tolerance,
-            formats,
-            Injected {
-                loss: injected_loss,
-                delay: match injected_delay {
-                    0.0 => std::time::Duration::ZERO,
-                    d => seconds("injected_delay", d)?,
-                },
-                seed,
-            },
-            dscp,
-            lossy_carrier,
-            idle_timeout,
-        )?;
+        let template = settings.group_config(GroupConfig::new(
+            rank,
+            world,
+            Rendezvous::Addresses(Vec::new()),
+            cert_dir.join("server.pem"),
+            cert_dir.join("server.key"),
+            cert_dir.join("ca.pem"),
+        ))?;
         let listen = listen.to_owned();
         let joined = py.detach(move || {
             let rendezvous = match (root, addresses) {
@@ -318,21 +234,11 @@ impl PyGroup {
                 ),
                 (None, None) => return Err(CallError::Value("no rendezvous".into())),
             };
-            let mut config = GroupConfig::new(
-                rank,
-                world,
+            let config = GroupConfig {
                 rendezvous,
-                cert_dir.join("server.pem"),
-                cert_dir.join("server.key"),
-                cert_dir.join("ca.pem"),
-            );
-            config.server_name = server_name;
-            config.link = link;
-            config.join_timeout = join_timeout;
-            config.sockets = sockets;
-            config.port_range = port_range;
-            config.on_rank_failure = on_rank_failure;
-            config.collective_timeout = collective_timeout;
+                server_name,
+                ..template
+            };
             match rejoin {
                 true => Ok(runtime()?.block_on(Group::rejoin(config))?),
                 false => Ok(runtime()?.block_on(Group::join(config))?),
@@ -343,12 +249,12 @@ impl PyGroup {
         let state = Arc::new(Mutex::new(Some(State {
             group,
             buckets: Vec::new(),
-            formats,
         })));
         crate::group_exit::register(&state, &point_to_point);
         Ok(Self {
             rank,
             world,
+            settings,
             state,
             bytes_at_close: AtomicU64::new(0),
             point_to_point,
@@ -367,6 +273,12 @@ impl PyGroup {
                     .collect()
             })
         })
+    }
+
+    /// The settings the group was made with (gradlane.Settings).
+    #[getter]
+    fn settings(&self) -> Settings {
+        self.settings.clone()
     }
 
     /// This rank, in 0..world.
@@ -605,10 +517,4 @@ pub(crate) fn bytes_of<T: Copy, const N: usize>(
     to_bytes: fn(T) -> [u8; N],
 ) -> Vec<u8> {
     values.iter().flat_map(|&v| to_bytes(v)).collect()
-}
-
-pub(crate) fn lock_point_to_point(
-    m: &PointToPointSlot,
-) -> MutexGuard<'_, Option<Arc<PointToPoint>>> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

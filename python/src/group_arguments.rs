@@ -1,12 +1,9 @@
-//! The Group's arguments: Python's words into gradlane's settings, each
-//! refused with a ValueError that names it (the environment's variables
-//! are read in `settings`).
+//! The Group's arguments: Python's words into gradlane's types, each
+//! refused with a ValueError that names it (its knobs are `settings`'s,
+//! the environment's variables `environment`'s).
 
 use crate::errors::CallError;
-use gradlane::{
-    AdaptiveDeadline, ClassFormats, Config, DscpMarks, Faults, Layout, LossRecovery, LossyCarrier,
-    OnRankFailure, Packets, ReduceOp, StepDeadline, TensorSpec, ValueFormat,
-};
+use gradlane::{Layout, LossRecovery, ReduceOp, TensorSpec, ValueFormat};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -57,12 +54,6 @@ pub(crate) fn value_dtype(
             raw.item_size()
         ))),
     }
-}
-
-/// A value format from Python's name ("f32", "bf16", "f16", "log8").
-pub(crate) fn value_format(what: &str, name: &str) -> PyResult<ValueFormat> {
-    name.parse()
-        .map_err(|e: gradlane::FormatError| PyValueError::new_err(format!("{what}: {e}")))
 }
 
 /// A bucket's loss recovery, from Python's string.
@@ -157,113 +148,4 @@ pub(crate) fn bucket_layout(shapes: Vec<(String, Vec<i64>, String)>) -> PyResult
         tensors.push(spec);
     }
     Layout::new(tensors).map_err(|e| PyValueError::new_err(format!("bucket: {e}")))
-}
-
-/// What a dead rank does to the group, from Python's string.
-pub(crate) fn rank_failure(name: &str) -> PyResult<OnRankFailure> {
-    match name {
-        "fail" => Ok(OnRankFailure::Fail),
-        "continue" => Ok(OnRankFailure::Continue),
-        other => Err(PyValueError::new_err(format!(
-            "unknown on_rank_failure {other:?}; one of \"fail\", \"continue\""
-        ))),
-    }
-}
-
-/// Faults a Group injects into its own outgoing packets (tests, demos).
-pub(crate) struct Injected {
-    /// The share of packets dropped.
-    pub(crate) loss: f64,
-    /// How long each packet is held.
-    pub(crate) delay: Duration,
-    /// The seed of the drops.
-    pub(crate) seed: u64,
-}
-
-/// The links' settings from the constructor's arguments.
-pub(crate) fn link_config(
-    loss_tolerance: f64,
-    formats: ClassFormats,
-    injected: Injected,
-    dscp: bool,
-    lossy_carrier: &str,
-    idle_timeout: Option<f64>,
-) -> PyResult<Config> {
-    let mut link = Config {
-        loss_tolerance,
-        formats,
-        ..Config::default()
-    };
-    if injected.loss > 0.0 {
-        // Injected loss stands for a lossy path between hosts, whose
-        // packets are Ethernet-sized: a lost 64 KB loopback packet
-        // would stand for 45 lost there.
-        link.packets = Packets::Ethernet;
-    }
-    if injected.loss > 0.0 || !injected.delay.is_zero() {
-        link.faults = Some(Faults {
-            loss_out: injected.loss,
-            delay: injected.delay,
-            seed: injected.seed,
-            ..Faults::default()
-        });
-    }
-    if dscp {
-        link.dscp = Some(DscpMarks::authors(link.levels));
-    }
-    link.timing.lossy_carrier = match lossy_carrier {
-        "adaptive" => LossyCarrier::Adaptive,
-        "datagrams" => LossyCarrier::Datagrams,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "unknown lossy_carrier {other:?}; one of \"adaptive\", \"datagrams\""
-            )))
-        }
-    };
-    if let Some(idle) = idle_timeout {
-        let idle = seconds("idle_timeout", idle)?;
-        link.quic.fail_silent_peer_within(idle);
-    }
-    link.validate()
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok(link)
-}
-
-/// A bucket's deadline from Python's `deadline` (None, "adaptive" or
-/// seconds) and `deadline_factor`.
-pub(crate) fn step_deadline(
-    deadline: Option<&Bound<'_, PyAny>>,
-    factor: f64,
-) -> PyResult<StepDeadline> {
-    let Some(deadline) = deadline.filter(|d| !d.is_none()) else {
-        return Ok(StepDeadline::Off);
-    };
-    let setting = if let Ok(word) = deadline.extract::<String>() {
-        if word != "adaptive" {
-            return Err(PyValueError::new_err(format!(
-                "unknown deadline {word:?}: expected None, \"adaptive\" or a number of seconds"
-            )));
-        }
-        StepDeadline::Adaptive(AdaptiveDeadline {
-            factor,
-            ..AdaptiveDeadline::default()
-        })
-    } else {
-        let seconds: f64 = deadline.extract().map_err(|_| {
-            PyValueError::new_err("deadline: expected None, \"adaptive\" or a number of seconds")
-        })?;
-        let fixed = Duration::try_from_secs_f64(seconds)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "deadline: {seconds} s is not a positive, finite number of seconds"
-                ))
-            })?;
-        StepDeadline::Fixed(fixed)
-    };
-    setting
-        .validate()
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok(setting)
 }

@@ -4,14 +4,12 @@
 
 use crate::buffer::{bits_as, Bits16, InBuf, OutBuf};
 use crate::errors::CallError;
-use crate::group::{bytes_of, Bucket, PyGroup};
-use crate::group_arguments::{
-    bucket_layout, loss_recovery, reduce_op, step_deadline, value_format,
-};
+use crate::group::{bytes_of, PyGroup};
+use crate::group_arguments::{bucket_layout, loss_recovery, reduce_op};
 use crate::group_report::report_dict;
-use gradlane::{
-    bf16, f16, BucketOptions, ClassFormats, ReduceOp, SparseAllgather, SparseRows, ValueFormat,
-};
+use crate::group_state::Bucket;
+use crate::settings::Settings;
+use gradlane::{bf16, f16, BucketOptions, ReduceOp, SparseAllgather, SparseRows, ValueFormat};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict, PyTuple};
@@ -34,20 +32,22 @@ impl PyGroup {
     ///
     /// dtype: what the buffer holds, "float32" (default), "bfloat16" or
     /// "float16"; a 16-bit bucket travels as itself.
-    /// important_format and lossy_format: how the important chunks and the
-    /// lossy levels travel, "f32", "bf16", "f16" (important or lossy) or
-    /// "log8" (lossy only: a byte a value within 4.9%, and a scale per
-    /// chunk); by default the Group's. lossy_return: the owner sends back
-    /// the least important chunks of the sum (loss_tolerance of each
-    /// tensor's) in the lossy format.
-    /// compression_feedback: keep what rounding took from this rank's
-    /// values and add it into its next gradient (None: on for log8).
-    /// deadline: a bound on each half of a call, from its start: None
-    /// (default: wait for the lossy parts as the links' timing says),
-    /// "adaptive" (deadline_factor times the median of the half's last 16
-    /// calls, after 3 calls without) or a number of seconds. Lossy chunks
-    /// of the first half still on their way at the deadline count as
-    /// missing, for `recovery` to handle ("error_feedback" delays them a
+    ///
+    /// settings: a gradlane.Settings (by default the Group's), or its knobs
+    /// as keywords here, which change the Group's: recovery (unless given
+    /// above), important_format and lossy_format (how the important chunks
+    /// and the lossy levels travel: "f32", "bf16", "f16", or "log8", lossy
+    /// only, a byte a value within 4.9% and a scale per chunk),
+    /// lossy_return (the owner sends back the least important chunks of
+    /// the sum, loss_tolerance of each tensor's, in the lossy format),
+    /// compression_feedback (keep what rounding took from this rank's
+    /// values and add it into its next gradient; None: on for log8),
+    /// deadline and deadline_factor. deadline bounds each half of a call,
+    /// from its start: None (wait for the lossy parts as the links' timing
+    /// says), "adaptive" (deadline_factor times the median of the half's
+    /// last 16 calls, after 3 calls without) or a number of seconds. Lossy
+    /// chunks of the first half still on their way at the deadline count
+    /// as missing, for `recovery` to handle ("error_feedback" delays them a
     /// step instead of losing them). With a deadline the return is bounded
     /// too: the least important chunks of each summed shard
     /// (loss_tolerance of each tensor's) travel lossy, a chunk any rank
@@ -63,34 +63,25 @@ impl PyGroup {
     /// 1, ... in registration order).
     #[pyo3(signature = (
         shapes,
-        recovery = "zero_fill",
+        recovery = None,
         *,
         dtype = "float32",
-        important_format = None,
-        lossy_format = None,
-        lossy_return = false,
-        compression_feedback = None,
-        deadline = None,
-        deadline_factor = 1.25,
+        settings = None,
         gather = false,
+        **knobs,
     ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn register_bucket(
         &self,
         py: Python<'_>,
         shapes: Vec<(String, Vec<i64>, String)>,
-        recovery: &str,
+        recovery: Option<&str>,
         dtype: &str,
-        important_format: Option<&str>,
-        lossy_format: Option<&str>,
-        lossy_return: bool,
-        compression_feedback: Option<bool>,
-        deadline: Option<&Bound<'_, PyAny>>,
-        deadline_factor: f64,
+        settings: Option<PyRef<'_, Settings>>,
         gather: bool,
+        knobs: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<usize> {
-        let recovery = loss_recovery(recovery)?;
-        let deadline = step_deadline(deadline, deadline_factor)?;
+        let recovery = recovery.map(loss_recovery).transpose()?;
         let dtype = match dtype {
             "float32" | "f32" => ValueFormat::F32,
             "bfloat16" | "bf16" => ValueFormat::Bf16,
@@ -101,37 +92,18 @@ impl PyGroup {
                 )))
             }
         };
-        let important = important_format
-            .map(|f| value_format("important_format", f))
-            .transpose()?;
-        let lossy = lossy_format
-            .map(|f| value_format("lossy_format", f))
-            .transpose()?;
+        let options = BucketOptions {
+            gather,
+            ..settings
+                .as_deref()
+                .unwrap_or(&self.settings)
+                .replace(knobs)?
+                .bucket(dtype, recovery)?
+        };
         let layout = bucket_layout(shapes)?;
         let values = usize::try_from(layout.total_values())
             .map_err(|_| PyValueError::new_err("bucket too large for this machine"))?;
         self.with_state(py, |s, rt| {
-            let formats = match (important, lossy) {
-                (None, None) => None,
-                (i, l) => {
-                    let base = s.formats;
-                    let f = ClassFormats {
-                        important: i.unwrap_or(base.important),
-                        lossy: l.unwrap_or(base.lossy),
-                    };
-                    f.validate().map_err(|e| CallError::Value(e.to_string()))?;
-                    Some(f)
-                }
-            };
-            let options = BucketOptions {
-                recovery,
-                dtype,
-                formats,
-                lossy_return,
-                compression_feedback,
-                deadline,
-                gather,
-            };
             let id = rt.block_on(s.group.register_bucket_with(&layout, options))?;
             s.buckets.push(Bucket { id, values, dtype });
             Ok(s.buckets.len() - 1)

@@ -11,7 +11,7 @@
 //! closes in the same order in the background ([`close_in_background`]),
 //! and the exit waits for those closes too.
 
-use crate::group::{lock_point_to_point, GroupState, PointToPointSlot};
+use crate::group_state::{lock_point_to_point, GroupState, PointToPointSlot};
 use crate::runtime;
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex, TryLockError, Weak};

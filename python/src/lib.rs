@@ -11,9 +11,12 @@
 //!   unsafe code, with its safety argument).
 //! - `errors`: the exception classes and the mapping of Rust errors.
 //! - `group_exit`: every open group closed (its messages flushed) as the
-//!   process exits.
+//!   process exits; `group_state`: the joined state both it and `group`
+//!   hold.
 //! - `codec`: the sparse log-quantized codec's frames (encode, decode).
-//! - `settings`: every `GRADLANE_*` variable the module reads, checked.
+//! - `settings`: the `Settings` class, every knob of a Group, its buckets
+//!   and the torch hook, with the library's defaults and checks.
+//! - `environment`: every `GRADLANE_*` variable the module reads, checked.
 //!
 //! Every network call runs on one tokio runtime per process (two worker
 //! threads, made at the first call) with the GIL released, so other Python
@@ -24,6 +27,7 @@
 #[macro_use]
 mod buffer;
 mod codec;
+mod environment;
 mod errors;
 mod group;
 mod group_arguments;
@@ -32,6 +36,7 @@ mod group_exit;
 mod group_movement;
 mod group_point_to_point;
 mod group_report;
+mod group_state;
 mod settings;
 
 use errors::CallError;
@@ -48,14 +53,14 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 static RUNTIME: OnceLock<Result<(u32, Runtime), String>> = OnceLock::new();
 
 /// The process's tokio runtime, made at the first call, with
-/// [`settings::worker_threads`] threads.
+/// [`environment::worker_threads`] threads.
 ///
 /// A fork copies the runtime's memory but not its threads: in a forked
 /// child of a process that had already used gradlane the runtime is dead,
 /// and using it would hang. That is an error instead.
 pub(crate) fn runtime() -> Result<&'static Runtime, CallError> {
     let made = RUNTIME.get_or_init(|| {
-        let threads = settings::worker_threads().map_err(|e| e.to_string())?;
+        let threads = environment::worker_threads().map_err(|e| e.to_string())?;
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("gradlane")
@@ -148,7 +153,7 @@ fn paths_dict(py: Python<'_>, files: gradlane::CertFiles) -> PyResult<Bound<'_, 
 /// that a user sees at once what a rank refused, say, and not only when a
 /// timeout ends. Leaves alone a subscriber the process already has.
 fn log_to_stderr() {
-    let filter = settings::log_filter();
+    let filter = environment::log_filter();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -162,9 +167,11 @@ fn log_to_stderr() {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     log_to_stderr();
     m.add_function(wrap_pyfunction!(generate_certs, m)?)?;
-    m.add_function(wrap_pyfunction!(settings::port_range_from_env, m)?)?;
+    m.add_function(wrap_pyfunction!(environment::port_range_from_env, m)?)?;
+    m.add_function(wrap_pyfunction!(environment::cert_dir_from_env, m)?)?;
     m.add_function(wrap_pyfunction!(generate_job_certs, m)?)?;
     m.add_class::<group::PyGroup>()?;
+    m.add_class::<settings::Settings>()?;
     m.add_function(wrap_pyfunction!(group_exit::close_groups_at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(codec::codec_encode, m)?)?;
     m.add_function(wrap_pyfunction!(codec::codec_decode, m)?)?;

@@ -522,7 +522,7 @@ def test_bad_group_arguments_are_value_errors(cert_dir):
         gradlane.Group(1, 1, root=root, cert_dir=cert_dir)
     with pytest.raises(ValueError, match="addresses"):
         gradlane.Group(0, 2, addresses=[root], cert_dir=cert_dir)
-    with pytest.raises(ValueError, match="loss tolerance"):
+    with pytest.raises(ValueError, match="loss_tolerance 1.5 is not in"):
         gradlane.Group(0, 1, root=root, cert_dir=cert_dir, loss_tolerance=1.5)
     with pytest.raises(ValueError, match="injected_loss"):
         gradlane.Group(0, 1, root=root, cert_dir=cert_dir, injected_loss=-0.1)

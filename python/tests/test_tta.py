@@ -210,7 +210,11 @@ def test_bad_arguments_are_refused_before_anything_starts(capsys):
         assert code == 2 and "needs --transport hook" in err, err
     for flags in (["--important-format", "bf16"], ["--lossy-format", "log8"], ["--lossy-return"]):
         code, err = refused("--transport", "gradlane", *flags)
-        assert code == 2 and "need --transport hook" in err, err
+        assert code == 2 and "needs --transport hook" in err, err
+    code, err = refused("--transport", "hook", "--deadline", "soon")
+    assert code == 2 and "--deadline" in err, err
+    code, err = refused("--transport", "hook", "--loss-tolerance", "1.5")
+    assert code == 2 and "loss_tolerance 1.5 is not in [0, 1]" in err, err
     code, err = refused("--transport", "hook", "--comm-hook", "fp16")
     assert code == 2 and "use --transport gloo or gradlane" in err, err
 

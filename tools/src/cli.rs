@@ -120,14 +120,9 @@ fn init_tracing() {
 /// The programs' runtime threads: `GRADLANE_THREADS`, else every core
 /// (at least 2: a program runs both ends of its links in one process).
 pub fn worker_threads() -> Result<usize, String> {
-    match std::env::var("GRADLANE_THREADS") {
-        Ok(text) => match text.trim().parse::<usize>() {
-            Ok(n) if (1..=256).contains(&n) => Ok(n),
-            _ => Err(format!(
-                "GRADLANE_THREADS={text:?} is not a thread count in 1..=256"
-            )),
-        },
-        Err(_) => Ok(std::thread::available_parallelism()
+    match gradlane::environment::threads().map_err(|e| e.to_string())? {
+        Some(n) => Ok(n),
+        None => Ok(std::thread::available_parallelism()
             .map_or(2, |n| n.get())
             .max(2)),
     }

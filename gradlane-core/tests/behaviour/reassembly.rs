@@ -361,7 +361,7 @@ fn open_rounds_are_bounded() {
         &layout,
         EncoderConfig {
             classify: ClassifyConfig {
-                ratio: 0.0,
+                loss_tolerance: 1.0,
                 ..Default::default()
             },
             chunking: ChunkOptions::default(),

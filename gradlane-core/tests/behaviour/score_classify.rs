@@ -80,7 +80,7 @@ proptest! {
     #[test]
     fn classes_are_top_k_then_equal_bands(
         sizes in prop::collection::vec(1usize..3000, 1..6),
-        ratio in 0.0f64..=1.0,
+        loss_tolerance in 0.0f64..=1.0,
         levels in 1u8..=7,
         global in any::<bool>(),
         seed in any::<u64>(),
@@ -95,7 +95,8 @@ proptest! {
             (s % 50) as f32 * 0.25
         }).collect();
         let ranking = if global { Ranking::Global } else { Ranking::PerTensor };
-        let mut c = Classifier::new(ClassifyConfig { ratio, levels, ranking, ..Default::default() }).unwrap();
+        let mut c = Classifier::new(ClassifyConfig { loss_tolerance, levels, ranking, ..Default::default() }).unwrap();
+        let ratio = 1.0 - loss_tolerance;
         let mut classes = Vec::new();
         c.classify(&plan, &contrib, &mut classes).unwrap();
         if global {
@@ -161,17 +162,20 @@ fn random_ranking_keeps_counts_and_is_seeded() {
 #[test]
 fn adaptive_ratio_follows_the_loss() {
     let mut c = Classifier::new(ClassifyConfig {
-        ratio: 0.8,
+        loss_tolerance: 0.2,
         adaptive: Some(AdaptiveRatio { ratio_min: 0.2 }),
         ..Default::default()
     })
     .unwrap();
     c.report_loss(2.0).unwrap();
-    assert!((c.ratio() - 0.8).abs() < 1e-12);
+    assert!((c.loss_tolerance() - 0.2).abs() < 1e-12);
     c.report_loss(1.0).unwrap();
-    assert!((c.ratio() - 0.4).abs() < 1e-12);
+    assert!((c.loss_tolerance() - 0.6).abs() < 1e-12);
     c.report_loss(0.1).unwrap();
-    assert!((c.ratio() - 0.2).abs() < 1e-12, "floored at ratio_min");
+    assert!(
+        (c.loss_tolerance() - 0.8).abs() < 1e-12,
+        "floored at ratio_min"
+    );
     assert!(c.report_loss(f64::NAN).is_err());
     assert!(c.report_loss(-1.0).is_err());
     // Applied to the next classification.

@@ -27,7 +27,7 @@ fn encoder(layout: &Layout, formats: ClassFormats) -> Encoder {
     let config = EncoderConfig {
         formats,
         classify: ClassifyConfig {
-            ratio: 0.6,
+            loss_tolerance: 0.4,
             ..Default::default()
         },
         ..Default::default()

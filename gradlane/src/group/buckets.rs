@@ -36,7 +36,7 @@ pub(super) struct Bucket {
     pub(super) formats: ClassFormats,
     /// The owner returns the least important sums in the lossy format.
     pub(super) lossy_return: bool,
-    /// The links' loss tolerance: the share of each tensor's chunks a
+    /// The group's loss tolerance: the share of each tensor's chunks a
     /// lossy return sends in the lossy format.
     pub(super) tolerance: f64,
     /// Compression feedback is on.
@@ -131,12 +131,7 @@ impl Group {
                 },
             },
         };
-        let tolerance = self
-            .senders
-            .iter()
-            .flatten()
-            .next()
-            .map_or(0.0, |s| s.loss_tolerance());
+        let tolerance = self.membership.config.link.loss_tolerance;
         // An allgather's values are its ranks' own: nothing to feed back.
         let feedback = !options.gather
             && options

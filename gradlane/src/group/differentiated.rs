@@ -558,7 +558,7 @@ pub(super) fn least_important(
             let key = |x: f32| if x.is_nan() { f32::INFINITY } else { x };
             key(a.0).total_cmp(&key(b.0)).then(a.1.cmp(&b.1))
         });
-        let keep = gradlane_core::classify::important_count(1.0 - tolerance, n);
+        let keep = gradlane_core::classify::important_count(tolerance, n);
         for &(_, c) in &order[..n - keep] {
             lossy[c] = true;
         }

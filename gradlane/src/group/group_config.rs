@@ -30,8 +30,9 @@ pub struct GroupConfig {
     /// up is an error naming it.
     pub join_timeout: Duration,
     /// UDP sockets (quinn endpoints) this rank spreads its traffic over,
-    /// at least 1 (default [`default_sockets`]: one per core of this
-    /// rank's share where it has at least 4, at most 4; else 1). quinn
+    /// at least 1 (default [`default_sockets`] of a host to itself: one
+    /// per core where it has at least 4, at most 4; else 1; a caller
+    /// whose host has several ranks passes their count there). quinn
     /// seals, opens and acknowledges a connection's packets in one task;
     /// with more sockets each pair of ranks gets [`paths_per_peer`]
     /// connections and the exact collectives stripe their messages over
@@ -76,8 +77,11 @@ pub struct GroupConfig {
 }
 
 impl GroupConfig {
-    /// A configuration with the default link settings and a 60 s join
-    /// timeout.
+    /// [`GroupConfig::join_timeout`]'s default.
+    pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// A configuration with the default link settings and a
+    /// [`DEFAULT_JOIN_TIMEOUT`](Self::DEFAULT_JOIN_TIMEOUT) join timeout.
     pub fn new(
         rank: usize,
         world: usize,
@@ -95,8 +99,8 @@ impl GroupConfig {
             ca: ca.into(),
             server_name: None,
             link: Config::default(),
-            join_timeout: Duration::from_secs(60),
-            sockets: default_sockets(),
+            join_timeout: Self::DEFAULT_JOIN_TIMEOUT,
+            sockets: default_sockets(1),
             port_range: None,
             on_rank_failure: OnRankFailure::Fail,
             failure_timeout: None,

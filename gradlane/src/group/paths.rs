@@ -45,24 +45,22 @@ pub(super) const STRIPE_PIECE: usize = 64 << 10;
 
 pub use gradlane_core::group::MAX_SOCKETS;
 
-/// This process's share of the host's cores: the cores over the ranks
-/// that share the host (torchrun's `LOCAL_WORLD_SIZE`, else 1).
-pub fn core_share() -> usize {
+/// This process's share of the host's cores: the cores over the
+/// `local_ranks` that share the host (torchrun's `LOCAL_WORLD_SIZE`:
+/// [`environment::local_world_size`](crate::environment::local_world_size)
+/// reads it; 0 counts as 1).
+pub fn core_share(local_ranks: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let local_ranks = std::env::var("LOCAL_WORLD_SIZE")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(1);
-    (cores / local_ranks).max(1)
+    (cores / local_ranks.max(1)).max(1)
 }
 
-/// Sockets per rank by default: a rank with at least 4 cores to itself
-/// ([`core_share`]) gets one per core, at most 4; with fewer, one: more
-/// sockets pay where idle cores can take their packets (docs/RESULTS.md,
-/// "Fast paths"), and only add work where the cores are busy already.
-pub fn default_sockets() -> usize {
-    match core_share() {
+/// Sockets per rank by default, with `local_ranks` on the host: a rank
+/// with at least 4 cores to itself ([`core_share`]) gets one per core, at
+/// most 4; with fewer, one: more sockets pay where idle cores can take
+/// their packets (docs/RESULTS.md, "Fast paths"), and only add work where
+/// the cores are busy already.
+pub fn default_sockets(local_ranks: usize) -> usize {
+    match core_share(local_ranks) {
         share if share >= 4 => share.min(4),
         _ => 1,
     }

@@ -185,12 +185,6 @@ impl LinkSender {
         self.encoder_template.chunking
     }
 
-    /// The share of each tensor's chunks this end's rounds send lossy
-    /// ([`Config::loss_tolerance`](crate::Config::loss_tolerance)).
-    pub fn loss_tolerance(&self) -> f64 {
-        1.0 - self.encoder_template.classify.ratio
-    }
-
     /// The value formats of this end's rounds, unless a layout was
     /// registered with its own ([`Config::formats`](crate::Config::formats)).
     pub fn formats(&self) -> ClassFormats {

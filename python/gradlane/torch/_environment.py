@@ -2,8 +2,8 @@
 the addresses and ports its ranks listen on, the failure policy,
 asynchrony, staging. Each is read and checked here only, and a bad value
 is a ValueError naming it and saying what it takes. The native module
-reads its own (threads, sockets, log filter) in python/src/settings.rs,
-and parses GRADLANE_PORT_RANGE for both."""
+reads its own (threads, sockets, log filter) in python/src/environment.rs,
+and checks GRADLANE_PORT_RANGE and GRADLANE_CERT_DIR for both."""
 
 from __future__ import annotations
 
@@ -44,29 +44,11 @@ def port_range_from_env() -> tuple[int, int] | None:
     return gradlane._native.port_range_from_env()
 
 
-CERT_FILES = ("ca.pem", "server.pem", "server.key")
-
-
 def cert_dir_from_env() -> str:
     """GRADLANE_CERT_DIR, or a ValueError saying how to set it: unset, or
-    a directory without the three files every rank needs."""
-    how = (
-        "gradlane.generate_job_certs(dir, job) or `certs --job JOB` makes them for "
-        "any address, gradlane.generate_certs(dir, [hosts]) for those hosts; every "
-        "rank uses the same files"
-    )
-    d = os.environ.get("GRADLANE_CERT_DIR")
-    if not d:
-        raise ValueError(
-            f"gradlane: set GRADLANE_CERT_DIR to a directory with ca.pem, server.pem "
-            f"and server.key ({how})"
-        )
-    missing = [f for f in CERT_FILES if not os.path.isfile(os.path.join(d, f))]
-    if missing:
-        raise ValueError(
-            f"gradlane: GRADLANE_CERT_DIR {d!r} has no {', '.join(missing)} ({how})"
-        )
-    return d
+    a directory without the three files every rank needs. Checked by the
+    native module, as a Group given no cert_dir checks it."""
+    return gradlane._native.cert_dir_from_env()
 
 
 def rank_listen_from_env() -> str:

@@ -25,11 +25,6 @@ from gradlane.torch._environment import (
 from gradlane.torch._issue_order import IssueOrder
 from gradlane.torch._staging import Stager, future_for
 
-RECOVERIES = ("zero_fill", "rescale", "error_feedback")
-LOSSY_CARRIERS = ("adaptive", "datagrams")
-IMPORTANT_FORMATS = ("f32", "bf16", "f16")
-LOSSY_FORMATS = ("f32", "bf16", "f16", "log8")
-ROTATIONS = (None, "hadamard")
 #: Values a Hadamard rotation mixes: a lost chunk spreads over this many.
 HADAMARD_BLOCK = 4096
 
@@ -59,6 +54,12 @@ class StepStatistics:
 class HookState(StepStatistics):
     """The state of :func:`ddp_hook`: its gradlane Group, the layout of
     every bucket, and the statistics of the steps so far.
+
+    Its knobs come as keywords (``loss_tolerance`` and ``recovery`` also
+    first, by position), or as a :class:`gradlane.Settings` in
+    ``settings`` (the keywords then change it); ``state.settings`` holds
+    them, and each reads as an attribute (``state.loss_tolerance``). The
+    defaults are the Settings' own (``gradlane.Settings()``).
 
     Settings to tune:
 
@@ -176,79 +177,30 @@ class HookState(StepStatistics):
 
     def __init__(
         self,
-        loss_tolerance: float = 0.2,
-        recovery: str = "zero_fill",
+        loss_tolerance: float | None = None,
+        recovery: str | None = None,
         group: gradlane.Group | None = None,
         *,
-        injected_loss: float = 0.0,
-        seed: int = 0,
-        dscp: bool = False,
-        overlap: bool = False,
-        lossy_carrier: str = "adaptive",
-        important_format: str = "f32",
-        lossy_format: str = "f32",
-        compression_feedback: bool | None = None,
-        lossy_return: bool = False,
-        rotation: str | None = None,
-        deadline: str | float | None = None,
-        deadline_factor: float = 1.25,
+        settings: gradlane.Settings | None = None,
+        **knobs,
     ):
-        if not 0.0 <= float(loss_tolerance) <= 1.0:
-            raise ValueError(f"gradlane: loss_tolerance {loss_tolerance} is not in [0, 1]")
-        if recovery not in RECOVERIES:
-            raise ValueError(
-                f"gradlane: unknown recovery {recovery!r}; one of {', '.join(RECOVERIES)}"
-            )
-        if not 0.0 <= float(injected_loss) < 1.0:
-            raise ValueError(f"gradlane: injected_loss {injected_loss} is not in [0, 1)")
-        if lossy_carrier not in LOSSY_CARRIERS:
-            raise ValueError(
-                f"gradlane: unknown lossy_carrier {lossy_carrier!r}; "
-                f"one of {', '.join(LOSSY_CARRIERS)}"
-            )
-        if important_format not in IMPORTANT_FORMATS:
-            raise ValueError(
-                f"gradlane: unknown important_format {important_format!r}; "
-                f"one of {', '.join(IMPORTANT_FORMATS)} (log8 is for the lossy part only)"
-            )
-        if lossy_format not in LOSSY_FORMATS:
-            raise ValueError(
-                f"gradlane: unknown lossy_format {lossy_format!r}; "
-                f"one of {', '.join(LOSSY_FORMATS)}"
-            )
-        if deadline is not None and deadline != "adaptive":
-            if isinstance(deadline, str) or not float(deadline) > 0.0:
-                raise ValueError(
-                    f"gradlane: deadline {deadline!r} is not None, \"adaptive\" or a "
-                    "positive number of seconds"
-                )
-            deadline = float(deadline)
-        if rotation not in ROTATIONS:
-            raise ValueError(
-                f"gradlane: unknown rotation {rotation!r}; None or "
-                + ", ".join(repr(r) for r in ROTATIONS if r)
-            )
-        if not float(deadline_factor) >= 1.0:
-            raise ValueError(f"gradlane: deadline_factor {deadline_factor} is below 1")
-        if group is not None and (injected_loss or dscp or lossy_carrier != "adaptive"):
+        # Every knob is checked, and every default held, by gradlane.Settings
+        # (in Rust); the two that come first by position are left out where
+        # not given, so that the default is the Settings' own.
+        given = {
+            name: value
+            for name, value in (("loss_tolerance", loss_tolerance), ("recovery", recovery))
+            if value is not None
+        }
+        base = settings if settings is not None else gradlane.Settings()
+        #: The hook's knobs, every one of them (see the class's docs), as
+        #: its Group and buckets take them.
+        self.settings = base.replace(**given, **knobs)
+        if group is not None and self.settings.needs_own_group:
             raise ValueError(
                 "gradlane: injected_loss, dscp and lossy_carrier are settings of the Group "
                 "the hook joins itself; a Group passed in keeps its own (make it with them)"
             )
-        self.loss_tolerance = float(loss_tolerance)
-        self.recovery = recovery
-        self.injected_loss = float(injected_loss)
-        self.seed = int(seed)
-        self.dscp = bool(dscp)
-        self.overlap = bool(overlap)
-        self.lossy_carrier = lossy_carrier
-        self.important_format = important_format
-        self.lossy_format = lossy_format
-        self.compression_feedback = compression_feedback
-        self.lossy_return = bool(lossy_return)
-        self.deadline = deadline
-        self.deadline_factor = float(deadline_factor)
-        self.rotation = rotation
         # Per (bucket key, length): the rotation's signs.
         self._signs: dict[tuple, torch.Tensor] = {}
         self.group = group
@@ -265,6 +217,13 @@ class HookState(StepStatistics):
         # CUDA buckets go through pinned host buffers (see _staging).
         self._stager = Stager()
 
+    def __getattr__(self, name: str):
+        """Each knob reads as an attribute: ``state.loss_tolerance`` is
+        ``state.settings.loss_tolerance``."""
+        if name.startswith("_") or name == "settings":
+            raise AttributeError(name)
+        return getattr(self.settings, name)
+
     # ------------------------------------------------------------ group
     def _join(self) -> gradlane.Group:
         """The Group, joined at the first call, and the issue order its
@@ -280,13 +239,11 @@ class HookState(StepStatistics):
     def _join_group(self) -> gradlane.Group:
         if self.group is not None:
             return self.group
-        defaults = self.injected_loss == 0.0 and self.loss_tolerance == 0.2 and not self.dscp
-        if defaults and self.lossy_carrier == "adaptive":
-            # The backend's Group was made with the default settings.
-            g = gradlane_group_of(None)
-            if g is not None:
-                self.group = g
-                return g
+        g = gradlane_group_of(None)
+        if g is not None and self.settings.links_match(g.settings):
+            # The backend's Group carries the hook's links: shared.
+            self.group = g
+            return g
         if dist.is_initialized():
             rank, world = dist.get_rank(), dist.get_world_size()
         else:
@@ -300,13 +257,9 @@ class HookState(StepStatistics):
             root=f"{host}:{port}",
             listen=listen,
             cert_dir=cert_dir_from_env(),
-            loss_tolerance=self.loss_tolerance,
-            injected_loss=self.injected_loss,
-            seed=self.seed,
-            dscp=self.dscp,
-            lossy_carrier=self.lossy_carrier,
-            idle_timeout=idle_timeout_from_env(),
-            on_rank_failure=on_rank_failure_from_env(),
+            settings=self.settings.replace(
+                idle_timeout=idle_timeout_from_env(), on_rank_failure=on_rank_failure_from_env()
+            ),
         )
         self._own_group = True
         return self.group
@@ -396,17 +349,7 @@ class HookState(StepStatistics):
                 (f"b{index}.p{i}", list(s), "conv2d" if len(s) == 4 else "dense")
                 for i, s in enumerate(shapes)
             ]
-            bid = g.register_bucket(
-                layout,
-                recovery=self.recovery,
-                dtype=key[-1],
-                important_format=self.important_format,
-                lossy_format=self.lossy_format,
-                lossy_return=self.lossy_return,
-                compression_feedback=self.compression_feedback,
-                deadline=self.deadline,
-                deadline_factor=self.deadline_factor,
-            )
+            bid = g.register_bucket(layout, dtype=key[-1], settings=self.settings)
             self._buckets[key] = bid
         return bid
 

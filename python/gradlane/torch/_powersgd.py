@@ -160,15 +160,8 @@ class _BucketPlan:
         """The two gradlane buckets: [uncompressed | P] and Q, each a dense
         tensor of its own so that its chunks are ranked together."""
         g = hook._join()
-        options = dict(
-            dtype="float32",
-            important_format=hook.important_format,
-            lossy_format=hook.lossy_format,
-            lossy_return=hook.lossy_return,
-            compression_feedback=False,
-            deadline=hook.deadline,
-            deadline_factor=hook.deadline_factor,
-        )
+        settings = hook.settings.replace(compression_feedback=False)
+        options = dict(dtype="float32", settings=settings)
         first = []
         if self.u_size:
             first.append((f"powersgd{self.index}.uncompressed", [self.u_size], "dense"))

@@ -254,11 +254,11 @@ def _differentiated_step(state: SparseHookState, key, buf: torch.Tensor, tensors
     registered = state._slot_buckets.get(key)
     if registered is None:
         slots = [(f"sparse{key[0]}.rank{r}", [2 * cap], "dense") for r in range(world)]
-        bid = g.register_bucket(
-            slots, "drop", dtype="float32", important_format="f32", lossy_format="f32",
-            compression_feedback=False, deadline=hook.deadline,
-            deadline_factor=hook.deadline_factor, gather=True,
+        settings = hook.settings.replace(
+            important_format="f32", lossy_format="f32", lossy_return=False,
+            compression_feedback=False,
         )
+        bid = g.register_bucket(slots, "drop", dtype="float32", settings=settings, gather=True)
         registered = state._slot_buckets[key] = (bid, cap)
     bid, cap = registered
     host = _host(buf)

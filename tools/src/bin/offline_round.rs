@@ -31,9 +31,9 @@ struct Args {
     /// Rounds to run.
     #[arg(long, default_value_t = 3)]
     rounds: u32,
-    /// Fraction of chunks sent reliably.
-    #[arg(long, default_value_t = 0.8)]
-    ratio: f64,
+    /// Share of each tensor's chunks sent lossy.
+    #[arg(long, default_value_t = ClassifyConfig::default().loss_tolerance)]
+    loss_tolerance: f64,
     /// Lossy levels (1..=7).
     #[arg(long, default_value_t = 3)]
     levels: u8,
@@ -56,7 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let config = EncoderConfig {
         classify: ClassifyConfig {
-            ratio: args.ratio,
+            loss_tolerance: args.loss_tolerance,
             levels: args.levels,
             ..Default::default()
         },
