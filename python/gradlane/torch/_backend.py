@@ -63,7 +63,6 @@ from gradlane.torch._rendezvous import join_through_store
 from gradlane.torch._sparse import SparseMixin
 from gradlane.torch._staging import Stager, future_for
 from gradlane.torch._tensors import (
-    REDUCED_DTYPES,  # noqa: F401 - the DDP hook (gradlane.torch._hook) takes it from here
     apart,
     byte_view,
     check_parts,

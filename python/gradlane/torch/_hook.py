@@ -9,12 +9,7 @@ import torch
 import torch.distributed as dist
 
 import gradlane
-from gradlane.torch._backend import (
-    REDUCED_DTYPES,
-    gradlane_group_of,
-    issue_order_of,
-    values_view,
-)
+from gradlane.torch._backend import gradlane_group_of, issue_order_of
 from gradlane.torch._environment import (
     cert_dir_from_env,
     idle_timeout_from_env,
@@ -24,6 +19,7 @@ from gradlane.torch._environment import (
 )
 from gradlane.torch._issue_order import IssueOrder
 from gradlane.torch._staging import Stager, future_for
+from gradlane.torch._tensors import REDUCED_DTYPES, values_view
 
 #: Values a Hadamard rotation mixes: a lost chunk spreads over this many.
 HADAMARD_BLOCK = 4096
@@ -98,7 +94,8 @@ class HookState(StepStatistics):
       (as gloo does), instead of waiting for it inside the hook. Worth it
       where the host has cores to spare for the network; where every core
       is busy computing, the two compete and steps take longer
-      (docs/RESULTS.md: 4 ranks sharing 2 cores). Either way the
+      (docs/RESULTS.md, "The asynchronous backend: overlap with
+      backward", 4 ranks sharing 2 cores). Either way the
       allreduces run on the thread that runs the Group's collectives in
       issue order: the backend's, when the hook shares its Group.
     - ``deadline`` (default None): a bound on each half of a bucket's
@@ -125,15 +122,14 @@ class HookState(StepStatistics):
       a lost chunk then becomes small noise spread over its block instead
       of a hole. It also spreads importance evenly, so the important
       chunks no longer hold the largest values; and it costs two passes
-      of 12 butterflies a step. docs/RESULTS.md has what it measured.
+      of 12 butterflies a step (docs/RESULTS.md, "The mechanism in every
+      step": slower to the target there, where the CPU binds).
     - ``lossy_carrier``: what carries the lossy chunks. ``"adaptive"``
       (default) sends them on low-priority streams while the path loses
       nothing and as datagrams after a loss; cheapest in CPU.
       ``"datagrams"`` always uses datagrams: lossy data is never
       retransmitted, not even before the first loss is seen, at more CPU.
-      Behind the 100 Mbit/s testbed the two trained alike
-      (docs/RESULTS.md, "Time to accuracy"). Non-default makes the hook
-      join its own Group.
+      Non-default makes the hook join its own Group.
 
     Settings to leave alone:
 
