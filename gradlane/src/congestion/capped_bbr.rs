@@ -15,12 +15,11 @@
 //! on its own; [`GatedController`] is the shell both of gradlane's
 //! controllers share.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quinn::congestion::{BbrConfig, Controller, ControllerFactory};
+use quinn::congestion::BbrConfig;
 
-use crate::congestion::gate::{ControllerGate, GatedController};
+use crate::congestion::gate::{ControllerGate, GateFromSetting, GatedConfig, GatedController};
 
 /// The shortest delivery-rate sampling period. Acknowledgements reach a
 /// busy sender in bursts of a few milliseconds; a period several times
@@ -370,6 +369,14 @@ struct FloorProbe {
     started: Option<Instant>,
 }
 
+impl GateFromSetting for InflightCap {
+    const DEFAULT_SETTING: f64 = DEFAULT_GAIN;
+
+    fn from_setting(setting: f64, mtu: u16) -> Self {
+        InflightCap::new(setting, mtu)
+    }
+}
+
 impl ControllerGate for InflightCap {
     fn on_ack(
         &mut self,
@@ -410,43 +417,13 @@ impl ControllerGate for InflightCap {
     }
 }
 
-/// Builds [`CappedBbr`] controllers; give it to
-/// `quinn::TransportConfig::congestion_controller_factory`.
-#[derive(Debug, Clone)]
-pub(crate) struct CappedBbrConfig {
-    bbr: Arc<BbrConfig>,
-    gain: f64,
-}
-
-impl CappedBbrConfig {
-    /// quinn's BBR with its defaults, capped at `gain` times the
-    /// bandwidth-delay product.
-    pub(crate) fn new(gain: f64) -> Self {
-        Self {
-            bbr: Arc::new(BbrConfig::default()),
-            gain,
-        }
-    }
-}
-
-impl Default for CappedBbrConfig {
-    fn default() -> Self {
-        Self::new(DEFAULT_GAIN)
-    }
-}
-
-impl ControllerFactory for CappedBbrConfig {
-    fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
-        Box::new(CappedBbr::new(
-            self.bbr.clone().build(now, current_mtu),
-            InflightCap::new(self.gain, current_mtu),
-        ))
-    }
-}
-
 /// quinn's BBR with its window bounded by an [`InflightCap`] (its
 /// [`gate`](GatedController::gate)).
 pub(crate) type CappedBbr = GatedController<InflightCap>;
+
+/// Builds [`CappedBbr`] controllers: quinn's BBR with its defaults, capped
+/// at a gain times the bandwidth-delay product.
+pub(crate) type CappedBbrConfig = GatedConfig<BbrConfig, InflightCap>;
 
 #[cfg(test)]
 mod tests;
