@@ -124,26 +124,21 @@ fn refused(why: PeerCertError) -> rustls::Error {
 /// wrap (`self.inner`): only the certificate's names are theirs to judge.
 macro_rules! inner_signatures {
     () => {
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            self.inner.verify_tls12_signature(message, cert, dss)
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            self.inner.verify_tls13_signature(message, cert, dss)
-        }
+        inner_signatures!(@signature verify_tls12_signature);
+        inner_signatures!(@signature verify_tls13_signature);
 
         fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
             self.inner.supported_verify_schemes()
+        }
+    };
+    (@signature $check:ident) => {
+        fn $check(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.inner.$check(message, cert, dss)
         }
     };
 }
