@@ -163,65 +163,6 @@ impl InflightCap {
         self.cap = self.work_out_cap();
     }
 
-    /// `bytes` sent at `sent` were acknowledged at `now`; `app_limited`
-    /// when the sender had less to send than it was allowed; `srtt` the
-    /// connection's smoothed RTT after this acknowledgement.
-    pub(crate) fn on_ack(
-        &mut self,
-        now: Instant,
-        sent: Instant,
-        bytes: u64,
-        app_limited: bool,
-        srtt: Duration,
-    ) {
-        self.srtt = srtt;
-        let rtt = now.saturating_duration_since(sent);
-        // An acknowledgement timed no later than its packet's send (quinn
-        // stamps both with per-batch times, and a loaded host can order
-        // them so) says nothing of the path: a zero minimum would stay for
-        // a whole filter span.
-        let mut changed = !rtt.is_zero() && self.min_rtt.update(now, rtt, |a, b| a < b);
-        // The first acknowledgement of a period marks its start; what it
-        // acknowledged was delivered before.
-        let Some(start) = self.period_start else {
-            self.refresh();
-            self.start_period(now);
-            return;
-        };
-        self.period_acked = self.period_acked.saturating_add(bytes);
-        self.period_app_limited |= app_limited;
-        let elapsed = now.saturating_duration_since(start);
-        if elapsed < self.period() {
-            if changed {
-                self.refresh();
-            }
-            return;
-        }
-        let rate = self.period_acked as f64 / elapsed.as_secs_f64();
-        // A period with less to send than allowed measured the sender, not
-        // the path: it counts only if it beats what the path has shown.
-        if !self.period_app_limited || self.bandwidth().is_none_or(|bw| rate > bw) {
-            changed |= self.bandwidth.update(now, rate, |a, b| a > b);
-        }
-        if self
-            .probe
-            .started
-            .is_some_and(|s| now.saturating_duration_since(s) >= FILTER_SPAN)
-        {
-            // Probe again from the start: the path may have changed.
-            self.floor = self.min_floor();
-            self.probe = FloorProbe::default();
-            changed = true;
-        } else if self.period_at_floor && !self.period_app_limited {
-            changed |= self.probe_floor(now, rate);
-        }
-        if changed {
-            self.refresh();
-        }
-        // After the refresh: whether the next period starts at the floor.
-        self.start_period(now);
-    }
-
     fn start_period(&mut self, now: Instant) {
         self.period_start = Some(now);
         self.period_acked = 0;
@@ -378,6 +319,9 @@ impl GateFromSetting for InflightCap {
 }
 
 impl ControllerGate for InflightCap {
+    /// `bytes` sent at `sent` were acknowledged at `now`; `app_limited`
+    /// when the sender had less to send than it was allowed; `srtt` the
+    /// connection's smoothed RTT after this acknowledgement.
     fn on_ack(
         &mut self,
         now: Instant,
@@ -386,7 +330,52 @@ impl ControllerGate for InflightCap {
         app_limited: bool,
         srtt: Duration,
     ) {
-        InflightCap::on_ack(self, now, sent, bytes, app_limited, srtt);
+        self.srtt = srtt;
+        let rtt = now.saturating_duration_since(sent);
+        // An acknowledgement timed no later than its packet's send (quinn
+        // stamps both with per-batch times, and a loaded host can order
+        // them so) says nothing of the path: a zero minimum would stay for
+        // a whole filter span.
+        let mut changed = !rtt.is_zero() && self.min_rtt.update(now, rtt, |a, b| a < b);
+        // The first acknowledgement of a period marks its start; what it
+        // acknowledged was delivered before.
+        let Some(start) = self.period_start else {
+            self.refresh();
+            self.start_period(now);
+            return;
+        };
+        self.period_acked = self.period_acked.saturating_add(bytes);
+        self.period_app_limited |= app_limited;
+        let elapsed = now.saturating_duration_since(start);
+        if elapsed < self.period() {
+            if changed {
+                self.refresh();
+            }
+            return;
+        }
+        let rate = self.period_acked as f64 / elapsed.as_secs_f64();
+        // A period with less to send than allowed measured the sender, not
+        // the path: it counts only if it beats what the path has shown.
+        if !self.period_app_limited || self.bandwidth().is_none_or(|bw| rate > bw) {
+            changed |= self.bandwidth.update(now, rate, |a, b| a > b);
+        }
+        if self
+            .probe
+            .started
+            .is_some_and(|s| now.saturating_duration_since(s) >= FILTER_SPAN)
+        {
+            // Probe again from the start: the path may have changed.
+            self.floor = self.min_floor();
+            self.probe = FloorProbe::default();
+            changed = true;
+        } else if self.period_at_floor && !self.period_app_limited {
+            changed |= self.probe_floor(now, rate);
+        }
+        if changed {
+            self.refresh();
+        }
+        // After the refresh: whether the next period starts at the floor.
+        self.start_period(now);
     }
 
     fn window(&self, inner: u64) -> u64 {
