@@ -42,6 +42,19 @@ fn in_a_call(place: usize, world: usize) -> ViewKeeper {
     k
 }
 
+/// View `epoch` agreed with the first call complete and `members` left,
+/// its mesh formed whole: the call returns.
+fn agree_and_return(k: &mut ViewKeeper, epoch: u64, members: &[usize]) {
+    k.handle(Event::Agreed(member(decision(
+        epoch,
+        ViewOutcome::Complete { call: 1 },
+        members,
+    ))));
+    next(k);
+    k.handle(Event::MeshFormed { unlinked: vec![] });
+    assert!(matches!(next(k), Action::Return));
+}
+
 #[test]
 fn a_call_without_failure_is_an_exchange_then_done_then_return() {
     let mut k = ViewKeeper::new(1, 3);
@@ -123,14 +136,7 @@ fn a_result_held_through_done_is_returned_where_the_view_completes_the_call() {
         panic!("an agreement")
     };
     assert!(agreement.seat().has_result());
-    k.handle(Event::Agreed(member(decision(
-        1,
-        ViewOutcome::Complete { call: 1 },
-        &[0, 1],
-    ))));
-    next(&mut k);
-    k.handle(Event::MeshFormed { unlinked: vec![] });
-    assert!(matches!(next(&mut k), Action::Return));
+    agree_and_return(&mut k, 1, &[0, 1]);
     assert_eq!(k.contributors(), 3, "the result is the whole view's");
 }
 
@@ -161,14 +167,7 @@ fn a_member_that_does_not_link_up_is_left_out_by_the_next_agreement() {
         agreement.suspects().iter().copied().collect::<Vec<_>>(),
         [2]
     );
-    k.handle(Event::Agreed(member(decision(
-        2,
-        ViewOutcome::Complete { call: 1 },
-        &[0, 1],
-    ))));
-    next(&mut k);
-    k.handle(Event::MeshFormed { unlinked: vec![] });
-    assert!(matches!(next(&mut k), Action::Return));
+    agree_and_return(&mut k, 2, &[0, 1]);
     assert_eq!((k.epoch(), k.members()), (2, &[0, 1][..]));
 }
 
