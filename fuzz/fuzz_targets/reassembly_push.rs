@@ -20,13 +20,16 @@
 //! bit for bit, NaN as NaN.
 #![no_main]
 
+mod shared;
+
 use gradlane_core::classify::{ClassifyConfig, Ranking, IMPORTANT};
 use gradlane_core::encode::{EncodedRound, Encoder, EncoderConfig, MIN_DATAGRAM};
 use gradlane_core::format::{log8_round_trip, ClassFormats, ValueFormat};
-use gradlane_core::layout::{ChunkOptions, ChunkPlan, ConvChunking, Layout, TensorSpec};
+use gradlane_core::layout::{ChunkOptions, ChunkPlan, ConvChunking};
 use gradlane_core::presets;
 use gradlane_core::reassembly::{Channel, Reassembler, ReassemblyConfig, Round, StreamDecoder};
 use libfuzzer_sys::fuzz_target;
+use shared::layout;
 
 /// Reads the input front to back; past its end every byte is 0.
 struct Input<'a>(&'a [u8]);
@@ -51,18 +54,6 @@ impl<'a> Input<'a> {
     fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-}
-
-/// Small enough that a round frames in microseconds, with tensors smaller
-/// than a chunk, of one chunk and of many, and a convolution.
-fn layout() -> Layout {
-    Layout::new(vec![
-        TensorSpec::conv2d("conv", [4, 3, 3, 3]),
-        TensorSpec::dense("bias", [5]),
-        TensorSpec::dense("fc", [10, 37]),
-        TensorSpec::dense("scalar", [1]),
-    ])
-    .expect("a valid layout")
 }
 
 /// Every pair of formats the encoder takes.

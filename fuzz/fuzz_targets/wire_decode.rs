@@ -19,23 +19,15 @@
 //! the same bytes (NaN payloads aside, which conversion may quiet).
 #![no_main]
 
+mod shared;
+
 use gradlane_core::format::ValueFormat;
-use gradlane_core::layout::{ChunkOptions, ChunkPlan, ConvChunking, Layout, TensorSpec};
+use gradlane_core::layout::{ChunkOptions, ChunkPlan, ConvChunking};
 use gradlane_core::payload;
 use gradlane_core::wire::{self, DataHeader, Segment, DATA_HEADER_LEN, MAX_SEGMENT_PAYLOAD};
 use libfuzzer_sys::fuzz_target;
+use shared::layout;
 use std::sync::LazyLock;
-
-/// Tensors smaller than a chunk, one chunk, and many; a convolution.
-fn layout() -> Layout {
-    Layout::new(vec![
-        TensorSpec::conv2d("conv", [4, 3, 3, 3]),
-        TensorSpec::dense("bias", [5]),
-        TensorSpec::dense("fc", [10, 37]),
-        TensorSpec::dense("scalar", [1]),
-    ])
-    .expect("a valid layout")
-}
 
 /// Plans with chunks of 1 value (every value its own `Log8` section) up to
 /// larger than any tensor, both convolution cuts. Planned once: the

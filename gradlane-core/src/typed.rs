@@ -259,7 +259,7 @@ fn floats<T: Element>(op: Op, parts: &[&[u8]], out: &mut [u8]) {
     for part in &parts[1..] {
         let v: Vec<T> = values(part);
         for (a, v) in acc.iter_mut().zip(v) {
-            *a = f32_op(op, *a, v.to_f32());
+            *a = float_op(op, *a, v.to_f32());
         }
     }
     if op == Op::Avg {
@@ -271,12 +271,18 @@ fn floats<T: Element>(op: Op, parts: &[&[u8]], out: &mut [u8]) {
     out.copy_from_slice(bytemuck::cast_slice(&narrowed));
 }
 
-fn f32_op(op: Op, a: f32, v: f32) -> f32 {
+/// `a op v` for a float type: a NaN `v` wins max and min, as torch's does.
+fn float_op<T>(op: Op, a: T, v: T) -> T
+where
+    T: Copy + PartialOrd + std::ops::Add<Output = T> + std::ops::Mul<Output = T>,
+{
+    // Only NaN is unordered against itself.
+    let nan = v.partial_cmp(&v).is_none();
     match op {
         Op::Sum | Op::Avg => a + v,
         Op::Product => a * v,
-        Op::Max if v.is_nan() || v > a => v,
-        Op::Min if v.is_nan() || v < a => v,
+        Op::Max if nan || v > a => v,
+        Op::Min if nan || v < a => v,
         // Bitwise ops were refused by `check`.
         _ => a,
     }
@@ -313,13 +319,7 @@ integer!(i8, i16, i32, i64, u8);
 
 impl Exact for f64 {
     fn combine(op: Op, a: Self, v: Self) -> Self {
-        match op {
-            Op::Sum | Op::Avg => a + v,
-            Op::Product => a * v,
-            Op::Max if v.is_nan() || v > a => v,
-            Op::Min if v.is_nan() || v < a => v,
-            _ => a,
-        }
+        float_op(op, a, v)
     }
 
     fn divide(v: Self, n: usize) -> Self {

@@ -120,6 +120,29 @@ fn refused(why: PeerCertError) -> rustls::Error {
     })
 }
 
+/// The signature checks both verifiers leave to the webpki verifier they
+/// wrap (`self.inner`): only the certificate's names are theirs to judge.
+macro_rules! inner_signatures {
+    () => {
+        inner_signatures!(@signature verify_tls12_signature);
+        inner_signatures!(@signature verify_tls13_signature);
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.inner.supported_verify_schemes()
+        }
+    };
+    (@signature $check:ident) => {
+        fn $check(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.inner.$check(message, cert, dss)
+        }
+    };
+}
+
 /// The server check a rank's client makes: webpki's (the chain to the CA,
 /// the name), with its refusals explained (an unknown CA, a wrong job) and
 /// remembered for the caller.
@@ -169,27 +192,7 @@ impl ServerCertVerifier for ExplainingServerVerifier {
         Err(refused(why))
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
+    inner_signatures!();
 }
 
 /// The client check a job's rank makes when it accepts: webpki's chain to
@@ -239,27 +242,7 @@ impl ClientCertVerifier for JobClientVerifier {
         }
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
+    inner_signatures!();
 }
 
 /// Why a PEM file could not be loaded.

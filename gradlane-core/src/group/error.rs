@@ -2,6 +2,7 @@
 //! words the shell's `GroupError::OutOfStep` can carry, found before
 //! anything the message claims is allocated.
 
+use crate::bytes::{Reader, Short};
 use crate::format::ClassFormats;
 use thiserror::Error;
 
@@ -166,4 +167,26 @@ pub enum GroupMessageError {
         /// The buffer's length.
         got: usize,
     },
+}
+
+/// A reader of the binary `message` past its leading rank count, which
+/// must be the group's `world` (`name` says which message, in the error).
+pub(crate) fn ranks_reader<'m>(
+    message: &'m [u8],
+    name: &'static str,
+    world: usize,
+) -> Result<Reader<'m>, GroupMessageError> {
+    let mut r = Reader::new(message);
+    let ranks = r.u32().map_err(|_: Short| GroupMessageError::Truncated {
+        message: name,
+        len: message.len(),
+    })? as usize;
+    if ranks != world {
+        return Err(GroupMessageError::WorldMismatch {
+            message: name,
+            got: ranks,
+            world,
+        });
+    }
+    Ok(r)
 }

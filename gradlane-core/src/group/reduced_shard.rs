@@ -10,8 +10,9 @@
 //! codes). The reader checks every count against the bytes there are and
 //! every chunk's length against the shard before a value is written.
 
+use super::error::ranks_reader;
 use super::GroupMessageError;
-use crate::bytes::{Reader, Short};
+use crate::bytes::Short;
 use crate::format::{
     self, log8_decode, log8_encode, log8_scale, log8_scale_ok, ClassFormats, ValueFormat,
     LOG8_SCALE_BYTES,
@@ -123,15 +124,7 @@ impl<'m, 'c> ReducedShard<'m, 'c> {
         if !contiguous {
             return Err(GroupMessageError::ChunkPlan);
         }
-        let mut r = Reader::new(message);
-        let ranks = r.u32().map_err(short)? as usize;
-        if ranks != world {
-            return Err(GroupMessageError::WorldMismatch {
-                message: MESSAGE,
-                got: ranks,
-                world,
-            });
-        }
+        let mut r = ranks_reader(message, MESSAGE, world)?;
         let mut missing = Vec::new();
         for q in 0..world {
             let count = r.u32().map_err(short)? as usize;

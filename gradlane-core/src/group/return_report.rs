@@ -17,8 +17,9 @@
 //! Ids ascend within a list; every id is checked against its shard's
 //! chunk count before anything is allocated.
 
+use super::error::ranks_reader;
 use super::GroupMessageError;
-use crate::bytes::{Reader, Short};
+use crate::bytes::Short;
 
 const MESSAGE: &str = "return report";
 
@@ -65,15 +66,7 @@ impl ReturnReport {
         if chunks.len() != world || me >= world || from >= world {
             return Err(GroupMessageError::ChunkPlan);
         }
-        let mut r = Reader::new(message);
-        let ranks = r.u32().map_err(short)? as usize;
-        if ranks != world {
-            return Err(GroupMessageError::WorldMismatch {
-                message: MESSAGE,
-                got: ranks,
-                world,
-            });
-        }
+        let mut r = ranks_reader(message, MESSAGE, world)?;
         let mut list = |of_shard: usize, what: &'static str| {
             let count = r.u32().map_err(short)? as usize;
             // `take` checks the bytes are there: a count alone allocates

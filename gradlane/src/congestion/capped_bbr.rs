@@ -15,12 +15,11 @@
 //! on its own; [`GatedController`] is the shell both of gradlane's
 //! controllers share.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quinn::congestion::{BbrConfig, Controller, ControllerFactory};
+use quinn::congestion::BbrConfig;
 
-use crate::congestion::gate::{ControllerGate, GatedController};
+use crate::congestion::gate::{ControllerGate, GateFromSetting, GatedConfig, GatedController};
 
 /// The shortest delivery-rate sampling period. Acknowledgements reach a
 /// busy sender in bursts of a few milliseconds; a period several times
@@ -162,65 +161,6 @@ impl InflightCap {
         self.mtu = u64::from(mtu);
         self.floor = self.floor.max(self.min_floor());
         self.cap = self.work_out_cap();
-    }
-
-    /// `bytes` sent at `sent` were acknowledged at `now`; `app_limited`
-    /// when the sender had less to send than it was allowed; `srtt` the
-    /// connection's smoothed RTT after this acknowledgement.
-    pub(crate) fn on_ack(
-        &mut self,
-        now: Instant,
-        sent: Instant,
-        bytes: u64,
-        app_limited: bool,
-        srtt: Duration,
-    ) {
-        self.srtt = srtt;
-        let rtt = now.saturating_duration_since(sent);
-        // An acknowledgement timed no later than its packet's send (quinn
-        // stamps both with per-batch times, and a loaded host can order
-        // them so) says nothing of the path: a zero minimum would stay for
-        // a whole filter span.
-        let mut changed = !rtt.is_zero() && self.min_rtt.update(now, rtt, |a, b| a < b);
-        // The first acknowledgement of a period marks its start; what it
-        // acknowledged was delivered before.
-        let Some(start) = self.period_start else {
-            self.refresh();
-            self.start_period(now);
-            return;
-        };
-        self.period_acked = self.period_acked.saturating_add(bytes);
-        self.period_app_limited |= app_limited;
-        let elapsed = now.saturating_duration_since(start);
-        if elapsed < self.period() {
-            if changed {
-                self.refresh();
-            }
-            return;
-        }
-        let rate = self.period_acked as f64 / elapsed.as_secs_f64();
-        // A period with less to send than allowed measured the sender, not
-        // the path: it counts only if it beats what the path has shown.
-        if !self.period_app_limited || self.bandwidth().is_none_or(|bw| rate > bw) {
-            changed |= self.bandwidth.update(now, rate, |a, b| a > b);
-        }
-        if self
-            .probe
-            .started
-            .is_some_and(|s| now.saturating_duration_since(s) >= FILTER_SPAN)
-        {
-            // Probe again from the start: the path may have changed.
-            self.floor = self.min_floor();
-            self.probe = FloorProbe::default();
-            changed = true;
-        } else if self.period_at_floor && !self.period_app_limited {
-            changed |= self.probe_floor(now, rate);
-        }
-        if changed {
-            self.refresh();
-        }
-        // After the refresh: whether the next period starts at the floor.
-        self.start_period(now);
     }
 
     fn start_period(&mut self, now: Instant) {
@@ -370,7 +310,18 @@ struct FloorProbe {
     started: Option<Instant>,
 }
 
+impl GateFromSetting for InflightCap {
+    const DEFAULT_SETTING: f64 = DEFAULT_GAIN;
+
+    fn from_setting(setting: f64, mtu: u16) -> Self {
+        InflightCap::new(setting, mtu)
+    }
+}
+
 impl ControllerGate for InflightCap {
+    /// `bytes` sent at `sent` were acknowledged at `now`; `app_limited`
+    /// when the sender had less to send than it was allowed; `srtt` the
+    /// connection's smoothed RTT after this acknowledgement.
     fn on_ack(
         &mut self,
         now: Instant,
@@ -379,7 +330,52 @@ impl ControllerGate for InflightCap {
         app_limited: bool,
         srtt: Duration,
     ) {
-        InflightCap::on_ack(self, now, sent, bytes, app_limited, srtt);
+        self.srtt = srtt;
+        let rtt = now.saturating_duration_since(sent);
+        // An acknowledgement timed no later than its packet's send (quinn
+        // stamps both with per-batch times, and a loaded host can order
+        // them so) says nothing of the path: a zero minimum would stay for
+        // a whole filter span.
+        let mut changed = !rtt.is_zero() && self.min_rtt.update(now, rtt, |a, b| a < b);
+        // The first acknowledgement of a period marks its start; what it
+        // acknowledged was delivered before.
+        let Some(start) = self.period_start else {
+            self.refresh();
+            self.start_period(now);
+            return;
+        };
+        self.period_acked = self.period_acked.saturating_add(bytes);
+        self.period_app_limited |= app_limited;
+        let elapsed = now.saturating_duration_since(start);
+        if elapsed < self.period() {
+            if changed {
+                self.refresh();
+            }
+            return;
+        }
+        let rate = self.period_acked as f64 / elapsed.as_secs_f64();
+        // A period with less to send than allowed measured the sender, not
+        // the path: it counts only if it beats what the path has shown.
+        if !self.period_app_limited || self.bandwidth().is_none_or(|bw| rate > bw) {
+            changed |= self.bandwidth.update(now, rate, |a, b| a > b);
+        }
+        if self
+            .probe
+            .started
+            .is_some_and(|s| now.saturating_duration_since(s) >= FILTER_SPAN)
+        {
+            // Probe again from the start: the path may have changed.
+            self.floor = self.min_floor();
+            self.probe = FloorProbe::default();
+            changed = true;
+        } else if self.period_at_floor && !self.period_app_limited {
+            changed |= self.probe_floor(now, rate);
+        }
+        if changed {
+            self.refresh();
+        }
+        // After the refresh: whether the next period starts at the floor.
+        self.start_period(now);
     }
 
     fn window(&self, inner: u64) -> u64 {
@@ -410,43 +406,13 @@ impl ControllerGate for InflightCap {
     }
 }
 
-/// Builds [`CappedBbr`] controllers; give it to
-/// `quinn::TransportConfig::congestion_controller_factory`.
-#[derive(Debug, Clone)]
-pub(crate) struct CappedBbrConfig {
-    bbr: Arc<BbrConfig>,
-    gain: f64,
-}
-
-impl CappedBbrConfig {
-    /// quinn's BBR with its defaults, capped at `gain` times the
-    /// bandwidth-delay product.
-    pub(crate) fn new(gain: f64) -> Self {
-        Self {
-            bbr: Arc::new(BbrConfig::default()),
-            gain,
-        }
-    }
-}
-
-impl Default for CappedBbrConfig {
-    fn default() -> Self {
-        Self::new(DEFAULT_GAIN)
-    }
-}
-
-impl ControllerFactory for CappedBbrConfig {
-    fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
-        Box::new(CappedBbr::new(
-            self.bbr.clone().build(now, current_mtu),
-            InflightCap::new(self.gain, current_mtu),
-        ))
-    }
-}
-
 /// quinn's BBR with its window bounded by an [`InflightCap`] (its
 /// [`gate`](GatedController::gate)).
 pub(crate) type CappedBbr = GatedController<InflightCap>;
+
+/// Builds [`CappedBbr`] controllers: quinn's BBR with its defaults, capped
+/// at a gain times the bandwidth-delay product.
+pub(crate) type CappedBbrConfig = GatedConfig<BbrConfig, InflightCap>;
 
 #[cfg(test)]
 mod tests;

@@ -7,9 +7,11 @@
 //! feeds them quinn's events and hands everything else through.
 
 use std::any::Any;
+use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quinn::congestion::{Controller, ControllerMetrics};
+use quinn::congestion::{Controller, ControllerFactory, ControllerMetrics};
 
 /// What a gate sees of quinn's events and what it may change.
 pub(crate) trait ControllerGate: Clone + Send + Sync + 'static {
@@ -52,6 +54,53 @@ pub(crate) trait ControllerGate: Clone + Send + Sync + 'static {
 
     /// The path's packet size changed.
     fn set_mtu(&mut self, mtu: u16);
+}
+
+/// A gate made from one setting (BBR's cap gain, Cubic's tolerated loss
+/// rate), which [`GatedConfig`] builds one of per connection.
+pub(crate) trait GateFromSetting: ControllerGate + std::fmt::Debug {
+    /// The setting [`GatedConfig::default`] builds gates with.
+    const DEFAULT_SETTING: f64;
+
+    /// A connection's gate from `setting`, on a path of packet size `mtu`.
+    fn from_setting(setting: f64, mtu: u16) -> Self;
+}
+
+/// Builds [`GatedController`]s: quinn's factory `F` with its defaults
+/// behind a gate `G` made from `setting`; give it to
+/// `quinn::TransportConfig::congestion_controller_factory`.
+#[derive(Debug, Clone)]
+pub(crate) struct GatedConfig<F, G> {
+    inner: Arc<F>,
+    setting: f64,
+    gate: PhantomData<fn() -> G>,
+}
+
+impl<F: Default, G: GateFromSetting> GatedConfig<F, G> {
+    /// quinn's `F` with its defaults, each connection's gate made from
+    /// `setting`.
+    pub(crate) fn new(setting: f64) -> Self {
+        Self {
+            inner: Arc::new(F::default()),
+            setting,
+            gate: PhantomData,
+        }
+    }
+}
+
+impl<F: Default, G: GateFromSetting> Default for GatedConfig<F, G> {
+    fn default() -> Self {
+        Self::new(G::DEFAULT_SETTING)
+    }
+}
+
+impl<F: ControllerFactory, G: GateFromSetting> ControllerFactory for GatedConfig<F, G> {
+    fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
+        Box::new(GatedController::new(
+            self.inner.clone().build(now, current_mtu),
+            G::from_setting(self.setting, current_mtu),
+        ))
+    }
 }
 
 /// quinn's controller `inner` behind the gate `G`.

@@ -14,12 +14,11 @@
 //! [`super::capped_bbr`]. The filter is pure and tested on its own;
 //! [`GatedController`] is the shell both of gradlane's controllers share.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quinn::congestion::{Controller, ControllerFactory, CubicConfig};
+use quinn::congestion::CubicConfig;
 
-use crate::congestion::gate::{ControllerGate, GatedController};
+use crate::congestion::gate::{ControllerGate, GateFromSetting, GatedConfig};
 
 /// The shortest rate-sampling period: on loopback the RTT is microseconds,
 /// and a period must hold enough packets for a rate to mean anything.
@@ -201,37 +200,11 @@ impl LossFilter {
     }
 }
 
-/// Builds [`QueueGatedCubic`] controllers; give it to
-/// `quinn::TransportConfig::congestion_controller_factory`.
-#[derive(Debug, Clone)]
-pub(crate) struct QueueGatedCubicConfig {
-    cubic: Arc<CubicConfig>,
-    max_loss: f64,
-}
+impl GateFromSetting for LossFilter {
+    const DEFAULT_SETTING: f64 = DEFAULT_MAX_LOSS;
 
-impl QueueGatedCubicConfig {
-    /// Cubic with quinn's defaults, tolerating a loss rate up to `max_loss`
-    /// while the path shows no queue.
-    pub(crate) fn new(max_loss: f64) -> Self {
-        Self {
-            cubic: Arc::new(CubicConfig::default()),
-            max_loss,
-        }
-    }
-}
-
-impl Default for QueueGatedCubicConfig {
-    fn default() -> Self {
-        Self::new(DEFAULT_MAX_LOSS)
-    }
-}
-
-impl ControllerFactory for QueueGatedCubicConfig {
-    fn build(self: Arc<Self>, now: Instant, current_mtu: u16) -> Box<dyn Controller> {
-        Box::new(QueueGatedCubic::new(
-            self.cubic.clone().build(now, current_mtu),
-            LossFilter::new(self.max_loss, current_mtu),
-        ))
+    fn from_setting(setting: f64, mtu: u16) -> Self {
+        LossFilter::new(setting, mtu)
     }
 }
 
@@ -255,9 +228,10 @@ impl ControllerGate for LossFilter {
     }
 }
 
-/// quinn's Cubic behind a [`LossFilter`] (its
-/// [`gate`](GatedController::gate)).
-pub(crate) type QueueGatedCubic = GatedController<LossFilter>;
+/// Builds quinn's Cubic, with its defaults, behind a [`LossFilter`]
+/// tolerating a loss rate up to a setting while the path shows no queue
+/// (a [`GatedController`](super::gate::GatedController)).
+pub(crate) type QueueGatedCubicConfig = GatedConfig<CubicConfig, LossFilter>;
 
 #[cfg(test)]
 mod tests {

@@ -85,13 +85,7 @@ impl Group {
         output: &mut [f32],
     ) -> Result<(), GroupError> {
         let n = input.len();
-        if output.len() != n * self.world {
-            return Err(GroupError::Size(format!(
-                "allgather of {n} values into {} (needs {})",
-                output.len(),
-                n * self.world
-            )));
-        }
+        world_sized("allgather", "values", n, output.len(), self.world, true)?;
         let t = tag(self.next_seq(), Kind::Allgather);
         let body = to_bytes(input);
         let got = self.exchange_with_all(t, &body).await?;
@@ -173,13 +167,14 @@ impl Group {
         op: ReduceOp,
     ) -> Result<(), GroupError> {
         let k = output.len();
-        if input.len() != k * self.world {
-            return Err(GroupError::Size(format!(
-                "reduce-scatter of {} values into {k} (needs {})",
-                input.len(),
-                k * self.world
-            )));
-        }
+        world_sized(
+            "reduce-scatter",
+            "values",
+            input.len(),
+            k,
+            self.world,
+            false,
+        )?;
         self.reduce_to_owners(input, op, output, |r| r * k..(r + 1) * k)
             .await
     }
@@ -216,5 +211,52 @@ impl Group {
         op.finish(&mut acc, self.world);
         gradlane_core::format::narrow(&acc, out);
         Ok(())
+    }
+}
+
+/// `Err(Size)` unless the longer of a collective's `input` and `output`
+/// (the output when it `gathers`) holds one of the shorter per rank of
+/// `world`; `unit` names what the lengths count.
+pub(super) fn world_sized(
+    what: &str,
+    unit: &str,
+    input: usize,
+    output: usize,
+    world: usize,
+    gathers: bool,
+) -> Result<(), GroupError> {
+    let (part, whole) = if gathers {
+        (input, output)
+    } else {
+        (output, input)
+    };
+    if whole == part * world {
+        return Ok(());
+    }
+    Err(GroupError::Size(format!(
+        "{what} of {input} {unit} into {output} (needs {})",
+        part * world
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn world_sized_names_the_lengths_and_what_was_needed() {
+        assert!(world_sized("allgather", "values", 3, 12, 4, true).is_ok());
+        assert!(world_sized("reduce-scatter", "bytes", 12, 3, 4, false).is_ok());
+        let Err(GroupError::Size(gather)) = world_sized("allgather", "values", 3, 10, 4, true)
+        else {
+            panic!("an allgather into too little is refused")
+        };
+        assert_eq!(gather, "allgather of 3 values into 10 (needs 12)");
+        let Err(GroupError::Size(scatter)) =
+            world_sized("reduce-scatter", "bytes", 10, 3, 4, false)
+        else {
+            panic!("a reduce-scatter of the wrong size is refused")
+        };
+        assert_eq!(scatter, "reduce-scatter of 10 bytes into 3 (needs 12)");
     }
 }

@@ -13,6 +13,7 @@
 //! collectives number them; a `root` is a rank as it joined.
 
 use super::deadline::Deadline;
+use super::exact::world_sized;
 use super::shards::shard;
 use super::{tag, Group, GroupError, Kind};
 use bytes::Bytes;
@@ -238,13 +239,7 @@ impl Group {
             output,
             async |g: &mut Group, output: &mut [u8]| {
                 let k = output.len();
-                if input.len() != k * g.world {
-                    return Err(GroupError::Size(format!(
-                        "reduce-scatter of {} bytes into {k} (needs {})",
-                        input.len(),
-                        k * g.world
-                    )));
-                }
+                world_sized("reduce-scatter", "bytes", input.len(), k, g.world, false)?;
                 g.typed_to_owners(input, dtype, op, output, |r| r * k..(r + 1) * k)
                     .await
             },

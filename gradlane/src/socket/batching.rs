@@ -25,7 +25,6 @@ use std::fmt;
 use std::io::{self, IoSliceMut};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use quinn::udp::{RecvMeta, Transmit};
 use quinn::AsyncUdpSocket;
@@ -175,24 +174,18 @@ impl Layer for BatchingSocket {
         Ok(())
     }
 
-    fn recv(
-        &self,
-        cx: &mut Context<'_>,
-        bufs: &mut [IoSliceMut<'_>],
-        meta: &mut [RecvMeta],
-    ) -> Poll<io::Result<usize>> {
-        let got = self.inner.poll_recv(cx, bufs, meta);
-        if let Poll::Ready(Ok(n)) = &got {
-            let packets: usize = meta[..*n]
-                .iter()
-                .map(|m| m.len.div_ceil(m.stride.max(1)).max(1))
-                .sum();
-            self.counters.buffers_received.fetch_add(*n as u64, Relaxed);
-            self.counters
-                .packets_received
-                .fetch_add(packets as u64, Relaxed);
-        }
-        got
+    fn received(&self, _: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> Option<usize> {
+        let packets: usize = meta
+            .iter()
+            .map(|m| m.len.div_ceil(m.stride.max(1)).max(1))
+            .sum();
+        self.counters
+            .buffers_received
+            .fetch_add(meta.len() as u64, Relaxed);
+        self.counters
+            .packets_received
+            .fetch_add(packets as u64, Relaxed);
+        Some(meta.len())
     }
 
     fn receive_segments(&self) -> usize {

@@ -21,7 +21,7 @@ use std::io::{self, IoSliceMut};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use quinn::udp::{RecvMeta, Transmit};
@@ -428,37 +428,19 @@ impl Layer for FaultySocket {
         Ok(())
     }
 
-    fn recv(
-        &self,
-        cx: &mut Context<'_>,
-        bufs: &mut [IoSliceMut<'_>],
-        meta: &mut [RecvMeta],
-    ) -> Poll<io::Result<usize>> {
-        loop {
-            let n = ready!(self.inner.poll_recv(cx, bufs, meta))?;
-            if self.severed.load(Ordering::Relaxed) {
-                let count: usize = meta[..n]
-                    .iter()
-                    .map(|m| segment_count(m.len, m.stride))
-                    .sum();
+    fn received(&self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> Option<usize> {
+        let severed = self.severed.load(Ordering::Relaxed);
+        if severed || self.faults.loss_in <= 0.0 {
+            let count: usize = meta.iter().map(|m| segment_count(m.len, m.stride)).sum();
+            if severed {
                 add(&self.counters.0.datagrams_dropped_in, count as u64);
-                continue;
+                return None;
             }
-            if self.faults.loss_in <= 0.0 {
-                let count: usize = meta[..n]
-                    .iter()
-                    .map(|m| segment_count(m.len, m.stride))
-                    .sum();
-                add(&self.counters.0.datagrams_received, count as u64);
-                return Poll::Ready(Ok(n));
-            }
-            let kept = self.filter_incoming(bufs, meta, n);
-            if kept > 0 {
-                return Poll::Ready(Ok(kept));
-            }
-            // Everything was dropped: poll again, so that we either return
-            // data or the inner socket registers the waker with Pending.
+            add(&self.counters.0.datagrams_received, count as u64);
+            return Some(meta.len());
         }
+        let kept = self.filter_incoming(bufs, meta, meta.len());
+        (kept > 0).then_some(kept)
     }
 }
 

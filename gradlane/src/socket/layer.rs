@@ -9,7 +9,7 @@
 use std::io::{self, IoSliceMut};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use quinn::udp::{RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, UdpPoller};
@@ -32,14 +32,31 @@ pub(crate) trait Layer: Send + Sync + std::fmt::Debug + 'static {
         self.inner().try_send(transmit)
     }
 
-    /// [`AsyncUdpSocket::poll_recv`].
+    /// What this layer makes of the datagram buffers the inner socket just
+    /// received (`bufs` and `meta` hold those only): how many, moved to the
+    /// front, to hand up, or `None` to drop them all and receive again.
+    fn received(&self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) -> Option<usize> {
+        let _ = bufs;
+        Some(meta.len())
+    }
+
+    /// [`AsyncUdpSocket::poll_recv`], each batch through
+    /// [`received`](Self::received).
     fn recv(
         &self,
         cx: &mut Context<'_>,
         bufs: &mut [IoSliceMut<'_>],
         meta: &mut [RecvMeta],
     ) -> Poll<io::Result<usize>> {
-        self.inner().poll_recv(cx, bufs, meta)
+        loop {
+            let n = ready!(self.inner().poll_recv(cx, bufs, meta))?;
+            let n = n.min(bufs.len()).min(meta.len());
+            if let Some(kept) = self.received(&mut bufs[..n], &mut meta[..n]) {
+                return Poll::Ready(Ok(kept));
+            }
+            // Everything was dropped: poll again, so that we either return
+            // data or the inner socket registers the waker with Pending.
+        }
     }
 
     /// [`AsyncUdpSocket::max_receive_segments`].

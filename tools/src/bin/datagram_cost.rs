@@ -18,11 +18,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Parser;
 use common::BoxError;
+use gradlane::quic;
 use gradlane::Config;
-use gradlane::{generate_certs, quic};
 use tokio::sync::mpsc;
 
 use gradlane_tools::cli as common;
+use gradlane_tools::local_certs::localhost_certs;
 
 /// Datagram vs stream cost of quinn on loopback.
 #[derive(Debug, Parser)]
@@ -62,8 +63,7 @@ async fn run(args: Args) -> Result<(), BoxError> {
         return Err("--size-mb and --reps must be at least 1".into());
     }
     let size = args.size_mb * 1_000_000;
-    let dir = std::env::temp_dir().join(format!("gradlane-dgram-{}", std::process::id()));
-    let files = generate_certs(&dir, &["localhost"])?;
+    let (dir, files) = localhost_certs("dgram")?;
     let config = Config::default();
     let local = "127.0.0.1:0".parse()?;
     let server = quic::server(local, &files.server_cert, &files.server_key, &config)?;

@@ -19,14 +19,15 @@
 //! server with the network to itself.
 
 use gradlane_tools::cli as common;
+use gradlane_tools::local_certs::localhost_certs;
 
 use clap::Parser;
 use common::{grads, BoxError};
 use gradlane::codec::{Selection, DEFAULT_BASE};
 use gradlane::ps::{OrderedMomentum, OrderedMomentumConfig};
 use gradlane::ps_net::{self, Compression, ServerHandle, Worker};
+use gradlane::CertFiles;
 use gradlane::Layout;
-use gradlane::{generate_certs, CertFiles};
 use gradlane::{Config, Endpoint, Faults};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -69,8 +70,7 @@ struct Row {
 
 async fn run(a: Args) -> Result<(), BoxError> {
     let layout = common::preset(&a.model)?;
-    let dir = std::env::temp_dir().join(format!("gradlane-ps-bench-{}", std::process::id()));
-    let certs = generate_certs(&dir, &["localhost"])?;
+    let (dir, certs) = localhost_certs("ps-bench")?;
     let n = layout.total_values() as usize;
     println!(
         "ps_bench: {} ({} values, {:.1} MB), K = {}, {:.0}% loss each way, {} s per variant",

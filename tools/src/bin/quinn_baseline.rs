@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gradlane::Faults;
-use gradlane::{generate_certs, quic, CertFiles};
+use gradlane::{quic, CertFiles};
 use gradlane::{Config, Congestion};
+use gradlane_tools::local_certs::localhost_certs;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Loopback throughput of TCP and quinn configurations.
@@ -50,8 +51,7 @@ const CHUNK: usize = 1 << 20;
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     let size = args.size_mb * 1_000_000;
-    let dir = std::env::temp_dir().join(format!("gradlane-baseline-{}", std::process::id()));
-    let files = generate_certs(&dir, &["localhost"])?;
+    let (dir, files) = localhost_certs("baseline")?;
     let data = Arc::new(vec![0xa5u8; CHUNK]);
     let limit = Duration::from_secs(args.timeout_s);
 

@@ -33,6 +33,28 @@ fn next(k: &mut ViewKeeper) -> Action {
     action
 }
 
+/// A keeper at `place` of `world` ranks that began its first call and
+/// was asked for the exchange.
+fn in_a_call(place: usize, world: usize) -> ViewKeeper {
+    let mut k = ViewKeeper::new(place, world);
+    k.begin_call().unwrap();
+    next(&mut k);
+    k
+}
+
+/// View `epoch` agreed with the first call complete and `members` left,
+/// its mesh formed whole: the call returns.
+fn agree_and_return(k: &mut ViewKeeper, epoch: u64, members: &[usize]) {
+    k.handle(Event::Agreed(member(decision(
+        epoch,
+        ViewOutcome::Complete { call: 1 },
+        members,
+    ))));
+    next(k);
+    k.handle(Event::MeshFormed { unlinked: vec![] });
+    assert!(matches!(next(k), Action::Return));
+}
+
 #[test]
 fn a_call_without_failure_is_an_exchange_then_done_then_return() {
     let mut k = ViewKeeper::new(1, 3);
@@ -57,9 +79,7 @@ fn a_call_without_failure_is_an_exchange_then_done_then_return() {
 
 #[test]
 fn a_rank_lost_in_the_exchange_starts_an_agreement_and_the_call_runs_again() {
-    let mut k = ViewKeeper::new(0, 3);
-    k.begin_call().unwrap();
-    next(&mut k);
+    let mut k = in_a_call(0, 3);
     k.note_lost(1);
     k.handle(Event::ExchangeFailed(Failure::Lost(2)));
     let Action::Agree(mut agreement) = next(&mut k) else {
@@ -84,9 +104,7 @@ fn a_rank_lost_in_the_exchange_starts_an_agreement_and_the_call_runs_again() {
     assert_eq!(reached, [0]);
     assert!(matches!(k.begin_call(), Err(KeeperError::Removed { .. })));
 
-    let mut k = ViewKeeper::new(0, 3);
-    k.begin_call().unwrap();
-    next(&mut k);
+    let mut k = in_a_call(0, 3);
     k.handle(Event::ExchangeFailed(Failure::Lost(2)));
     assert!(matches!(next(&mut k), Action::Agree(_)));
     k.handle(Event::Agreed(member(decision(
@@ -110,9 +128,7 @@ fn a_rank_lost_in_the_exchange_starts_an_agreement_and_the_call_runs_again() {
 
 #[test]
 fn a_result_held_through_done_is_returned_where_the_view_completes_the_call() {
-    let mut k = ViewKeeper::new(1, 3);
-    k.begin_call().unwrap();
-    next(&mut k);
+    let mut k = in_a_call(1, 3);
     k.handle(Event::Exchanged);
     next(&mut k);
     k.handle(Event::ExchangeFailed(Failure::Lost(2)));
@@ -120,22 +136,13 @@ fn a_result_held_through_done_is_returned_where_the_view_completes_the_call() {
         panic!("an agreement")
     };
     assert!(agreement.seat().has_result());
-    k.handle(Event::Agreed(member(decision(
-        1,
-        ViewOutcome::Complete { call: 1 },
-        &[0, 1],
-    ))));
-    next(&mut k);
-    k.handle(Event::MeshFormed { unlinked: vec![] });
-    assert!(matches!(next(&mut k), Action::Return));
+    agree_and_return(&mut k, 1, &[0, 1]);
     assert_eq!(k.contributors(), 3, "the result is the whole view's");
 }
 
 #[test]
 fn a_member_that_does_not_link_up_is_left_out_by_the_next_agreement() {
-    let mut k = ViewKeeper::new(0, 4);
-    k.begin_call().unwrap();
-    next(&mut k);
+    let mut k = in_a_call(0, 4);
     k.handle(Event::Exchanged);
     next(&mut k);
     k.handle(Event::ExchangeFailed(Failure::Alarm(
@@ -160,22 +167,13 @@ fn a_member_that_does_not_link_up_is_left_out_by_the_next_agreement() {
         agreement.suspects().iter().copied().collect::<Vec<_>>(),
         [2]
     );
-    k.handle(Event::Agreed(member(decision(
-        2,
-        ViewOutcome::Complete { call: 1 },
-        &[0, 1],
-    ))));
-    next(&mut k);
-    k.handle(Event::MeshFormed { unlinked: vec![] });
-    assert!(matches!(next(&mut k), Action::Return));
+    agree_and_return(&mut k, 2, &[0, 1]);
     assert_eq!((k.epoch(), k.members()), (2, &[0, 1][..]));
 }
 
 #[test]
 fn a_removal_fails_this_call_and_every_later_one() {
-    let mut k = ViewKeeper::new(2, 3);
-    k.begin_call().unwrap();
-    next(&mut k);
+    let mut k = in_a_call(2, 3);
     k.handle(Event::ExchangeFailed(Failure::Removed(
         "rank 0 closed its link".into(),
     )));
@@ -194,9 +192,7 @@ fn a_removal_fails_this_call_and_every_later_one() {
 
 #[test]
 fn a_fatal_failure_leaves_the_view_as_it_was() {
-    let mut k = ViewKeeper::new(0, 2);
-    k.begin_call().unwrap();
-    next(&mut k);
+    let mut k = in_a_call(0, 2);
     k.note_lost(1);
     k.handle(Event::ExchangeFailed(Failure::Fatal));
     assert!(matches!(next(&mut k), Action::Fail(KeeperError::Fatal)));
@@ -216,9 +212,7 @@ fn a_fatal_failure_leaves_the_view_as_it_was() {
 
 #[test]
 fn a_driver_that_cannot_carry_out_an_action_stops_the_rank() {
-    let mut k = ViewKeeper::new(0, 3);
-    k.begin_call().unwrap();
-    next(&mut k);
+    let mut k = in_a_call(0, 3);
     k.handle(Event::ExchangeFailed(Failure::Lost(1)));
     next(&mut k);
     k.handle(Event::Stopped("no link left to hear view 1 from".into()));
@@ -230,9 +224,7 @@ fn a_driver_that_cannot_carry_out_an_action_stops_the_rank() {
 
     // An event the stage does not expect is the driver's bug: the rank
     // stops rather than guess.
-    let mut k = ViewKeeper::new(0, 2);
-    k.begin_call().unwrap();
-    next(&mut k);
+    let mut k = in_a_call(0, 2);
     k.handle(Event::MeshFormed { unlinked: vec![] });
     assert!(matches!(
         next(&mut k),
@@ -293,9 +285,7 @@ fn an_admission_takes_the_announced_ranks_in_and_says_who_joined() {
 
 #[test]
 fn a_joiner_that_does_not_link_up_is_left_out_and_not_said_to_have_joined() {
-    let mut k = ViewKeeper::new(1, 3);
-    k.begin_call().unwrap();
-    next(&mut k);
+    let mut k = in_a_call(1, 3);
     k.handle(Event::ExchangeFailed(Failure::Lost(0)));
     next(&mut k);
     k.handle(Event::Agreed(member(decision(

@@ -150,18 +150,13 @@ impl Runner {
                 }
             }
             Runner::Tcp(ring) => {
-                let mut offset = 0;
-                for b in buckets {
-                    let n = b.total_values() as usize;
-                    let calls = ring
-                        .iter_mut()
-                        .zip(bufs.iter_mut())
-                        .map(|(r, buf)| r.allreduce(&mut buf[offset..offset + n]));
-                    for r in join_all(calls).await {
-                        r?;
-                    }
-                    offset += n;
-                }
+                bucket_by_bucket(
+                    ring,
+                    buckets,
+                    &mut bufs,
+                    async |r: &mut Ring, buf: &mut [f32]| r.allreduce(buf).await,
+                )
+                .await?
             }
         }
         let time = start.elapsed();
@@ -232,13 +227,33 @@ pub(crate) async fn exact_round<T: Element>(
     buckets: &[Layout],
     bufs: &mut [Vec<T>],
 ) -> Result<(), BoxError> {
+    bucket_by_bucket(
+        groups,
+        buckets,
+        bufs,
+        async |g: &mut Group, buf: &mut [T]| g.allreduce(buf, ReduceOp::Mean).await,
+    )
+    .await
+}
+
+/// Every bucket of one round in turn, each reduced by `reduce` on every
+/// local rank at once (`ranks[i]` reduces its part of `bufs[i]`).
+async fn bucket_by_bucket<R, T, E>(
+    ranks: &mut [R],
+    buckets: &[Layout],
+    bufs: &mut [Vec<T>],
+    reduce: impl AsyncFn(&mut R, &mut [T]) -> Result<(), E>,
+) -> Result<(), BoxError>
+where
+    BoxError: From<E>,
+{
     let mut offset = 0;
     for b in buckets {
         let n = b.total_values() as usize;
-        let calls = groups
+        let calls = ranks
             .iter_mut()
             .zip(bufs.iter_mut())
-            .map(|(g, buf)| g.allreduce(&mut buf[offset..offset + n], ReduceOp::Mean));
+            .map(|(r, buf)| reduce(r, &mut buf[offset..offset + n]));
         for r in join_all(calls).await {
             r?;
         }

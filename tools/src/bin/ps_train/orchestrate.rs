@@ -8,8 +8,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use common::BoxError;
-use gradlane::generate_certs;
 use gradlane_tools::cli as common;
+use gradlane_tools::local_certs::localhost_certs;
 use gradlane_tools::mlp::Mlp;
 
 use crate::args::AllArgs;
@@ -83,8 +83,7 @@ pub(crate) fn orchestrate(a: AllArgs) -> Result<(), BoxError> {
     let runs = Run::all(&a);
     let skew = validate(&a, &runs)?;
     let k = a.training.workers;
-    let dir = std::env::temp_dir().join(format!("gradlane-ps-train-{}", std::process::id()));
-    let certs = generate_certs(&dir, &["localhost"])?;
+    let (dir, certs) = localhost_certs("ps-train")?;
     let exe = std::env::current_exe()?;
     let t = &a.training;
     println!(

@@ -46,6 +46,7 @@ mod rounds;
 mod variants;
 
 use gradlane_tools::cli as common;
+use gradlane_tools::local_certs::localhost_certs;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -56,7 +57,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use common::{grads, BoxError, Cc};
-use gradlane::{generate_certs, CertFiles, Config, Congestion, Faults, Layout, Packets};
+use gradlane::{CertFiles, Config, Congestion, Faults, Layout, Packets};
 
 /// Round times of gradlane, raw quinn, all-reliable gradlane and TCP.
 #[derive(Debug, Parser)]
@@ -192,8 +193,7 @@ fn main() -> std::process::ExitCode {
 async fn run(args: Args) -> Result<(), BoxError> {
     args.sweep.check()?;
     let layout = common::preset(&args.model)?;
-    let dir = std::env::temp_dir().join(format!("gradlane-round-bench-{}", std::process::id()));
-    let files = generate_certs(&dir, &["localhost"])?;
+    let (dir, files) = localhost_certs("round-bench")?;
     let model_bytes = layout.total_bytes() as usize;
     eprintln!(
         "{}: {:.1} MB per round; generating gradients",
