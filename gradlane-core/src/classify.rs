@@ -2,10 +2,12 @@
 //! (CN110958187B, steps S31–S34; docs/DESIGN.md §2.4).
 //!
 //! Chunks are ranked by contribution, descending (ties by chunk id so the
-//! result is deterministic). The bottom `loss_tolerance` share travels lossy:
-//! the top `ceil((1 - loss_tolerance) * N)` are important; the rest are split into `levels` equal rank bands, level 1 holding the highest lossy
-//! contributions. Ranking is per tensor by default so that every tensor keeps
-//! its most important part exact; a global ranking is an option.
+//! result is deterministic). The bottom `loss_tolerance` share travels
+//! lossy: the top `ceil((1 - loss_tolerance) * N)` are important; the rest
+//! are split into `levels` equal rank bands, level 1 holding the highest
+//! lossy contributions. Ranking is per tensor by default so that every
+//! tensor keeps its most important part exact; a global ranking is an
+//! option.
 
 use crate::layout::ChunkPlan;
 use crate::rng::SplitMix64;
